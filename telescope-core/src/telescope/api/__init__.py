@@ -1,0 +1,64 @@
+"""The public API: record types and the interface of every plugin kind.
+
+Import from here (``from telescope.api import BaseEnvironment, RewardResult``);
+nothing here imports torch.
+"""
+
+from telescope.api.algorithm import Algorithm, AlgorithmCapabilities, AlgorithmConfig
+from telescope.api.environment import (
+    BaseEnvironment,
+    EnvironmentBase,
+    MultiTurnEnvironment,
+    RolloutState,
+)
+from telescope.api.evals import EvalSpec
+from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
+from telescope.api.logger import Logger
+from telescope.api.records import (
+    Group,
+    Message,
+    RewardResult,
+    Rollout,
+    Sample,
+    TrainingBatch,
+    TrainingSample,
+    Turn,
+)
+from telescope.api.sandbox import ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
+from telescope.api.tools import ToolCall, ToolEnvironment, function_to_schema, parse_xml_tool_calls
+from telescope.api.trainer import TrainerBackend
+from telescope.api.transport import WeightTransport
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmCapabilities",
+    "AlgorithmConfig",
+    "BaseEnvironment",
+    "EnvironmentBase",
+    "EvalSpec",
+    "ExecResult",
+    "Group",
+    "InferenceBackend",
+    "InferenceServer",
+    "Logger",
+    "Message",
+    "MultiTurnEnvironment",
+    "RewardResult",
+    "Rollout",
+    "RolloutState",
+    "Sample",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxProvider",
+    "ServerAddress",
+    "ToolCall",
+    "ToolEnvironment",
+    "TrainerBackend",
+    "TrainingBatch",
+    "TrainingSample",
+    "Turn",
+    "WeightTransport",
+    "function_to_schema",
+    "parse_xml_tool_calls",
+]

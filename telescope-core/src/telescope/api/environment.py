@@ -1,0 +1,127 @@
+"""The environment interface: datasets, prompts and rewards, single- and multi-turn.
+
+Three base classes, all sharing :class:`EnvironmentBase` (dataset and prompt side):
+
+- :class:`BaseEnvironment`: single-turn. Implement ``load_dataset`` and
+  ``compute_reward(completion, sample, eos_token) -> RewardResult``.
+- :class:`MultiTurnEnvironment`: the model and the environment exchange messages.
+  Implement ``env_response(messages, state)``, optionally ``is_done``, and
+  ``compute_reward(messages, sample, state)`` over the whole interaction.
+- :class:`telescope.api.tools.ToolEnvironment`: multi-turn with Python functions as
+  tools.
+
+Per-rollout state never lives on the environment object: one environment instance
+serves many concurrent rollouts, and everything that belongs to one rollout is in
+the :class:`RolloutState` the orchestrator creates and passes in.
+
+Reward functions run in worker threads; an exception there marks that sample as
+errored (counted in the metrics) and the run goes on. ``metrics_ranges`` declares
+expected ranges of sample metrics for the dashboard; it does not affect training.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from telescope.api.records import Message, RewardResult, Sample
+
+
+class EnvironmentBase(ABC):
+    """What every environment has: a name, a dataset and a way to render prompts.
+
+    Constructor keyword arguments come from the config entry's ``kwargs``
+    (for example ``dataset_name`` and ``dataset_split``); unknown ones should raise
+    ``TypeError`` so that typos are caught.
+    """
+
+    #: The registered name (set by subclasses; used in messages and the run store).
+    name: ClassVar[str] = ""
+    #: Expected ranges of sample metrics, for charts only: {"metric": {"min": 0, "max": 1}}.
+    metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {}
+    #: Optional system prompt prepended to every prompt.
+    system_prompt: ClassVar[str | None] = None
+
+    @abstractmethod
+    def load_dataset(self) -> Sequence[Sample]:
+        """Return the samples of this environment, in a stable order.
+
+        Load through ``datasets.load_dataset`` (a hub name or local files) so that
+        the same code serves the hub and the small local files tests use.
+        """
+
+    def format_prompt(self, sample: Sample) -> list[Message]:
+        """The chat messages sent to the model for a sample."""
+        if isinstance(sample.prompt, str):
+            messages: list[Message] = [{"role": "user", "content": sample.prompt}]
+        else:
+            messages = [dict(m) for m in sample.prompt]
+        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    @property
+    def is_multi_turn(self) -> bool:
+        return isinstance(self, MultiTurnEnvironment)
+
+
+class BaseEnvironment(EnvironmentBase):
+    """A single-turn environment: one prompt, one completion, one reward."""
+
+    @abstractmethod
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        """Score one completion.
+
+        ``completion`` is the generated text (special tokens removed, except that
+        ``eos_token`` is given so an environment can require a clean stop).
+        Return the scalar reward and any per-sample metrics.
+        """
+
+
+@dataclass
+class RolloutState:
+    """Everything that belongs to one multi-turn rollout (never kept on the environment)."""
+
+    sample: Sample
+    turn: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class MultiTurnEnvironment(EnvironmentBase):
+    """A multi-turn environment: generate, respond, repeat until done, then score.
+
+    The orchestrator loop, per rollout::
+
+        state = env.initial_state(sample)
+        messages = env.format_prompt(sample)
+        while True:
+            messages.append(<model reply>); state.turn += 1
+            if env.is_done(messages, state): break
+            messages.extend(env.env_response(messages, state))
+        reward = env.compute_reward(messages, sample, state)
+
+    With ``interleaved_rollouts`` the token ids of earlier turns are reused exactly
+    and only the new messages are tokenized and appended.
+    """
+
+    #: Hard upper bound on model turns per rollout.
+    max_turns: ClassVar[int] = 8
+
+    def initial_state(self, sample: Sample) -> RolloutState:
+        return RolloutState(sample=sample)
+
+    @abstractmethod
+    def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
+        """The environment's reply to the model's last message (usually one user message)."""
+
+    def is_done(self, messages: list[Message], state: RolloutState) -> bool:
+        """Whether the interaction is over; called after every model turn."""
+        return state.turn >= self.max_turns
+
+    @abstractmethod
+    def compute_reward(
+        self, messages: list[Message], sample: Sample, state: RolloutState
+    ) -> RewardResult:
+        """Score the whole interaction."""

@@ -1,0 +1,59 @@
+"""The inference-backend interface: start servers that speak the completions API.
+
+A backend starts one server per inference worker. Every server speaks the
+subset of vLLM's OpenAI-compatible API that the orchestrator's single client uses
+(token ids in and out, log-probabilities, abort, priority) and accepts weight
+updates in place. The embedded engine (CPU or GPU) and vLLM (GPU) implement it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """Where a started inference server listens."""
+
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class InferenceServer(ABC):
+    """A running server (in-process, subprocess or Ray actor)."""
+
+    @property
+    @abstractmethod
+    def address(self) -> ServerAddress: ...
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the server and release its resources."""
+
+
+class InferenceBackend(ABC):
+    """Base class of inference backends."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: TelescopeConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this machine can run the backend (libraries, devices)."""
+        return True
+
+    @abstractmethod
+    def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
+        """Start inference worker ``worker_index`` and return once it is healthy."""

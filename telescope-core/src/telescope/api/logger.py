@@ -1,0 +1,43 @@
+"""The logger interface: where step metrics, rollouts and events go besides the run store.
+
+The local run store always records everything; loggers (W&B, ...) are plugins on
+top, enabled by the config. A logger that fails is reported and disabled; it never
+stops a run.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+
+class Logger(ABC):
+    """Base class of loggers."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+
+    @classmethod
+    def enabled(cls, config: TelescopeConfig) -> bool:
+        """Whether the config asks for this logger."""
+        return False
+
+    @abstractmethod
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record one step's metrics."""
+
+    def log_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
+        """Record the step's rollouts (JSON-ready dicts); optional."""
+
+    def log_event(self, event: dict[str, Any]) -> None:
+        """Record a timeline event; optional."""
+
+    def close(self) -> None:
+        """Flush and finish."""

@@ -1,0 +1,1 @@
+"""The ``telescope`` command line."""

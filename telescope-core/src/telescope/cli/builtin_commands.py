@@ -1,0 +1,17 @@
+"""The built-in commands, added through ``telescope_add_commands`` like any plugin's."""
+
+from __future__ import annotations
+
+import click
+
+from telescope.hookspecs import hookimpl
+
+
+@hookimpl
+def telescope_add_commands(cli: click.Group) -> None:
+    from telescope.cli.commands_config import config_group
+    from telescope.cli.commands_plugins import plugins_command
+    from telescope.cli.commands_run import run_command
+
+    for command in (run_command, config_group, plugins_command):
+        cli.add_command(command)

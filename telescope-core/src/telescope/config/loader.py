@@ -1,0 +1,257 @@
+"""Load a run config from three layers: schema defaults, a YAML file, CLI overrides.
+
+Later layers override earlier ones, key by key (a list or dict given on the CLI
+replaces the file's value whole). The loader remembers which layer set each field
+(``file.yaml:LINE``, ``cli``, ``default``, or ``derived: why``) for
+``telescope config show``.
+
+CLI overrides: ``--learning_rate 5e-7``, ``--learning-rate=5e-7``; a bare
+``--use_tis`` means true; values are YAML, so lists and dicts are written
+``--wandb_tags '[a, b]'`` or ``--environments '[{name: countdown}]'`` (JSON is YAML);
+a string field takes the text as given. ``--config FILE`` may replace the positional
+config path.
+
+Every failure raises :class:`ConfigError` carrying one message per problem: unknown
+keys (with the file, line and the closest valid names), wrong types and values out
+of range (field, value, what is allowed), a missing or unreadable file, invalid
+YAML (file, line and column), unknown plugin names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from telescope.config.entries import EnvironmentEntry, EvalEntry
+from telescope.config.schema import TelescopeConfig, cross_field_problems
+
+
+class ConfigError(Exception):
+    """An invalid configuration; ``problems`` holds one user-facing message each."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        where = f" ({self.source})" if self.source else ""
+        if len(self.problems) == 1:
+            return f"invalid configuration{where}: {self.problems[0]}"
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"invalid configuration{where}:\n{lines}"
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config and where each of its values came from."""
+
+    config: TelescopeConfig
+    provenance: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+
+# ----------------------------------------------------------------------- reading
+
+
+def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Parse a YAML config; returns (mapping, line number of each top-level key)."""
+    if not path.exists():
+        raise ConfigError([f"config file not found: {path}. Check the path (relative to {Path.cwd()})."])
+    if path.is_dir():
+        raise ConfigError([f"{path} is a directory, not a config file"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"cannot read config file {path}: {exc}"]) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        detail = f"{context}, {problem}" if context else problem
+        raise ConfigError([f"invalid YAML at {where}: {detail}"]) from None
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
+        raise ConfigError(
+            [f"{path}: the top level must be a mapping of parameter names to values (key: value), "
+             f"not a {type(data).__name__}"]
+        )
+    lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
+    return data, lines
+
+
+def _is_text_field(name: str) -> bool:
+    """Whether a top-level field takes a string (so CLI text is kept verbatim)."""
+    info = TelescopeConfig.model_fields.get(name)
+    if info is None:
+        return False
+    annotation = info.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = {a for a in typing.get_args(annotation) if a is not type(None)}
+        return args == {str}
+    return annotation is str
+
+
+def parse_overrides(args: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
+    """Parse CLI overrides; returns (``--config`` value if given, {field: value})."""
+    config_path: str | None = None
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--") or token == "--":
+            problems.append(
+                f"unexpected argument {token!r}: overrides are written --name value or --name=value"
+            )
+            i += 1
+            continue
+        name, eq, raw = token[2:].partition("=")
+        name = name.replace("-", "_")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                raw = args[i + 1]
+                i += 1
+            else:
+                raw = "true"
+        i += 1
+        if name == "config":
+            config_path = raw
+            continue
+        if _is_text_field(name) and raw not in ("null", "~"):
+            values[name] = raw
+            continue
+        try:
+            values[name] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problems.append(f"--{name}: the value {raw!r} is not valid YAML/JSON ({exc})")
+    if problems:
+        raise ConfigError(problems, "command line")
+    return config_path, values
+
+
+# -------------------------------------------------------------------- validation
+
+
+def _closest(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _entry_model(loc: tuple[Any, ...]) -> type[BaseModel]:
+    if loc and loc[0] == "environments":
+        return EnvironmentEntry
+    if loc and loc[0] == "evals":
+        return EvalEntry
+    return TelescopeConfig
+
+
+def _loc_text(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _translate(exc: ValidationError, provenance: dict[str, str]) -> list[str]:
+    problems: list[str] = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        # pydantic appends the member of a union it tried (e.g. 'int'); drop those
+        loc = tuple(p for p in loc if not (isinstance(p, str) and p in {"int", "bool", "str", "float"}))
+        path = _loc_text(loc)
+        source = provenance.get(str(loc[0]), "") if loc else ""
+        where = f" ({source})" if source and source != "default" else ""
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            model = _entry_model(loc)
+            valid = list(model.model_fields)
+            scope = "" if model is TelescopeConfig else f" of {loc[0]} entries"
+            problems.append(
+                f"unknown key {path!r}{where}{_closest(str(loc[-1]), valid)} "
+                f"(see `telescope config show` for the valid keys{scope})"
+            )
+        elif kind == "value_error" and not loc:
+            message = err["msg"].removeprefix("Value error, ")
+            problems.extend(line for line in message.splitlines() if line.strip())
+        elif kind == "value_error":
+            problems.append(f"{path}{where}: {err['msg'].removeprefix('Value error, ')}")
+        elif kind == "missing":
+            problems.append(f"{path}: required{where}")
+        else:
+            value = err.get("input")
+            shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 80 else "..."
+            problems.append(f"{path} = {shown}{where}: {err['msg']}")
+    # one union failure produces an error per member; keep the messages unique
+    return list(dict.fromkeys(problems))
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: Sequence[str] | dict[str, Any] = (),
+    *,
+    check_plugins: bool = True,
+) -> LoadedConfig:
+    """Load, merge and validate a config. Raises :class:`ConfigError` on any problem."""
+    if isinstance(overrides, dict):
+        cli_path, cli_values = None, dict(overrides)
+    else:
+        cli_path, cli_values = parse_overrides(overrides)
+    if path is None and cli_path is not None:
+        path = cli_path
+    elif path is not None and cli_path is not None:
+        raise ConfigError([f"two config files given: {path} and --config {cli_path}; pass one"])
+
+    provenance: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    source = str(path) if path is not None else "command line"
+    config_path = Path(path) if path is not None else None
+    if config_path is not None:
+        data, lines = read_yaml_file(config_path)
+        for key in data:
+            provenance[str(key)] = f"{config_path}:{lines.get(str(key), 1)}"
+    for key, value in cli_values.items():
+        data[key] = value
+        provenance[key] = "cli"
+
+    try:
+        config = TelescopeConfig.model_validate(data, context={"defer_cross_field_rules": True})
+    except ValidationError as exc:
+        raise ConfigError(_translate(exc, provenance), source) from None
+
+    derived: dict[str, str] = {}
+    if config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
+        if not config.enable_individual_sample_lanes:
+            derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
+
+    problems = cross_field_problems(config)
+    if check_plugins:
+        from telescope.config.rules import registry_problems
+        from telescope.plugins.manager import get_plugin_manager
+
+        manager = get_plugin_manager()
+        problems += registry_problems(config, manager.registry, derived)
+        if not problems:
+            for result in manager.hook.telescope_validate_config(config=config):
+                problems.extend(result or [])
+    if problems:
+        raise ConfigError(problems, source)
+
+    for name in TelescopeConfig.model_fields:
+        if name in derived:
+            provenance[name] = f"derived: {derived[name]}"
+        provenance.setdefault(name, "default")
+    return LoadedConfig(config=config, provenance=provenance, path=config_path)

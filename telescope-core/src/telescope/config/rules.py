@@ -1,0 +1,103 @@
+"""Config rules that need the plugin registry: names and algorithm capabilities.
+
+Checked after the schema's own rules. Each problem is one message naming the
+fields, the value and how to fix it. Algorithm capabilities are read from
+registration metadata or the class attributes, never by importing torch.
+
+``sandbox_provider`` is checked when the user set it; when left at its default
+it is resolved at first use, so that telescope-core works without
+telescope-sandbox for environments that run no code.
+"""
+
+from __future__ import annotations
+
+from telescope.api.algorithm import AlgorithmCapabilities
+from telescope.config.schema import TelescopeConfig
+from telescope.plugins.registry import PluginKind, Registry
+
+#: Values of plugin-chosen fields that are resolved at run time, not registered names.
+AUTO = "auto"
+
+
+def algorithm_capabilities(registry: Registry, name: str) -> AlgorithmCapabilities:
+    """Capabilities of a registered algorithm (from metadata if lazy, else the class)."""
+    entry = registry.entry(PluginKind.ALGORITHM, name)
+    if entry.is_lazy:
+        return AlgorithmCapabilities.from_metadata(entry.metadata)
+    caps = getattr(entry.target, "capabilities", None)
+    return caps if isinstance(caps, AlgorithmCapabilities) else AlgorithmCapabilities()
+
+
+def _check_name(
+    registry: Registry, kind: PluginKind, value: str, field: str, problems: list[str], *, allow_auto: bool = False
+) -> bool:
+    if allow_auto and value == AUTO:
+        return True
+    if registry.has(kind, value):
+        return True
+    problems.append(f"{field}: {registry.unknown_name_message(kind, value)}")
+    return False
+
+
+def registry_problems(config: TelescopeConfig, registry: Registry, derived: dict[str, str]) -> list[str]:
+    """Check names and capabilities; resolve capability-dependent defaults.
+
+    Fills ``derived`` with {field: reason} for each value resolved here (shown by
+    ``telescope config show``) and updates ``config`` in place.
+    """
+    problems: list[str] = []
+    for i, env in enumerate(config.environments):
+        _check_name(registry, PluginKind.ENVIRONMENT, env.name, f"environments[{i}].name", problems)
+    for i, ev in enumerate(config.evals):
+        if not (registry.has(PluginKind.EVAL, ev.name) or registry.has(PluginKind.ENVIRONMENT, ev.name)):
+            message = registry.unknown_name_message(PluginKind.EVAL, ev.name)
+            envs = registry.names(PluginKind.ENVIRONMENT)
+            if envs:
+                message += f" Environments can be evaluated by name too: {', '.join(envs)}."
+            problems.append(f"evals[{i}].name: {message}")
+    _check_name(registry, PluginKind.TRAINER_BACKEND, config.train_backend, "train_backend", problems)
+    _check_name(
+        registry, PluginKind.INFERENCE_BACKEND, config.inference_backend, "inference_backend", problems, allow_auto=True
+    )
+    _check_name(
+        registry, PluginKind.WEIGHT_TRANSPORT, config.weight_transport, "weight_transport", problems, allow_auto=True
+    )
+    if "sandbox_provider" in config.model_fields_set:
+        _check_name(registry, PluginKind.SANDBOX_PROVIDER, config.sandbox_provider, "sandbox_provider", problems)
+
+    if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
+        problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
+    return problems
+
+
+def _algorithm_problems(
+    config: TelescopeConfig, caps: AlgorithmCapabilities, derived: dict[str, str]
+) -> list[str]:
+    problems: list[str] = []
+    name = config.algorithm
+    if config.use_ppo_clip and not caps.supports_ppo_clip:
+        problems.append(
+            f"use_ppo_clip=true cannot be combined with algorithm={name!r}, whose loss already "
+            "bounds the ratio; PPO clipping combines with grpo, rloo, reinforce_pp and dr_grpo"
+        )
+    if config.use_tis and caps.ratio_based and config.ppo_clip_ref_logprobs == "rollout":
+        problems.append(
+            f"use_tis=true with algorithm={name!r} and ppo_clip_ref_logprobs='rollout' counts the "
+            "importance-sampling correction twice (the loss's ratio already uses the rollout "
+            "log-probabilities); set ppo_clip_ref_logprobs: batch or use_tis: false"
+        )
+    if config.advantage_norm is None:
+        config.advantage_norm = caps.default_advantage_norm
+        derived["advantage_norm"] = f"default of algorithm {name!r}"
+    elif config.advantage_norm not in caps.advantage_norms:
+        allowed = " or ".join(repr(n) for n in caps.advantage_norms)
+        problems.append(
+            f"advantage_norm={config.advantage_norm!r} is not supported by algorithm={name!r}, "
+            f"which requires {allowed}; remove advantage_norm to use the algorithm's default"
+        )
+    if caps.group_based and config.group_size < 2:
+        problems.append(
+            f"group_size={config.group_size}: algorithm={name!r} compares samples within a prompt "
+            "group, so group_size must be at least 2"
+        )
+    return problems

@@ -1,0 +1,423 @@
+"""The run configuration: one flat, pydantic-validated schema.
+
+Every field name is globally unique and says what it is; the defaults live here
+and are written out, field for field, in ``configs/defaults/default_train.yaml``
+(``telescope config defaults`` regenerates it; a test keeps the two equal). Unknown
+keys are rejected (``extra="forbid"``). Rules that involve several fields and need
+no plugin are checked here (:meth:`TelescopeConfig._cross_field_rules`); rules that
+need the plugin registry (names, algorithm capabilities) are in
+:mod:`telescope.config.rules`.
+
+Plugin-chosen fields (``algorithm``, ``train_backend``, ``inference_backend``,
+``weight_transport``, ``sandbox_provider``, environment and eval names) are plain
+strings checked against the registry, so that an installed package can add names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from telescope.config.entries import EnvironmentEntry, EvalEntry
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+#: Section of every field, in the order of the reference documentation; used by the
+#: defaults file and ``telescope config show``.
+SECTIONS: dict[str, str] = {}
+
+
+def _section(name: str, fields: list[str]) -> None:
+    for field_name in fields:
+        SECTIONS[field_name] = name
+
+
+class TelescopeConfig(BaseModel):
+    """Every parameter of a Telescope run."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=False)
+
+    # ------------------------------------------------------------------ general
+    debug: bool = Field(False, description="Enable debug mode")
+    seed: int = Field(0, ge=0, description="Seed for prompt sampling, generation and initialisation")
+    run_dir: str | None = Field(None, description="Run directory (local run store). null = runs/<wandb_run_name>")
+
+    # -------------------------------------------------------------------- model
+    model: str = Field("Qwen/Qwen2.5-3B", description="HuggingFace model identifier or local path")
+    model_dtype: Dtype = Field("float32", description="Model weight precision")
+    mixed_precision_dtype: Dtype | None = Field(
+        "bfloat16", description="FSDP mixed precision compute dtype. null to disable"
+    )
+    gradient_checkpointing: bool = Field(True, description="FSDP activation recomputation (saves memory)")
+
+    # ------------------------------------------------------------- environments
+    environments: list[EnvironmentEntry] = Field(
+        default_factory=list, description="Training environments (at least one)"
+    )
+
+    # ------------------------------------------------------------------ workers
+    inference_num_workers: int = Field(
+        2, ge=1, description="Number of inference workers. Must be divisible by inference_tensor_parallel_size"
+    )
+    inference_tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallelism degree per inference server")
+    trainer_num_workers: int = Field(2, ge=1, description="Number of FSDP/Megatron trainer workers")
+
+    # ------------------------------------------------------------- orchestrator
+    max_concurrent_prompts_per_server: int = Field(32, ge=1, description="Max concurrent prompts per inference server")
+    prompts_batch_size_for_trainer: int = Field(16, ge=1, description="Number of prompt groups per training batch")
+    number_of_steps: int = Field(300, ge=1, description="Total training steps")
+    max_async_rollout: int = Field(
+        2, ge=0, description="How many training steps inference can run ahead. 0 = fully synchronous"
+    )
+    discard_group_zero_advantage: bool = Field(
+        True, description="Drop groups where all samples got identical rewards (no learning signal)"
+    )
+    enable_prompt_prefetch: bool = Field(True, description="Prefetch prompts from the dataset")
+    prompt_prefetch_buffer_size: int = Field(24, ge=1, description="Number of prompts to prefetch")
+    enable_individual_sample_lanes: bool = Field(
+        True, description="Each sample gets its own lane slot instead of one per group"
+    )
+    free_lane_after_generation: bool = Field(
+        True,
+        description="Free the inference lane after generation, before reward computation. "
+        "Requires enable_individual_sample_lanes",
+    )
+    max_off_policy_steps: int = Field(8, ge=1, description="Cancel in-flight rollouts after this many weight updates")
+
+    # ------------------------------------------------------------------ trainer
+    learning_rate: float = Field(1.0e-6, gt=0, description="Learning rate (must be > 0)")
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay coefficient")
+    grad_clip: float = Field(1.0, gt=0, description="Maximum gradient norm for clipping")
+    lr_scheduler: Literal["none", "constant", "linear", "cosine"] = Field(
+        "constant",
+        description='LR schedule. "none" = fixed LR; "constant" = warmup then constant; '
+        '"linear" / "cosine" = warmup then decay',
+    )
+    warmup_steps: int = Field(0, ge=0, description="Number of linear warmup steps")
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Minimum LR as a fraction of learning_rate for linear/cosine decay"
+    )
+    train_backend: str = Field("fsdp", description='Training backend ("fsdp", "megatron" or a plugin)')
+
+    # ---------------------------------------------------------------- algorithm
+    algorithm: str = Field(
+        "grpo", description="RL algorithm (grpo, rloo, reinforce_pp, dr_grpo, cispo, gspo, sapo or a plugin)"
+    )
+    number_of_minibatches: int = Field(1, ge=1, description="Optimizer steps per rollout batch (PPO-style)")
+    advantage_norm: Literal["group", "batch"] | None = Field(
+        None,
+        description="Normalise advantages within each prompt group or across the training batch. "
+        "null = the algorithm's default (group; batch for reinforce_pp)",
+    )
+    use_ppo_clip: bool = Field(False, description="Apply PPO ratio clipping. Incompatible with cispo, gspo, sapo")
+    ppo_clip_ref_logprobs: Literal["rollout", "batch"] = Field(
+        "rollout",
+        description='Reference logprobs for ratios. "rollout" = inference logprobs; "batch" = recompute with trainer',
+    )
+    clip_low: float = Field(0.4, ge=0, le=1, description="Ratio lower bound is 1 - clip_low")
+    clip_high: float = Field(0.5, ge=0, description="Ratio upper bound is 1 + clip_high")
+    sapo_tau_pos: float = Field(1.0, gt=0, description="SAPO sigmoid sharpness for positive advantages")
+    sapo_tau_neg: float = Field(1.05, gt=0, description="SAPO sigmoid sharpness for negative advantages")
+    dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = Field(
+        "token_mean", description='DR-GRPO loss aggregation. "token_sum_norm" removes response-level length bias'
+    )
+    use_tis: bool = Field(False, description="Truncated importance sampling for inference/trainer logprob mismatch")
+    tis_cap: float = Field(2.0, gt=0, description="Max importance weight for TIS")
+    tis_logprob_clamp: float = Field(20.0, gt=0, description="Logprob-difference clamp for TIS")
+    entropy_chunk_size: int = Field(1024, ge=1, description="Positions per chunk in the entropy computation")
+
+    # --------------------------------------------------------- rollout/sampling
+    group_size: int = Field(8, ge=1, description="Number of completions sampled per prompt")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0)")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling probability. null = disabled")
+    max_tokens: int = Field(3700, ge=1, description="Maximum generation tokens per completion (per turn)")
+    interleaved_rollouts: bool = Field(
+        True, description="Exact token reuse across turns (no re-tokenization in multi-turn environments)"
+    )
+
+    # ------------------------------------------------------------------ packing
+    seq_len: int = Field(4096, ge=1, description="Maximum sequence length for packing")
+    pad_to_multiple_of: int = Field(64, ge=1, description="Pad packed sequences to this alignment")
+
+    # --------------------------------------------------------- inference server
+    inference_backend: str = Field(
+        "auto", description='Inference backend: "embedded", "vllm" or a plugin. "auto" = vllm when usable, else embedded'
+    )
+    inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
+    inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory allocated to vLLM")
+    max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
+    vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority", description='"priority" = turn-aware scheduling for multi-turn; "fcfs" = first-come-first-served'
+    )
+    enable_thinking: bool = Field(False, description="Pass enable_thinking=True to apply_chat_template()")
+    chat_template: str | None = Field(None, description="Jinja2 chat template overriding the tokenizer's")
+
+    # -------------------------------------------------------------- sandboxes
+    sandbox_provider: str = Field("local", description='Sandbox provider for code environments ("local", "e2b", ...)')
+
+    # ------------------------------------------------------------ checkpointing
+    checkpoint_every: int = Field(0, ge=0, description="Save every N steps. 0 or false to disable")
+    checkpoint_save_training_state: bool = Field(
+        True, description="Include optimizer/scheduler state for resume. false = weights-only"
+    )
+    resume_from_checkpoint: bool | int = Field(
+        False, description="true = resume from latest; integer = resume from that step"
+    )
+    checkpoint_dir: str | None = Field(None, description="Checkpoint path. null = RUN_DIR/checkpoints")
+    checkpoint_keep_last: int | None = Field(None, ge=1, description="Keep only the N most recent checkpoints")
+    checkpoint_keep_every: int | None = Field(None, ge=1, description="Always keep checkpoints at these step multiples")
+
+    # -------------------------------------------------------------------- evals
+    eval_before_training: bool = Field(True, description="Run evaluations before training starts")
+    eval_after_training: bool = Field(True, description="Run evaluations after training ends")
+    eval_num_servers: int = Field(
+        1, ge=0, description="Inference servers reserved for periodic evals. 0 = no periodic evals during training"
+    )
+    eval_start_end_use_all_servers: bool = Field(True, description="Use all inference servers for start/end evals")
+    evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
+
+    # ------------------------------------------------------------------ logging
+    use_wandb: bool = Field(True, description="Enable Weights & Biases logging")
+    wandb_project: str = Field("telescope", description="W&B project name")
+    wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
+    wandb_tags: list[str] = Field(default_factory=lambda: ["telescope"], description="W&B tags")
+    wandb_upload_code: bool = Field(True, description="Upload source code to W&B")
+    wandb_upload_logs: bool = Field(True, description="Upload trainer/inference logs to W&B")
+    wandb_upload_logs_detailed: bool = Field(False, description="Include detailed logs in W&B upload")
+    wandb_upload_logs_stdout: bool = Field(False, description="Include stdout logs in W&B upload")
+    wandb_code_max_file_size_mb: float = Field(2.0, gt=0, description="Max file size for code upload")
+    wandb_code_exclude_patterns: list[str] = Field(
+        default_factory=lambda: [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"],
+        description="Glob patterns to exclude from code upload",
+    )
+    system_metrics_collection_interval_seconds: float = Field(1.0, gt=0, description="System metrics interval")
+    torch_memory_sample_interval_seconds: float = Field(0.1, gt=0, description="PyTorch memory sampling interval")
+    event_tail_window_seconds: int = Field(60, ge=1, description="Tail window for event aggregation")
+    event_block_duration_seconds: int = Field(1800, ge=1, description="Duration of event blocks")
+    event_upload_interval_seconds: int = Field(5, ge=1, description="Event upload interval")
+    metrics_logger_interval_seconds: float = Field(2.0, gt=0, description="Metrics logger flush interval")
+    ray_torch_memory_drain_interval_seconds: float = Field(0.5, gt=0, description="Ray torch memory drain interval")
+    rollout_block_size: int = Field(500, ge=1, description="Block size for rollout event grouping")
+    track_gpu_events: bool = Field(True, description="Track GPU timeline events")
+
+    # --------------------------------------------------------------------- ray
+    ray_address: str = Field("auto", description='Ray cluster address ("auto" = attach to a running one)')
+    ray_auto_start_local: bool = Field(True, description="Start a local Ray cluster if none is running")
+    ray_namespace: str = Field("telescope", description="Ray namespace")
+    ray_log_to_driver: bool = Field(True, description="Forward worker logs to the driver process")
+    ray_runtime_env: dict[str, Any] | None = Field(None, description="Custom Ray runtime environment")
+    ray_disable_runtime_env_hook: bool = Field(True, description="Disable Ray's runtime environment hook")
+    ray_pin_py_executable: bool = Field(True, description="Pin the Python executable path in workers")
+    ray_propagate_active_venv: bool = Field(True, description="Propagate the active virtualenv to workers")
+    ray_propagate_run_dir: bool = Field(True, description="Propagate the run directory to workers")
+    ray_broadcast_init_timeout_s: int = Field(300, ge=1, description="Timeout for weight broadcast initialization")
+    ray_broadcast_prefer_loopback_if_single_node: bool = Field(
+        True, description="Prefer the loopback interface for single-node broadcasts"
+    )
+    ray_shutdown_on_exit: bool = Field(False, description="Shut down the Ray cluster on exit")
+    ray_inference_cpus_per_worker: float = Field(4.0, gt=0, description="CPU cores per inference worker")
+    ray_trainer_cpus_per_worker: float = Field(4.0, gt=0, description="CPU cores per trainer worker")
+    ray_inference_placement_strategy: PlacementStrategy = Field("PACK", description="Placement of inference workers")
+    ray_trainer_placement_strategy: PlacementStrategy = Field("PACK", description="Placement of trainer workers")
+    ray_placement_timeout_s: int = Field(900, ge=1, description="Timeout for placement group creation")
+
+    # ------------------------------------------------------- weight broadcasting
+    weight_transport: str = Field(
+        "auto", description='Weight transport ("memory", "nccl" or a plugin). "auto" = nccl on GPU, memory on CPU'
+    )
+    weight_broadcast_mode: Literal["flattened_bucket", "per_tensor"] = Field(
+        "flattened_bucket", description="Broadcast weights in flattened buckets or tensor by tensor"
+    )
+    weight_broadcast_bucket_mb: int = Field(256, ge=1, description="Bucket size in MB for flattened broadcast")
+    weight_broadcast_cpu_staging: bool = Field(False, description="Use a CPU staging buffer for weight transfers")
+    weight_broadcast_pin_memory: bool = Field(True, description="Use pinned CPU memory for faster H2D transfers")
+    weight_broadcast_free_grad_buffers: bool = Field(
+        True, description="Free Megatron gradient buffers during broadcast"
+    )
+
+    # ----------------------------------------------------------------- megatron
+    megatron_tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallelism degree")
+    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree")
+    megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree")
+    megatron_expert_parallel_size: int = Field(1, ge=1, description="Expert parallelism degree (MoE models)")
+    megatron_global_batch_size: int | None = Field(
+        None, ge=1, description="Global batch size. null = prompts_batch_size_for_trainer"
+    )
+    megatron_disable_unified_memory_jit: bool = Field(True, description="Disable unified memory JIT")
+    megatron_optimizer_cpu_offload: bool = Field(False, description="Offload optimizer states to CPU")
+    megatron_optimizer_offload_fraction: float = Field(
+        1.0, ge=0, le=1, description="Fraction of optimizer state to offload"
+    )
+    megatron_overlap_cpu_optimizer_d2h_h2d: bool = Field(True, description="Overlap CPU optimizer D2H/H2D transfers")
+    megatron_use_precision_aware_optimizer: bool = Field(False, description="Use the precision-aware optimizer")
+    megatron_main_grads_dtype: Dtype = Field("float32", description="Data type for main gradients")
+    megatron_main_params_dtype: Dtype = Field("float32", description="Data type for main parameters")
+    megatron_exp_avg_dtype: Dtype = Field("float32", description="Data type for Adam exponential average")
+    megatron_exp_avg_sq_dtype: Dtype = Field("float32", description="Data type for Adam exponential average squared")
+    megatron_grad_reduce_in_fp32: bool = Field(True, description="Reduce gradients in FP32")
+    megatron_gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
+    megatron_sequence_parallel: bool = Field(
+        True, description="Shard the sequence dimension in LayerNorm/dropout (effective only with TP > 1)"
+    )
+    megatron_use_distributed_optimizer: bool = Field(
+        True, description="Shard optimizer states across DP ranks (effective only with DP > 1)"
+    )
+    megatron_overlap_grad_reduce: bool = Field(False, description="Overlap gradient allreduce with backward compute")
+    megatron_use_transformer_engine: bool = Field(False, description="Use the TransformerEngine layer spec")
+    megatron_fp8: bool = Field(False, description="FP8 compute (requires TransformerEngine and a Hopper GPU)")
+
+    # ----------------------------------------------------------- vLLM tracing
+    enable_vllm_tracing: bool = Field(True, description="Enable OpenTelemetry tracing for vLLM")
+    otlp_receiver_port: int = Field(4318, ge=1, le=65535, description="OTLP HTTP receiver port")
+
+    # ---------------------------------------------------------------- validators
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _checkpoint_every_bool(cls, value: Any) -> Any:
+        if value is False or value is None:
+            return 0
+        if value is True:
+            raise ValueError("checkpoint_every takes a step count (e.g. 50), or 0/false to disable")
+        return value
+
+    @field_validator("resume_from_checkpoint")
+    @classmethod
+    def _resume_step(cls, value: bool | int) -> bool | int:
+        if not isinstance(value, bool) and value < 0:
+            raise ValueError("resume_from_checkpoint is true, false or a step number >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self, info: ValidationInfo) -> TelescopeConfig:
+        # A default that contradicts a field the user set yields to it; a value the
+        # user set explicitly is never overridden (the rule below then reports it).
+        if (
+            self.free_lane_after_generation
+            and not self.enable_individual_sample_lanes
+            and "free_lane_after_generation" not in self.model_fields_set
+        ):
+            self.free_lane_after_generation = False
+        if info.context and info.context.get("defer_cross_field_rules"):
+            return self  # the loader reports them together with the registry rules
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+def cross_field_problems(c: TelescopeConfig) -> list[str]:
+    """Rules between fields that need no plugin; one message per broken rule."""
+    problems: list[str] = []
+    if not c.environments:
+        problems.append(
+            "environments: at least one environment is required, e.g. "
+            "environments: [{name: countdown}]"
+        )
+    if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
+        problems.append(
+            "use_tis=true with use_ppo_clip=true and ppo_clip_ref_logprobs='rollout' counts the "
+            "importance-sampling correction twice; set ppo_clip_ref_logprobs: batch (or turn one off)"
+        )
+    if c.inference_num_workers % c.inference_tensor_parallel_size:
+        problems.append(
+            f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
+            f"inference_tensor_parallel_size ({c.inference_tensor_parallel_size})"
+        )
+    if c.free_lane_after_generation and not c.enable_individual_sample_lanes:
+        problems.append(
+            "free_lane_after_generation=true requires enable_individual_sample_lanes=true; "
+            "enable lanes or set free_lane_after_generation: false"
+        )
+    if c.max_tokens >= c.max_model_len:
+        problems.append(
+            f"max_tokens ({c.max_tokens}) must be smaller than max_model_len ({c.max_model_len}): "
+            "the prompt needs room in the context"
+        )
+    if c.seq_len < c.max_model_len:
+        problems.append(
+            f"seq_len ({c.seq_len}) must be at least max_model_len ({c.max_model_len}): a sample "
+            "(prompt + completion) can be max_model_len tokens and must fit in one packed sequence"
+        )
+    if c.seq_len % c.pad_to_multiple_of:
+        problems.append(
+            f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})"
+        )
+    if c.number_of_minibatches > c.prompts_batch_size_for_trainer:
+        problems.append(
+            f"number_of_minibatches ({c.number_of_minibatches}) cannot exceed "
+            f"prompts_batch_size_for_trainer ({c.prompts_batch_size_for_trainer}): each minibatch needs a group"
+        )
+    for i, entry in enumerate(c.evals):
+        max_tokens = entry.max_tokens if entry.max_tokens is not None else c.max_tokens
+        if max_tokens >= c.max_model_len:
+            problems.append(
+                f"evals[{i}] ({entry.name}): max_tokens ({max_tokens}) must be smaller than "
+                f"max_model_len ({c.max_model_len})"
+            )
+    if c.evals and c.eval_num_servers >= c.inference_num_workers:
+        problems.append(
+            f"eval_num_servers ({c.eval_num_servers}) must leave at least one of the "
+            f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
+            "(0 = evals only before/after training) or add inference workers"
+        )
+    if c.train_backend == "megatron":
+        model_parallel = (
+            c.megatron_tensor_parallel_size * c.megatron_pipeline_parallel_size * c.megatron_context_parallel_size
+        )
+        if c.trainer_num_workers % model_parallel:
+            problems.append(
+                f"trainer_num_workers ({c.trainer_num_workers}) must be divisible by "
+                "megatron_tensor_parallel_size x megatron_pipeline_parallel_size x "
+                f"megatron_context_parallel_size ({model_parallel})"
+            )
+        if c.megatron_fp8 and not c.megatron_use_transformer_engine:
+            problems.append("megatron_fp8=true requires megatron_use_transformer_engine=true")
+    return problems
+
+
+_section("general", ["debug", "seed", "run_dir"])
+_section("model", ["model", "model_dtype", "mixed_precision_dtype", "gradient_checkpointing"])
+_section("environments", ["environments"])
+_section("workers", ["inference_num_workers", "inference_tensor_parallel_size", "trainer_num_workers"])
+_section("orchestrator", [
+    "max_concurrent_prompts_per_server", "prompts_batch_size_for_trainer", "number_of_steps",
+    "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
+    "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
+    "max_off_policy_steps",
+])  # fmt: skip
+_section("trainer", [
+    "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",
+])  # fmt: skip
+_section("algorithm", [
+    "algorithm", "number_of_minibatches", "advantage_norm", "use_ppo_clip", "ppo_clip_ref_logprobs",
+    "clip_low", "clip_high", "sapo_tau_pos", "sapo_tau_neg", "dr_grpo_loss_agg_mode", "use_tis",
+    "tis_cap", "tis_logprob_clamp", "entropy_chunk_size",
+])  # fmt: skip
+_section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
+_section("sequence packing", ["seq_len", "pad_to_multiple_of"])
+_section("inference server", [
+    "inference_backend", "inference_host", "inference_base_port", "gpu_memory_utilization", "max_model_len",
+    "vllm_scheduling_policy", "enable_thinking", "chat_template",
+])  # fmt: skip
+_section("sandboxes", ["sandbox_provider"])
+_section("checkpointing", [
+    "checkpoint_every", "checkpoint_save_training_state", "resume_from_checkpoint", "checkpoint_dir",
+    "checkpoint_keep_last", "checkpoint_keep_every",
+])  # fmt: skip
+_section("evals", [
+    "eval_before_training", "eval_after_training", "eval_num_servers", "eval_start_end_use_all_servers", "evals",
+])  # fmt: skip
+_section("logging", [n for n in TelescopeConfig.model_fields if n.startswith("wandb_") or n in {
+    "use_wandb", "system_metrics_collection_interval_seconds", "torch_memory_sample_interval_seconds",
+    "event_tail_window_seconds", "event_block_duration_seconds", "event_upload_interval_seconds",
+    "metrics_logger_interval_seconds", "ray_torch_memory_drain_interval_seconds", "rollout_block_size",
+    "track_gpu_events",
+}])  # fmt: skip
+_section("ray cluster", [n for n in TelescopeConfig.model_fields if n.startswith("ray_") and n not in SECTIONS])
+_section("weight broadcasting", ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")])
+_section("megatron", [n for n in TelescopeConfig.model_fields if n.startswith("megatron_")])
+_section("vllm tracing", ["enable_vllm_tracing", "otlp_receiver_port"])

@@ -1,0 +1,1 @@
+"""Loggers on top of the local run store (W&B)."""

@@ -1,0 +1,1 @@
+"""The trainer side: sequence packing, the FSDP backend, checkpoints."""

@@ -1,0 +1,1 @@
+"""Weight transports: trainer weights to inference servers, in place."""
