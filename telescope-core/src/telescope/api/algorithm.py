@@ -3,13 +3,27 @@
 An algorithm is pure math: it sees tensors and a small :class:`AlgorithmConfig`,
 never the global run config, so it is tested on hand-computed tensors. The
 trainer is algorithm-blind: it computes log-probabilities, asks the algorithm for
-per-token losses, and normalises by an explicit global count of loss tokens.
+per-token losses (:meth:`Algorithm.loss_terms`), and divides their sum by an
+explicit global denominator (:meth:`Algorithm.loss_denominator`) computed over the
+whole (mini)batch on every data-parallel rank before the backward pass.
 
 :class:`AlgorithmCapabilities` is what the config validator needs to know without
 importing torch (``group_based``, ``supports_ppo_clip``, ``ratio_based``, the
 advantage normalisations the algorithm allows and its default). A class exposes it
 as the class attribute ``capabilities``; a lazily registered algorithm passes it as
 registration metadata (``register(name, "pkg.mod:Cls", **caps.as_metadata())``).
+
+Conventions shared by every algorithm:
+
+- Log-probabilities are of the temperature-scaled distribution (``logits /
+  temperature``, then log-softmax, no top-p truncation), on the trainer and in the
+  inference engine alike.
+- Tensors in :class:`LossInputs` are flat, one entry per *target* token of a
+  micro-batch (padding included, masked out by ``loss_mask``).
+- Advantages: :meth:`Algorithm.group_advantages` gives one group's advantages; with
+  ``advantage_norm: batch`` it returns the group-*centred* values and
+  :func:`telescope.algorithms.common.compute_advantages` normalises them across the
+  whole training batch.
 """
 
 from __future__ import annotations
@@ -72,17 +86,53 @@ class AlgorithmConfig:
     eps: float = 1e-6
 
     @classmethod
-    def from_config(cls, config: TelescopeConfig) -> AlgorithmConfig:
-        """Build from a validated run config (advantage_norm already resolved)."""
+    def from_config(
+        cls, config: TelescopeConfig, capabilities: AlgorithmCapabilities | None = None
+    ) -> AlgorithmConfig:
+        """Build from a run config; an unset ``advantage_norm`` takes the algorithm's default."""
         values = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        if values.get("advantage_norm") is None:
+            values["advantage_norm"] = (capabilities or AlgorithmCapabilities()).default_advantage_norm
         return cls(**values)
+
+
+@dataclass
+class LossInputs:
+    """Per-token tensors of one micro-batch, all of shape ``[T]`` (flat over the packed targets).
+
+    ``logprobs`` carries the gradient; the others are constants. ``ref_logprobs`` is
+    the ratio reference chosen by ``ppo_clip_ref_logprobs`` (rollout log-probabilities,
+    or the trainer's own recomputed before the first optimizer step of the batch).
+    ``sequence_ids`` numbers the samples of the micro-batch (``-1`` on padding) and
+    ``sequence_lengths[sequence_ids]`` is each sample's count of loss tokens.
+    """
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    inference_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    sequence_ids: torch.Tensor
+    sequence_lengths: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossCounts:
+    """Global counts over a (mini)batch on all data-parallel ranks, known before backward."""
+
+    #: Tokens with ``loss_mask`` true.
+    loss_tokens: int
+    #: Samples with at least one loss token.
+    samples: int
 
 
 class Algorithm(ABC):
     """Base class of RL algorithms. One module per algorithm.
 
     Subclasses set ``name`` and ``capabilities`` and implement
-    :meth:`group_advantages` and :meth:`token_loss`.
+    :meth:`group_advantages` and :meth:`token_loss`; they may override
+    :meth:`loss_denominator` (dr_grpo, gspo do). The objective the trainer
+    minimises for a (mini)batch is ``sum(loss_terms) / loss_denominator(counts)``.
     """
 
     name: ClassVar[str] = ""
@@ -96,5 +146,23 @@ class Algorithm(ABC):
         """Advantages of one group of rewards (shape [n]) before any batch normalisation."""
 
     @abstractmethod
-    def token_loss(self, inputs: Any) -> Any:
-        """Per-token policy loss for a micro-batch (see the trainer's loss inputs)."""
+    def token_loss(self, inputs: LossInputs) -> torch.Tensor:
+        """Per-token policy loss ``[T]`` before masking and the TIS weight."""
+
+    @property
+    def uses_ratio(self) -> bool:
+        """The loss reads ``ref_logprobs`` (a ratio-based loss, or PPO clipping on)."""
+        return self.capabilities.ratio_based or self.config.use_ppo_clip
+
+    def loss_terms(self, inputs: LossInputs) -> torch.Tensor:
+        """Masked per-token losses ``[T]``, times the truncated-IS weight when ``use_tis``."""
+        from telescope.algorithms.common import masked, tis_weight
+
+        loss = self.token_loss(inputs)
+        if self.config.use_tis:
+            loss = loss * tis_weight(inputs.logprobs, inputs.inference_logprobs, self.config)
+        return masked(loss, inputs.loss_mask)
+
+    def loss_denominator(self, counts: LossCounts) -> float:
+        """What the summed loss terms are divided by: the global loss-token count by default."""
+        return float(max(counts.loss_tokens, 1))

@@ -190,9 +190,9 @@ class TelescopePluginManager:
         failed: set[str] = set()
         for kind in PluginKind:
             caller = getattr(self.pm.hook, kind.hook_name)
-            # pluggy lists implementations last-registered first; reverse it so the
-            # load order (built-ins, then entry points) is the registration order.
-            for impl in reversed(caller.get_hookimpls()):
+            # get_hookimpls() lists implementations in registration order (built-ins,
+            # then entry points), so a duplicate blames the later, third-party name.
+            for impl in caller.get_hookimpls():
                 if impl.plugin_name in failed:
                     continue
                 info = self.plugins.get(impl.plugin_name)

@@ -1,0 +1,74 @@
+"""Nox sessions: tests per package, lint, typecheck, the plugin smoke test, e2e, gpu.
+
+Each session gets its own virtualenv (reused between runs with ``nox -r``). The
+torch build is installed first from ``TELESCOPE_TORCH_SPEC`` (default
+``torch==2.13.0``, the CPU build) so that pip does not resolve the packages' plain
+``torch`` requirement to the newest CUDA release. ``nox`` with no arguments runs
+the default sessions (tests, lint, typecheck, plugins); ``nox -s gpu`` is for a GPU
+machine and ``nox -s bench`` runs the benchmarks by hand.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck", "plugins"]
+nox.options.reuse_existing_virtualenvs = True
+
+PACKAGES = {"core": "tests/core", "envs": "tests/envs", "sandbox": "tests/sandbox", "e2e": "tests/e2e"}
+TORCH_SPEC = os.environ.get("TELESCOPE_TORCH_SPEC", "torch==2.13.0")
+ENV = {"RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+
+
+def install_workspace(session: nox.Session) -> None:
+    session.install(TORCH_SPEC)
+    session.install("-r", "requirements-dev.txt")
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """The CPU tests of one package (pytest -m "not gpu")."""
+    install_workspace(session)
+    session.run("pytest", "-m", "not gpu", PACKAGES[package], *session.posargs, env=ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the three packages."""
+    install_workspace(session)
+    session.run("mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src")
+
+
+@nox.session
+def plugins(session: nox.Session) -> None:
+    """Smoke test of the plugin system: install a third-party plugin, list it, uninstall it."""
+    install_workspace(session)
+    session.run("telescope", "plugins")
+    session.run("pytest", "tests/core/plugins", "tests/e2e/test_third_party_plugin.py", env=ENV)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """The GPU tests (CUDA FSDP, NCCL weight sync, bf16); run on a GPU machine."""
+    install_workspace(session)
+    session.run("pytest", "-m", "gpu", "tests", *session.posargs, env=ENV)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmarks in bench/ (run by hand; prints figures, asserts nothing)."""
+    install_workspace(session)
+    for script in sorted(os.listdir("bench")):
+        if script.startswith("bench_") and script.endswith(".py"):
+            session.run("python", f"bench/{script}", *session.posargs, env=ENV)

@@ -1,0 +1,90 @@
+"""Pure helpers shared by the algorithms: baselines, normalisations, ratios, PPO clip, TIS.
+
+Everything here is a function of tensors and an :class:`AlgorithmConfig`. Standard
+deviations are *population* standard deviations (``unbiased=False``): a group of
+two rewards ``[0, 1]`` gets advantages ``[-1, 1]`` under group normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from telescope.api.algorithm import Algorithm, AlgorithmConfig, LossInputs
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``mask`` is true, 0 elsewhere (``where``, so padding never leaks NaN)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def group_centred(rewards: torch.Tensor) -> torch.Tensor:
+    """``r_i - mean(r)``."""
+    return rewards - rewards.mean()
+
+
+def group_normalised(rewards: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """The GRPO family's advantage: ``(r - mean) / (std + eps)`` under ``advantage_norm: group``.
+
+    Under ``advantage_norm: batch`` the batch normalisation replaces the group std
+    division, so only the group mean is removed here.
+    """
+    centred = group_centred(rewards)
+    if config.advantage_norm == "batch":
+        return centred
+    return centred / (rewards.std(unbiased=False) + config.eps)
+
+
+def batch_normalised(advantages: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(A - mean_B(A)) / (std_B(A) + eps)`` over every sample of the training batch."""
+    if advantages.numel() == 0:
+        return advantages
+    return (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)
+
+
+def compute_advantages(algorithm: Algorithm, groups_rewards: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Advantages for a list of groups (the orchestrator's entry point).
+
+    Each group's rewards go through :meth:`Algorithm.group_advantages`; with
+    ``advantage_norm: batch`` the result is then normalised across all the groups
+    given (the whole training batch). A group of one sample gets advantage 0 (it
+    has no baseline). Groups the orchestrator drops (zero advantage) should be
+    dropped *before* this call so that they do not dilute the batch statistics.
+    """
+    per_group: list[torch.Tensor] = []
+    for rewards in groups_rewards:
+        tensor = torch.tensor(list(rewards), dtype=torch.float64)
+        if tensor.numel() < 2:
+            per_group.append(torch.zeros_like(tensor))
+        else:
+            per_group.append(algorithm.group_advantages(tensor).to(torch.float64))
+    if algorithm.config.advantage_norm == "batch" and per_group:
+        flat = batch_normalised(torch.cat(per_group), algorithm.config.eps)
+        per_group = list(torch.split(flat, [t.numel() for t in per_group]))
+    return [[float(x) for x in t] for t in per_group]
+
+
+def log_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``lp - lp_ref`` on loss tokens, 0 elsewhere (so ``exp`` never overflows on padding)."""
+    return masked(inputs.logprobs - inputs.ref_logprobs, inputs.loss_mask)
+
+
+def ppo_clip_loss(ratio: torch.Tensor, advantages: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """``max(-rho A, -clip(rho, 1 - clip_low, 1 + clip_high) A)`` per token."""
+    clipped = torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
+    return torch.maximum(-ratio * advantages, -clipped * advantages)
+
+
+def policy_gradient_loss(inputs: LossInputs, config: AlgorithmConfig) -> torch.Tensor:
+    """``-A lp`` (REINFORCE), or the PPO-clipped ratio loss when ``use_ppo_clip``."""
+    if config.use_ppo_clip:
+        return ppo_clip_loss(torch.exp(log_ratio(inputs)), inputs.advantages, config)
+    return -inputs.advantages * inputs.logprobs
+
+
+def tis_weight(logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """Truncated importance weight ``sg(min(exp(clamp(lp - lp_inf, -c, c)), tis_cap))``."""
+    c = config.tis_logprob_clamp
+    diff = torch.clamp(logprobs.detach() - inference_logprobs, -c, c)
+    return torch.clamp(torch.exp(diff), max=config.tis_cap)

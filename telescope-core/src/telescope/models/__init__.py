@@ -1,0 +1,1 @@
+"""Model helpers: locally built tiny models for CPU runs and tests."""
