@@ -7,9 +7,18 @@ from telescope.plugins.registry import Registrar
 
 ENVIRONMENTS: dict[str, str] = {
     "countdown": "telescope_envs.countdown:CountdownEnvironment",
+    "hendrycks_math": "telescope_envs.hendrycks_math:HendrycksMathEnvironment",
+    "wordle": "telescope_envs.wordle:WordleEnvironment",
+    "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
+    "calculator": "telescope_envs.calculator:CalculatorEnvironment",
 }
 
-EVALS: dict[str, str] = {}
+EVALS: dict[str, str] = {
+    "math500": "telescope_envs.evals:MATH500",
+    "aime_2024": "telescope_envs.evals:AIME_2024",
+    "aime_2025": "telescope_envs.evals:AIME_2025",
+    "gpqa_diamond": "telescope_envs.evals:GPQA_DIAMOND",
+}
 
 
 @hookimpl

@@ -7,6 +7,10 @@ from telescope.plugins.registry import Registrar
 
 PROVIDERS: dict[str, str] = {
     "local": "telescope_sandbox.local:LocalProvider",
+    "e2b": "telescope_sandbox.remote.e2b:E2BProvider",
+    "modal": "telescope_sandbox.remote.modal:ModalProvider",
+    "daytona": "telescope_sandbox.remote.daytona:DaytonaProvider",
+    "prime": "telescope_sandbox.remote.prime:PrimeProvider",
 }
 
 

@@ -48,15 +48,15 @@ def compute_advantages(algorithm: Algorithm, groups_rewards: Sequence[Sequence[f
 
     Each group's rewards go through :meth:`Algorithm.group_advantages`; with
     ``advantage_norm: batch`` the result is then normalised across all the groups
-    given (the whole training batch). A group of one sample gets advantage 0 (it
-    has no baseline). Groups the orchestrator drops (zero advantage) should be
+    given (the whole training batch). A group of one sample (no baseline) or of
+    equal rewards (no signal) gets exactly 0. Groups the orchestrator drops (zero advantage) should be
     dropped *before* this call so that they do not dilute the batch statistics.
     """
     per_group: list[torch.Tensor] = []
     for rewards in groups_rewards:
         tensor = torch.tensor(list(rewards), dtype=torch.float64)
-        if tensor.numel() < 2:
-            per_group.append(torch.zeros_like(tensor))
+        if tensor.numel() < 2 or bool((tensor == tensor[0]).all()):
+            per_group.append(torch.zeros_like(tensor))  # no baseline / no signal: exactly 0
         else:
             per_group.append(algorithm.group_advantages(tensor).to(torch.float64))
     if algorithm.config.advantage_norm == "batch" and per_group:

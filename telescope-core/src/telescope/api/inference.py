@@ -4,6 +4,10 @@ A backend starts one server per inference worker. Every server speaks the
 subset of vLLM's OpenAI-compatible API that the orchestrator's single client uses
 (token ids in and out, log-probabilities, abort, priority) and accepts weight
 updates in place. The embedded engine (CPU or GPU) and vLLM (GPU) implement it.
+
+Use :class:`telescope.inference.client.InferenceClient` against ``server.address.base_url``;
+weight updates go through the transports of :mod:`telescope.api.transport`, with
+receiver ranks ``1 + worker_index * receivers_per_server() + local rank``.
 """
 
 from __future__ import annotations
@@ -57,3 +61,11 @@ class InferenceBackend(ABC):
     @abstractmethod
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
         """Start inference worker ``worker_index`` and return once it is healthy."""
+
+    def receivers_per_server(self) -> int:
+        """Weight-transport receivers one server holds (its ranks are ``rank_offset + 0 .. n - 1``).
+
+        1 for the embedded engine; ``inference_tensor_parallel_size`` for vLLM, whose
+        every TP worker receives the full weights and shards them itself.
+        """
+        return 1

@@ -1,15 +1,36 @@
 """The weight-transport interface: trainer weights to inference servers, in place.
 
-The trainer side sends full named tensors after each step; each inference worker
-receives them and loads them into its running model without a restart. In-memory
-(one machine) and NCCL broadcast (GPU) implement it.
+The trainer side (rank 0) sends full named tensors (Hugging Face names) after each
+step; each inference worker receives them and loads them into its running model
+without a restart. Implementations: ``memory`` (shared memory, one machine, the
+default on CPU) and ``nccl`` (broadcast from trainer rank 0 to every inference
+worker process, the default on GPU).
+
+Protocol (the same for every transport, so the orchestrator needs no special case)::
+
+    sender = Transport(config)                       # trainer rank 0
+    info = sender.prepare_sender(num_receivers)      # JSON-able, e.g. a rendezvous address
+    # each inference process (server or vLLM worker), once:
+    receiver = Transport(config); receiver.connect_receiver(info, rank, device)
+    # every update, concurrently on both sides:
+    sender.send(named_weights, version)              # returns when the data is out
+    for name, tensor in receiver.receive(version):   # yields as data arrives
+        load(name, tensor)
+
+``rank`` counts receivers from 1 (the sender is rank 0); a vLLM server with
+tensor parallelism ``tp`` holds ``tp`` receivers (every TP rank gets the full
+weights and shards them itself). ``send`` and ``receive`` of one version must be
+running at the same time for a collective transport (NCCL), so the orchestrator
+starts both together; a store-and-forward transport (memory) makes ``receive``
+wait for ``send`` to publish. The tensors ``receive`` yields stay valid until the
+next ``receive``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +46,13 @@ class WeightTransport(ABC):
     def __init__(self, config: TelescopeConfig) -> None:
         self.config = config
 
+    def prepare_sender(self, num_receivers: int) -> dict[str, Any]:
+        """Trainer side, once: set up and return what receivers need to connect (JSON-able)."""
+        return {}
+
+    def connect_receiver(self, init_info: dict[str, Any], rank: int, device: str = "cpu") -> None:  # noqa: B027
+        """Inference side, once per receiving process: join the sender described by ``init_info``."""
+
     @abstractmethod
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Trainer side: publish the weights of policy ``version``."""
@@ -33,5 +61,5 @@ class WeightTransport(ABC):
     def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Inference side: yield the named tensors of policy ``version``."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027
         """Release buffers and communicators."""

@@ -1,1 +1,18 @@
-"""The inference side: the embedded engine, the vLLM backend and the shared client."""
+"""The inference side: the embedded engine, the vLLM backend and the shared client.
+
+- :mod:`.protocol`: the vLLM-compatible completions wire format;
+- :mod:`.client`: the orchestrator's one client for both backends;
+- :mod:`.embedded`: the embedded engine (:mod:`.embedded.engine`), its HTTP
+  server and the ``embedded`` backend;
+- :mod:`.vllm_backend`: the ``vllm`` backend (optional extra ``telescope-core[vllm]``);
+- :mod:`.weight_sync`: the weight-update calls both servers accept.
+"""
+
+from __future__ import annotations
+
+
+def default_backend_name() -> str:
+    """``vllm`` when it is installed and a GPU is visible, else ``embedded`` (``inference_backend: auto``)."""
+    from telescope.inference.vllm_backend import VLLMBackend
+
+    return "vllm" if VLLMBackend.is_available() else "embedded"

@@ -1,0 +1,1 @@
+"""Evaluation helpers: the unbiased pass@k / pass^k estimators."""

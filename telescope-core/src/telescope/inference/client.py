@@ -1,0 +1,285 @@
+"""The orchestrator's one client for every inference server (embedded engine or vLLM).
+
+One :class:`InferenceClient` per server, over one ``httpx.AsyncClient``:
+
+- :meth:`~InferenceClient.complete`: a completion from prompt token ids (or
+  text), with ``return_token_ids`` and ``logprobs`` always requested, parsed
+  into :class:`CompletionResult` (token ids, per-token log-probabilities of the
+  temperature-scaled distribution, finish reason, policy versions);
+- abort: cancel the awaiting task (``task.cancel()``) and the client closes the
+  connection; both servers abort a request whose client disconnected (vLLM's
+  completions route and the embedded server listen for the disconnect).
+  :meth:`~InferenceClient.abort` additionally aborts by id on the embedded server;
+- weight updates: :meth:`~InferenceClient.init_weight_transfer` once and
+  :meth:`~InferenceClient.update_weights` per step, through ``/collective_rpc``
+  (see :mod:`telescope.inference.weight_sync`), then ``/reset_prefix_cache`` so
+  vLLM does not reuse prompt KV computed with the old weights;
+- :meth:`~InferenceClient.health`, :meth:`~InferenceClient.wait_until_healthy`,
+  :meth:`~InferenceClient.metrics` (Prometheus text parsed to a dict).
+
+Policy versions: the embedded engine reports, per sample, the weights version
+of its first and last token and of every token. vLLM reports none, so the client
+fills ``policy_version_start`` with the version it knew at dispatch (the last
+update it completed on this server) and ``policy_version_end`` with the one it
+knows when the response arrives; ``token_policy_versions`` stays ``None``. For
+staleness accounting use ``policy_version_start`` (the oldest weights that
+contributed).
+
+Retries (tenacity): connection failures and 503 are retried with exponential
+back-off (a server still starting, a restart); anything else is raised at once,
+because a completion is not free to repeat. There is no read timeout by default:
+a long generation is not an error; cancel the task instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from telescope.inference import weight_sync
+from telescope.inference.protocol import CompletionResponse, new_request_id
+
+
+class InferenceServerError(RuntimeError):
+    """The server answered with an error (the message carries its status and text)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"inference server error {status}: {message}")
+        self.status = status
+
+
+@dataclass
+class Completion:
+    """One sampled completion of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    stop_reason: int | str | None
+    prompt_token_ids: list[int]
+    policy_version_start: int
+    policy_version_end: int
+    token_policy_versions: list[int] | None = None
+
+
+@dataclass
+class CompletionResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    completions: list[Completion]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def build_completion_request(
+    prompt: Sequence[int] | str,
+    *,
+    model: str | None = None,
+    max_tokens: int = 16,
+    temperature: float = 1.0,
+    top_p: float | None = None,
+    n: int = 1,
+    stop: Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    seed: int | None = None,
+    priority: int = 0,
+    num_logprobs: int = 0,
+    request_id: str | None = None,
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` (valid for vLLM and the embedded engine)."""
+    body: dict[str, Any] = {
+        "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "n": n,
+        "logprobs": num_logprobs,
+        "return_token_ids": True,
+        "skip_special_tokens": True,
+        "request_id": request_id or new_request_id(),
+    }
+    if model is not None:
+        body["model"] = model
+    if top_p is not None:
+        body["top_p"] = top_p
+    if stop:
+        body["stop"] = list(stop)
+    if stop_token_ids:
+        body["stop_token_ids"] = list(stop_token_ids)
+    if seed is not None:
+        body["seed"] = seed
+    if priority:
+        body["priority"] = priority
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def parse_completion_response(payload: dict[str, Any], dispatch_version: int, known_version: int) -> CompletionResult:
+    """Turn a vLLM or embedded ``/v1/completions`` response into a :class:`CompletionResult`."""
+    response = CompletionResponse.model_validate(payload)
+    completions: list[Completion] = []
+    prompt_ids: list[int] = []
+    for choice in sorted(response.choices, key=lambda c: c.index):
+        if choice.token_ids is None:
+            raise InferenceServerError(
+                200, "the response has no token_ids; the server must support return_token_ids (vLLM >= 0.10.2)"
+            )
+        token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else []
+        if len(token_logprobs) != len(choice.token_ids):
+            raise InferenceServerError(
+                200, f"choice {choice.index} has {len(choice.token_ids)} tokens but {len(token_logprobs)} logprobs"
+            )
+        prompt_ids = list(choice.prompt_token_ids or prompt_ids)
+        completions.append(Completion(
+            index=choice.index,
+            text=choice.text,
+            token_ids=list(choice.token_ids),
+            logprobs=[float(x) if x is not None else 0.0 for x in token_logprobs],
+            finish_reason=choice.finish_reason or "abort",
+            stop_reason=choice.stop_reason,
+            prompt_token_ids=list(choice.prompt_token_ids or []),
+            policy_version_start=(choice.policy_version_start if choice.policy_version_start is not None
+                                  else dispatch_version),
+            policy_version_end=choice.policy_version_end if choice.policy_version_end is not None else known_version,
+            token_policy_versions=choice.token_policy_versions,
+        ))
+    usage = response.usage
+    return CompletionResult(request_id=response.id, prompt_token_ids=prompt_ids, completions=completions,
+                            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens or 0)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return True
+    return isinstance(exc, InferenceServerError) and exc.status == 503
+
+
+class InferenceClient:
+    """Async client of one inference server (see the module docstring)."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, max_retries: int = 4,
+                 connect_timeout: float = 10.0, read_timeout: float | None = None,
+                 max_connections: int = 4096, initial_policy_version: int = 0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_retries = max_retries
+        self.policy_version = initial_policy_version
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+        )
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ------------------------------------------------------------------ basics
+    async def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True) -> httpx.Response:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries if retry else 1),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with attempt:
+                response = await self._http.request(method, path, json=json)
+                if response.status_code >= 400:
+                    raise InferenceServerError(response.status_code, response.text[:2000])
+                return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_until_healthy(self, timeout: float = 600.0, interval: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"inference server {self.base_url} was not healthy within {timeout:.0f} s")
+            await asyncio.sleep(interval)
+
+    async def models(self) -> list[str]:
+        response = await self._request("GET", "/v1/models")
+        return [m["id"] for m in response.json().get("data", [])]
+
+    async def metrics(self) -> dict[str, float]:
+        """Prometheus samples as ``{"name{label=value,...}": value}`` (and the bare name, summed over labels)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        response = await self._request("GET", "/metrics")
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(response.text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+                if labels:
+                    out[s.name] = out.get(s.name, 0.0) + s.value
+        return out
+
+    # ------------------------------------------------------------- completions
+    async def complete(self, prompt: Sequence[int] | str, **options: Any) -> CompletionResult:
+        """One completion request (options: see :func:`build_completion_request`).
+
+        Cancelling the awaiting task closes the connection, which aborts the request on the server.
+        """
+        body = build_completion_request(prompt, model=options.pop("model", self.model), **options)
+        dispatch_version = self.policy_version
+        response = await self._request("POST", "/v1/completions", json=body)
+        return parse_completion_response(response.json(), dispatch_version, self.policy_version)
+
+    async def abort(self, request_ids: Sequence[str]) -> list[str]:
+        """Abort by id (embedded engine); vLLM aborts on disconnect only, so there this returns []."""
+        try:
+            response = await self._request("POST", "/abort_requests", json={"request_ids": list(request_ids)},
+                                           retry=False)
+        except InferenceServerError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return list(response.json().get("aborted", []))
+
+    # ----------------------------------------------------------------- weights
+    async def collective_rpc(self, method: str, payload: str | None = None, timeout: float | None = None) -> list[Any]:
+        body: dict[str, Any] = {"method": method, "args": [payload] if payload is not None else []}
+        if timeout is not None:
+            body["timeout"] = timeout
+        response = await self._request("POST", "/collective_rpc", json=body, retry=False)
+        if not response.content:
+            return []
+        return list(response.json().get("results", []))
+
+    async def init_weight_transfer(self, transport: str, init_info: dict[str, Any], rank_offset: int,
+                                   config: dict[str, Any] | None = None) -> list[Any]:
+        """Connect every worker of the server as a receiver (ranks ``rank_offset + local rank``)."""
+        payload = weight_sync.init_payload(transport, config, init_info, rank_offset)
+        return await self.collective_rpc(weight_sync.INIT_METHOD, payload)
+
+    async def update_weights(self, version: int) -> list[Any]:
+        """Receive and load weights ``version`` (run concurrently with the sender), then drop stale prefix KV."""
+        results = await self.collective_rpc(weight_sync.UPDATE_METHOD, weight_sync.update_payload(version))
+        self.policy_version = version
+        await self._request("POST", "/reset_prefix_cache", retry=False)
+        return results
+
+    async def get_policy_version(self) -> int:
+        results = await self.collective_rpc(weight_sync.VERSION_METHOD)
+        return int(results[0]["policy_version"]) if results else self.policy_version

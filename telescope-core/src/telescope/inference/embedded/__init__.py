@@ -1,0 +1,1 @@
+"""The embedded inference engine (torch + transformers, CPU or GPU) and its HTTP server."""

@@ -1,0 +1,522 @@
+"""The embedded inference engine: continuous batching over a Hugging Face causal LM.
+
+Design
+------
+One background thread runs the loop; callers submit requests from any thread
+and get a callback (the HTTP server turns it into an awaited future). Each loop
+iteration is one *step*:
+
+1. drop aborted requests (their sequences leave the batch at once);
+2. admit waiting requests while there are free slots (``max_num_seqs``), in
+   the queue's order (``fcfs`` or ``priority``, see :mod:`.scheduler`): each
+   admitted request is prefilled alone (its ``n`` samples share one prefill;
+   the KV rows are replicated), samples its first token and joins the batch;
+3. one decode step for every running sequence together: each feeds its last
+   token, the model extends the shared KV cache by one position;
+4. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
+   ``max_model_len``) leave the batch; a request completes when all its ``n``
+   sequences have.
+
+So new requests join between decode steps (continuous batching) and sequences
+of different lengths decode together.
+
+KV cache layout: one Hugging Face ``DynamicCache`` for the whole batch, rows
+*left-padded* to a common length. Each row keeps its pad count; a step passes
+the attention mask (pads masked out) and explicit position ids (the row's real
+length), so a sequence's logits equal those of running it alone up to float
+rounding. When a row leaves, columns that are padding in every remaining row
+are trimmed. Cost: a step computes attention over the longest row for every
+row (padded batching); a paged, variable-length kernel (vLLM) avoids that.
+Prefill is not chunked: a long prompt stalls the running batch for its prefill.
+Only models whose cache layers are plain ``DynamicLayer`` (full attention) are
+supported; others fail at load with a clear error.
+
+Log-probabilities and sampling: see :mod:`.sampling` (temperature-scaled,
+before top-p; one ``torch.Generator`` per sequence). A request with ``seed``
+and ``n > 1`` seeds sample ``i`` with ``seed + i``. Seeded results are the
+same whether the request runs alone or in a batch as long as padding does not
+change its logits' last bits (true in float32 in practice; not guaranteed in
+bfloat16 on GPU).
+
+Weight updates and in-flight requests: :meth:`Engine.update_weights` first
+receives every tensor (for NCCL, the network transfer happens here while
+decoding goes on), then waits for the current step to end, copies all weights
+in place at once and sets the policy version. Running sequences continue with
+the new weights; the KV entries they computed before the update are kept (not
+recomputed), as vLLM does. Every generated token records the version of the
+weights that produced its logits, and a result reports the versions of its
+first and last token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from telescope.inference.embedded.sampling import make_generator, sample
+from telescope.inference.embedded.scheduler import SchedulingPolicy, WaitingQueue
+from telescope.transports.loading import load_named_tensors
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class EngineSettings:
+    """What an engine needs; :meth:`from_config` derives it from a run config."""
+
+    model_path: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    seed: int = 0
+    served_model_name: str | None = None
+    initial_policy_version: int = 0
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig, device: str | None = None) -> EngineSettings:
+        """``max_num_seqs`` = ``max_concurrent_prompts_per_server * group_size``, capped at 256."""
+        from telescope.models.tiny import resolve_model_path
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return cls(
+            model_path=resolve_model_path(config.model),
+            dtype=config.model_dtype,
+            device=device,
+            max_num_seqs=max(1, min(256, config.max_concurrent_prompts_per_server * config.group_size)),
+            max_model_len=config.max_model_len,
+            scheduling_policy=config.vllm_scheduling_policy,
+            seed=config.seed,
+            served_model_name=config.model,
+        )
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    num_top_logprobs: int = 0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+
+
+@dataclass
+class SequenceResult:
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    token_policy_versions: list[int]
+    finish_reason: FinishReason
+    stop_reason: int | str | None
+    text: str
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class RequestResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    sequences: list[SequenceResult]
+
+
+class _Seq:
+    __slots__ = ("finish", "gen", "index", "logprobs", "next_token", "out", "pad", "req", "stop_reason", "text",
+                 "top", "versions")
+
+    def __init__(self, req: _Request, index: int, gen: torch.Generator) -> None:
+        self.req = req
+        self.index = index
+        self.gen = gen
+        self.out: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.top: list[dict[int, float]] | None = [] if req.params.num_top_logprobs else None
+        self.finish: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.text: str | None = None
+        self.next_token = -1
+        self.pad = 0
+
+
+class _Request:
+    def __init__(self, request_id: str, prompt: list[int], params: GenerationParams,
+                 on_done: Callable[[RequestResult], None]) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.on_done = on_done
+        self.seqs: list[_Seq] = []
+        self.aborted = False
+        self.arrival = time.monotonic()
+
+
+class Engine:
+    """A model, its tokenizer and the continuous-batching loop (see the module docstring)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.settings = settings
+        self.device = torch.device(settings.device)
+        dtype = getattr(torch, settings.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype).to(self.device).eval()
+        eos: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, list):
+                eos.update(int(x) for x in source)
+        self.eos_token_ids = eos
+        self.policy_version = settings.initial_policy_version
+        self._rng = random.Random(settings.seed)
+        self._queue: WaitingQueue[_Request] = WaitingQueue(settings.scheduling_policy)
+        self._requests: dict[str, _Request] = {}
+        self._rows: list[_Seq] = []
+        self._cache: Any = None
+        self._lock = threading.Lock()  # held for a whole step; weight updates take it between steps
+        self._wakeup = threading.Condition()
+        self._pause_requests = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"generation_tokens": 0, "prompt_tokens": 0, "requests_finished": 0, "requests_aborted": 0,
+                      "weight_updates": 0, "steps": 0}
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="telescope-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # ----------------------------------------------------------------- requests
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams,
+               on_done: Callable[[RequestResult], None]) -> None:
+        """Queue a request; ``on_done`` is called from the engine thread when it finishes (or is aborted)."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty; send at least one token")
+        vocab = self.model.config.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {min(prompt_token_ids)}.."
+                             f"{max(prompt_token_ids)}")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.settings.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.settings.max_model_len} tokens; the request "
+                f"has {len(prompt_token_ids)} prompt tokens and max_tokens={params.max_tokens} ({total} in all)"
+            )
+        if params.n > self.settings.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds the engine's max_num_seqs={self.settings.max_num_seqs}")
+        req = _Request(request_id, list(prompt_token_ids), params, on_done)
+        with self._wakeup:
+            if request_id in self._requests:
+                raise ValueError(f"request id {request_id!r} is already in flight")
+            self._requests[request_id] = req
+            self._queue.push(req, params.priority)
+            self._wakeup.notify_all()
+
+    def generate(self, prompt_token_ids: list[int], params: GenerationParams | None = None,
+                 request_id: str | None = None, timeout: float = 300.0) -> RequestResult:
+        """Blocking convenience for scripts and tests (the engine thread must be running)."""
+        done = threading.Event()
+        box: list[RequestResult] = []
+
+        def finish(result: RequestResult) -> None:
+            box.append(result)
+            done.set()
+
+        self.submit(request_id or f"gen-{self._rng.getrandbits(64):x}", prompt_token_ids,
+                    params or GenerationParams(), finish)
+        if not done.wait(timeout):
+            raise TimeoutError(f"generation did not finish within {timeout} s")
+        return box[0]
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a queued or running request; its callback gets what was generated so far."""
+        with self._wakeup:
+            req = self._requests.get(request_id)
+            if req is None:
+                return False
+            req.aborted = True
+            self._wakeup.notify_all()
+            return True
+
+    # ------------------------------------------------------------------ weights
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the engine between two steps (the loop yields at the end of the current one)."""
+        with self._wakeup:
+            self._pause_requests += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._wakeup:
+                self._pause_requests -= 1
+                self._wakeup.notify_all()
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Receive all tensors, then swap them in between two steps; returns the number loaded."""
+        received = list(weights)
+        with self.paused():
+            count = load_named_tensors(self.model, received)
+            self.policy_version = version
+            self.stats["weight_updates"] += 1
+        return count
+
+    # -------------------------------------------------------------------- stats
+    def counts(self) -> dict[str, float]:
+        with self._wakeup:
+            running = len(self._rows)
+            waiting = sum(r.params.n for r in self._queue)
+            kv_tokens = sum(len(s.req.prompt) + len(s.out) for s in self._rows)
+        capacity = self.settings.max_num_seqs * self.settings.max_model_len
+        return {"running": running, "waiting": waiting, "kv_cache_usage": kv_tokens / capacity,
+                "policy_version": self.policy_version, **self.stats}
+
+    # --------------------------------------------------------------------- loop
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._wakeup:
+                    while not self._stopping and (self._pause_requests or (not self._rows and not len(self._queue))):
+                        self._wakeup.wait(timeout=0.1)
+                    if self._stopping:
+                        break
+                try:
+                    with self._lock:
+                        self._step()
+                except Exception:  # a failing step must not kill the server silently
+                    log.exception("engine step failed; aborting the running requests")
+                    self._fail_all()
+        self._fail_all()
+
+    def _step(self) -> None:
+        self._drop_aborted()
+        self._admit()
+        if self._rows:
+            self._decode()
+        self.stats["steps"] += 1
+
+    def _drop_aborted(self) -> None:
+        with self._wakeup:
+            aborted = [r for r in self._requests.values() if r.aborted]
+            for req in aborted:
+                self._queue.remove(req)
+        if not aborted:
+            return
+        for req in aborted:
+            self._mark_aborted(req)
+            self.stats["requests_aborted"] += 1
+        self._remove_finished()
+        for req in aborted:
+            self._complete(req)
+
+    def _admit(self) -> None:
+        while True:
+            with self._wakeup:
+                req = self._queue.peek()
+                if req is None or req.params.n > self.settings.max_num_seqs - len(self._rows):
+                    return
+                self._queue.pop()
+            self._prefill(req)
+
+    def _prefill(self, req: _Request) -> None:
+        params = req.params
+        n = params.n
+        for i in range(n):
+            seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
+            req.seqs.append(_Seq(req, i, make_generator(seed, self.device)))
+        self.stats["prompt_tokens"] += len(req.prompt)
+        if params.max_tokens == 0:
+            for seq in req.seqs:
+                seq.finish = "length"
+            self._complete(req)
+            return
+        ids = torch.tensor([req.prompt], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        for layer in cache.layers:
+            if type(layer).__name__ != "DynamicLayer":
+                raise RuntimeError(f"the embedded engine supports full-attention caches only, not {type(layer)}")
+            if n > 1:
+                layer.keys = layer.keys.repeat(n, 1, 1, 1)
+                layer.values = layer.values.repeat(n, 1, 1, 1)
+        logits = out.logits[:, -1].expand(n, -1)
+        self._record(req.seqs, logits)
+        live = [s for s in req.seqs if s.finish is None]
+        if len(live) < n:
+            keep = torch.tensor([s.index for s in live], device=self.device, dtype=torch.long)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+        if live:
+            self._merge(live, cache, len(req.prompt))
+        if all(s.finish is not None for s in req.seqs):
+            self._complete(req)
+
+    def _merge(self, seqs: list[_Seq], cache: Any, length: int) -> None:
+        if self._cache is None:
+            self._cache, self._rows = cache, list(seqs)
+            for s in seqs:
+                s.pad = 0
+            return
+        cur = self._cache.layers[0].keys.shape[2]
+        total = max(cur, length)
+        for old, new in zip(self._cache.layers, cache.layers, strict=True):
+            ok, ov, nk, nv = old.keys, old.values, new.keys, new.values
+            if cur < total:
+                ok, ov = F.pad(ok, (0, 0, total - cur, 0)), F.pad(ov, (0, 0, total - cur, 0))
+            if length < total:
+                nk, nv = F.pad(nk, (0, 0, total - length, 0)), F.pad(nv, (0, 0, total - length, 0))
+            old.keys, old.values = torch.cat([ok, nk]), torch.cat([ov, nv])
+        for s in self._rows:
+            s.pad += total - cur
+        for s in seqs:
+            s.pad = total - length
+        with self._wakeup:
+            self._rows.extend(seqs)
+
+    def _decode(self) -> None:
+        rows = self._rows
+        length = self._cache.layers[0].keys.shape[2]
+        pads = torch.tensor([s.pad for s in rows], device=self.device)
+        ids = torch.tensor([[s.next_token] for s in rows], device=self.device)
+        positions = (length - pads).unsqueeze(1)
+        mask = (torch.arange(length + 1, device=self.device).unsqueeze(0) >= pads.unsqueeze(1)).long()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=self._cache, use_cache=True)
+        self._cache = out.past_key_values
+        self._record(rows, out.logits[:, -1])
+        self._remove_finished()
+
+    def _record(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Sample one token for each of ``seqs`` (rows of ``logits``) and check their stop conditions."""
+        num_top = max(s.req.params.num_top_logprobs for s in seqs)
+        result = sample(logits, [s.req.params.temperature for s in seqs], [s.req.params.top_p for s in seqs],
+                        [s.gen for s in seqs], num_top=num_top)
+        version = self.policy_version
+        self.stats["generation_tokens"] += len(seqs)
+        for i, seq in enumerate(seqs):
+            token = result.token_ids[i]
+            seq.out.append(token)
+            seq.logprobs.append(result.logprobs[i])
+            seq.versions.append(version)
+            seq.next_token = token
+            if seq.top is not None and result.top_ids is not None and result.top_logprobs is not None:
+                k = seq.req.params.num_top_logprobs
+                seq.top.append(dict(zip(result.top_ids[i][:k], result.top_logprobs[i][:k], strict=True)))
+            self._check_stop(seq, token)
+
+    def _check_stop(self, seq: _Seq, token: int) -> None:
+        params = seq.req.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            seq.finish = "stop"
+        elif token in params.stop_token_ids:
+            seq.finish, seq.stop_reason = "stop", token
+        elif params.stop:
+            text = self.tokenizer.decode(seq.out, skip_special_tokens=params.skip_special_tokens)
+            for stop in params.stop:
+                at = text.find(stop)
+                if at >= 0:
+                    seq.finish, seq.stop_reason, seq.text = "stop", stop, text[:at]
+                    break
+        if seq.finish is None and (len(seq.out) >= params.max_tokens
+                                   or len(seq.req.prompt) + len(seq.out) >= self.settings.max_model_len):
+            seq.finish = "length"
+
+    def _remove_finished(self) -> None:
+        rows = self._rows
+        keep = [i for i, s in enumerate(rows) if s.finish is None]
+        if len(keep) == len(rows):
+            return
+        done_requests = {id(s.req): s.req for s in rows if s.finish is not None}
+        if not keep:
+            self._cache = None
+            with self._wakeup:
+                self._rows = []
+        else:
+            index = torch.tensor(keep, device=self.device)
+            remaining = [rows[i] for i in keep]
+            trim = min(s.pad for s in remaining)
+            for layer in self._cache.layers:
+                layer.keys = layer.keys[index, :, trim:]
+                layer.values = layer.values[index, :, trim:]
+            for s in remaining:
+                s.pad -= trim
+            with self._wakeup:
+                self._rows = remaining
+        for req in done_requests.values():
+            if all(s.finish is not None for s in req.seqs):
+                self._complete(req)
+
+    def _complete(self, req: _Request) -> None:
+        with self._wakeup:
+            if self._requests.pop(req.request_id, None) is None:
+                return
+        sequences = []
+        for seq in req.seqs:
+            text = seq.text
+            if text is None:
+                text = self.tokenizer.decode(seq.out, skip_special_tokens=req.params.skip_special_tokens)
+            sequences.append(SequenceResult(
+                index=seq.index, token_ids=seq.out, logprobs=seq.logprobs, token_policy_versions=seq.versions,
+                finish_reason=seq.finish or "abort", stop_reason=seq.stop_reason, text=text, top_logprobs=seq.top,
+            ))
+        self.stats["requests_finished"] += 1
+        try:
+            req.on_done(RequestResult(req.request_id, req.prompt, sequences))
+        except Exception:
+            log.exception("a completion callback failed for request %s", req.request_id)
+
+    def _fail_all(self) -> None:
+        """Abort everything (after a failed step or at shutdown) so no caller waits forever."""
+        with self._wakeup:
+            pending = list(self._requests.values())
+            self._rows = []
+            self._cache = None
+        for req in pending:
+            with self._wakeup:
+                self._queue.remove(req)
+            self._mark_aborted(req)
+            self._complete(req)
+
+    @staticmethod
+    def _mark_aborted(req: _Request) -> None:
+        if not req.seqs:  # still waiting: report n empty samples
+            req.seqs = [_Seq(req, i, torch.Generator()) for i in range(req.params.n)]
+        for seq in req.seqs:
+            if seq.finish is None:
+                seq.finish = "abort"

@@ -1,0 +1,322 @@
+"""The embedded engine's HTTP server: vLLM's completions API subset, metrics and weight updates.
+
+Routes (vLLM-compatible unless marked):
+
+- ``POST /v1/completions``: see :mod:`telescope.inference.protocol`. When the
+  client disconnects (the orchestrator cancels a stale rollout and closes the
+  connection), the request is aborted in the engine at the next step, as vLLM
+  does; the waiting handler returns 499.
+- ``GET /health`` (200 while the engine loop runs), ``GET /v1/models``,
+  ``GET /metrics`` (Prometheus text, with vLLM's metric names so one scraper
+  reads both backends: ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``,
+  ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_total``, plus
+  ``telescope:policy_version``).
+- ``POST /collective_rpc`` with the weight-sync methods of
+  :mod:`telescope.inference.weight_sync` (vLLM's dev-mode route; only those
+  methods are accepted), ``POST /reset_prefix_cache`` (a no-op here: the engine
+  keeps no prefix cache).
+- ``POST /abort_requests`` (extension): abort by request id.
+
+Run it as a process with ``python -m telescope.inference.embedded.server
+--config run.yaml --port 8100`` (what :class:`~.backend.EmbeddedBackend`
+does), or in a thread of the current process with :class:`ServerThread`
+(tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from telescope.inference import weight_sync
+from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
+from telescope.inference.protocol import (
+    NEG_INF_LOGPROB,
+    AbortRequest,
+    CollectiveRpcRequest,
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+    new_request_id,
+)
+
+if TYPE_CHECKING:
+    import uvicorn
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+class _MetricsCollector:
+    """Reads the engine's counters at scrape time (prometheus_client custom collector)."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = self.engine.counts()
+        gauges = [
+            ("vllm:num_requests_running", "Sequences in the running batch", c["running"]),
+            ("vllm:num_requests_waiting", "Sequences waiting to be admitted", c["waiting"]),
+            ("vllm:kv_cache_usage_perc", "KV cache tokens in use / (max_num_seqs * max_model_len)",
+             c["kv_cache_usage"]),
+            ("telescope:policy_version", "Weights version the engine generates with", c["policy_version"]),
+        ]
+        for name, doc, value in gauges:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(value))
+            yield family
+        counters = [
+            ("vllm:generation_tokens", "Generated tokens", c["generation_tokens"]),
+            ("vllm:prompt_tokens", "Prefilled prompt tokens", c["prompt_tokens"]),
+            ("vllm:request_success", "Finished requests", c["requests_finished"]),
+            ("telescope:requests_aborted", "Aborted requests", c["requests_aborted"]),
+            ("telescope:weight_updates", "Weight updates applied", c["weight_updates"]),
+        ]
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self.model_name], float(value))
+            yield counter
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _params(body: CompletionRequest) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=body.max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        n=body.n,
+        stop=body.stop_strings,
+        stop_token_ids=list(body.stop_token_ids or []),
+        seed=body.seed,
+        num_top_logprobs=body.logprobs or 0,
+        ignore_eos=body.ignore_eos,
+        skip_special_tokens=body.skip_special_tokens,
+        priority=body.priority,
+    )
+
+
+def _clamp(value: float) -> float:
+    return value if value > NEG_INF_LOGPROB else NEG_INF_LOGPROB
+
+
+def build_response(engine: Engine, body: CompletionRequest, result: RequestResult, model: str) -> CompletionResponse:
+    """Turn an engine result into the vLLM-shaped response."""
+    tokenizer = engine.tokenizer
+    as_ids = bool(body.return_tokens_as_token_ids)
+
+    def token_str(token: int) -> str:
+        return f"token_id:{token}" if as_ids else tokenizer.decode([token])
+
+    choices = []
+    for seq in result.sequences:
+        logprobs = None
+        if body.logprobs is not None:
+            tokens = [token_str(t) for t in seq.token_ids]
+            offsets, pos = [], 0
+            for text in tokens:
+                offsets.append(pos)
+                pos += len(text)
+            tops: list[dict[str, float] | None] = []
+            for i, token in enumerate(seq.token_ids):
+                top = {token_str(t): _clamp(lp) for t, lp in (seq.top_logprobs[i].items() if seq.top_logprobs else ())}
+                top[tokens[i]] = _clamp(seq.logprobs[i])
+                tops.append(top)
+            logprobs = CompletionLogProbs(text_offset=offsets, token_logprobs=[_clamp(x) for x in seq.logprobs],
+                                          tokens=tokens, top_logprobs=tops)
+        versions = seq.token_policy_versions
+        choices.append(CompletionChoice(
+            index=seq.index,
+            text=seq.text,
+            logprobs=logprobs,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            token_ids=seq.token_ids if body.return_token_ids else None,
+            prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
+            policy_version_start=versions[0] if versions else engine.policy_version,
+            policy_version_end=versions[-1] if versions else engine.policy_version,
+            token_policy_versions=versions,
+        ))
+    completion = sum(len(s.token_ids) for s in result.sequences)
+    prompt = len(result.prompt_token_ids)
+    usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return CompletionResponse(id=result.request_id, model=model, choices=choices, usage=usage)
+
+
+def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
+    """A FastAPI app serving ``engine`` (which must be started)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    model_name = served_model_name or engine.settings.served_model_name or engine.settings.model_path
+    registry = CollectorRegistry()
+    registry.register(_MetricsCollector(engine, model_name))  # type: ignore[arg-type]
+    receiver = weight_sync.WeightReceiver(device=str(engine.device))
+    app = FastAPI(title="Telescope embedded inference engine")
+    app.state.engine = engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        alive = engine._thread is not None and engine._thread.is_alive()
+        return Response(status_code=200 if alive else 503)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model_name, root=engine.settings.model_path,
+                                         max_model_len=engine.settings.max_model_len)])
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, raw: Request) -> CompletionResponse | Response:
+        if body.model is not None and body.model not in (model_name, engine.settings.model_path):
+            return _error(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+                          "NotFoundError")
+        if body.priority != 0 and engine.settings.scheduling_policy != "priority":
+            return _error(400, "priority other than 0 needs vllm_scheduling_policy: priority")
+        prompt_ids = list(body.prompt) if isinstance(body.prompt, list) else engine.tokenize(body.prompt)
+        request_id = body.request_id or new_request_id()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[RequestResult] = loop.create_future()
+
+        def on_done(result: RequestResult) -> None:
+            loop.call_soon_threadsafe(lambda: None if future.done() else future.set_result(result))
+
+        try:
+            engine.submit(request_id, prompt_ids, _params(body), on_done)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        disconnect = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            done, _ = await asyncio.wait({future, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            engine.abort(request_id)
+            disconnect.cancel()
+            raise
+        if future not in done:
+            engine.abort(request_id)
+            return Response(status_code=499)
+        disconnect.cancel()
+        return build_response(engine, body, future.result(), model_name)
+
+    @app.post("/abort_requests")
+    async def abort_requests(body: AbortRequest) -> dict[str, list[str]]:
+        return {"aborted": [rid for rid in body.request_ids if engine.abort(rid)]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        return Response(status_code=200)
+
+    @app.post("/collective_rpc", response_model=None)
+    async def collective_rpc(body: CollectiveRpcRequest) -> dict[str, Any] | JSONResponse:
+        arg = body.args[0] if body.args else "{}"
+        try:
+            if body.method == weight_sync.INIT_METHOD:
+                result = await asyncio.to_thread(receiver.init, arg, 0)
+            elif body.method == weight_sync.UPDATE_METHOD:
+                start = time.perf_counter()
+                version, tensors = receiver.receive(arg)
+                count = await asyncio.to_thread(engine.update_weights, tensors, version)
+                result = {"policy_version": version, "num_tensors": count, "seconds": time.perf_counter() - start}
+            elif body.method == weight_sync.VERSION_METHOD:
+                result = {"policy_version": engine.policy_version}
+            else:
+                return _error(400, f"unknown method {body.method!r}; allowed: {', '.join(weight_sync.METHODS)}")
+        except (KeyError, ValueError, RuntimeError, TimeoutError) as exc:
+            log.exception("collective_rpc %s failed", body.method)
+            return _error(500, f"{body.method} failed: {exc}", "InternalServerError")
+        return {"results": [result]}
+
+    return app
+
+
+class ServerThread:
+    """Serve an app with uvicorn in a background thread of this process (port 0 = any free port)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.host = host
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self.server: uvicorn.Server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        sockets = self.server.servers[0].sockets if self.server.servers else []
+        return int(sockets[0].getsockname()[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread = threading.Thread(target=self.server.run, name="telescope-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the embedded HTTP server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Process entry point: build the engine from a config and serve it until killed."""
+    parser = argparse.ArgumentParser(description="Telescope embedded inference server")
+    parser.add_argument("--config-json", required=True, help="file holding the resolved run config as JSON")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    from telescope.config.schema import TelescopeConfig
+
+    with open(args.config_json, encoding="utf-8") as handle:
+        config = TelescopeConfig.model_validate_json(handle.read())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = Engine(EngineSettings.from_config(config, device=args.device)).start()
+    try:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    finally:
+        with contextlib.suppress(Exception):
+            engine.stop()
+
+
+if __name__ == "__main__":
+    main()

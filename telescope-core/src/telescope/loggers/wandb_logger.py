@@ -1,0 +1,311 @@
+"""The Weights & Biases logger: step metrics, rollout tables, source code and process logs.
+
+Enabled by ``use_wandb``. The local run store records everything regardless; this logger
+mirrors it to W&B:
+
+- ``wandb.init(project=wandb_project, name=wandb_run_name, tags=wandb_tags,
+  config=<resolved config>, dir=<run dir>)``; W&B writes its own files under
+  ``<run dir>/wandb/``. System metrics are sampled every
+  ``system_metrics_collection_interval_seconds``.
+- Mode: the ``WANDB_MODE`` environment variable when set (``online``, ``offline``,
+  ``disabled``); otherwise ``online`` when an API key is configured (``WANDB_API_KEY`` or a
+  netrc entry for the W&B host, what ``wandb login`` writes) and ``offline`` when not, so a
+  run without credentials never blocks on a login prompt. Sync an offline run later with
+  ``wandb sync <run dir>/wandb/offline-run-*``.
+- :meth:`WandbLogger.log_step` logs scalars with ``step=``; :meth:`WandbLogger.log_rollouts`
+  logs one ``wandb.Table`` per call (key ``rollouts_table``), bounded to
+  :attr:`WandbLogger.max_table_rows` rows and :attr:`WandbLogger.max_text_chars` characters
+  per text cell. Timeline events are not sent (they stay in events.jsonl).
+- ``wandb_upload_code``: at start, the source files (``.py``, configs, ...) under the working
+  directory, skipping ``wandb_code_exclude_patterns`` (glob patterns matched against each
+  file or folder name and relative path; excluded folders are not walked) and files over
+  ``wandb_code_max_file_size_mb``, as a ``code`` artifact (at most
+  :attr:`WandbLogger.max_code_files` files).
+- ``wandb_upload_logs``: at :meth:`close`, the run directory's ``logs/`` as one
+  ``logs.tar.gz`` in a ``logs`` artifact: the main logs always, ``logs/detailed/`` with
+  ``wandb_upload_logs_detailed`` and ``logs/stdout/`` with ``wandb_upload_logs_stdout``.
+
+Failures never stop a run: a missing ``wandb`` package (the message gives the install
+command) or any exception from W&B is reported once (a warning on the
+``telescope.loggers.wandb`` logger, kept in :attr:`WandbLogger.failure`) and the logger
+disables itself; later calls do nothing. ``wandb`` is imported only when the logger starts.
+
+Limits: W&B drops a ``log`` whose step is lower than one already logged (a resumed run
+starts a new W&B run). A hung W&B service can still block ``wandb.init`` or ``finish``
+up to W&B's own timeouts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import netrc
+import os
+import re
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlparse
+
+from telescope.api.logger import Logger
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+_log = logging.getLogger("telescope.loggers.wandb")
+
+INSTALL_HINT = "pip install 'telescope-core[wandb]'"
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
+#: File types uploaded as source code.
+CODE_SUFFIXES = frozenset({".py", ".pyi", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".sh", ".md", ".txt"})
+
+TABLE_COLUMNS = [
+    "step",
+    "group_index",
+    "sample_id",
+    "environment",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "stop_reason",
+    "completion_tokens",
+    "policy_version",
+    "error",
+]
+
+
+def api_key_configured() -> bool:
+    """Whether W&B credentials are set up (``WANDB_API_KEY`` or a netrc entry for the W&B host)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    netrc_path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return host in netrc.netrc(str(netrc_path)).hosts
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode() -> str:
+    """``WANDB_MODE`` when set, else ``online`` with credentials and ``offline`` without."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if mode:
+        if mode not in WANDB_MODES:
+            raise ValueError(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}")
+        return mode
+    return "online" if api_key_configured() else "offline"
+
+
+def _is_excluded(relative: str, name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(relative, p) for p in patterns)
+
+
+def code_files(root: Path, max_file_size_mb: float, exclude_patterns: list[str], max_files: int) -> list[Path]:
+    """Source files under ``root`` to upload, sorted; excluded folders are not descended into."""
+    max_bytes = max_file_size_mb * 1024 * 1024
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        relative_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not _is_excluded(os.path.normpath(os.path.join(relative_dir, d)), d, exclude_patterns)
+        )
+        for filename in sorted(filenames):
+            path = Path(dirpath) / filename
+            relative = os.path.normpath(os.path.join(relative_dir, filename))
+            if path.suffix not in CODE_SUFFIXES or _is_excluded(relative, filename, exclude_patterns):
+                continue
+            try:
+                if not path.is_file() or path.stat().st_size > max_bytes:
+                    continue
+            except OSError:
+                continue
+            found.append(path)
+            if len(found) >= max_files:
+                return found
+    return found
+
+
+def log_files(logs_dir: Path, *, detailed: bool, stdout: bool) -> list[Path]:
+    """Files of ``logs_dir`` to upload: all but ``detailed/`` and ``stdout/`` unless asked for."""
+    if not logs_dir.is_dir():
+        return []
+    selected: list[Path] = []
+    for path in sorted(logs_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        top = path.relative_to(logs_dir).parts[0]
+        if (top == "detailed" and not detailed) or (top == "stdout" and not stdout):
+            continue
+        selected.append(path)
+    return selected
+
+
+def _artifact_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
+
+def _clip(value: Any, limit: int) -> str:
+    if isinstance(value, list):  # chat messages
+        value = "\n".join(
+            f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value
+        )
+    text = "" if value is None else str(value)
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+class WandbLogger(Logger):
+    """Mirrors the run to Weights & Biases; see the module docstring for what and how."""
+
+    name: ClassVar[str] = "wandb"
+    max_table_rows: ClassVar[int] = 64
+    max_text_chars: ClassVar[int] = 4000
+    max_code_files: ClassVar[int] = 5000
+
+    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
+        super().__init__(config, run_dir)
+        self.failure: str | None = None
+        self._run: Any = None
+        self._wandb: Any = None
+        self._closed = False
+        self._start()
+
+    @classmethod
+    def enabled(cls, config: TelescopeConfig) -> bool:
+        return bool(config.use_wandb)
+
+    @property
+    def active(self) -> bool:
+        """Whether the logger is sending (it started and has not failed or closed)."""
+        return self._run is not None and self.failure is None and not self._closed
+
+    # ----------------------------------------------------------------- start
+
+    def _start(self) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            self._fail(
+                f"the wandb package is not installed ({exc}); install it with {INSTALL_HINT} or set use_wandb: false"
+            )
+            return
+        self._wandb = wandb
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._run = wandb.init(
+                project=self.config.wandb_project,
+                name=self.config.wandb_run_name,
+                tags=list(self.config.wandb_tags),
+                config=self.config.model_dump(mode="json"),
+                dir=str(self.run_dir),
+                mode=wandb_mode(),  # type: ignore[arg-type]
+                reinit="create_new",
+                settings=wandb.Settings(
+                    x_stats_sampling_interval=self.config.system_metrics_collection_interval_seconds,
+                ),
+            )
+        except Exception as exc:
+            self._fail(f"could not start a W&B run: {type(exc).__name__}: {exc}")
+            return
+        if self.config.wandb_upload_code:
+            self._guard("code upload", self._upload_code)
+
+    def _upload_code(self) -> None:
+        root = Path.cwd()
+        files = code_files(
+            root,
+            self.config.wandb_code_max_file_size_mb,
+            list(self.config.wandb_code_exclude_patterns),
+            self.max_code_files,
+        )
+        if not files:
+            return
+        artifact = self._wandb.Artifact(_artifact_name(f"source-{self.config.wandb_project}-{self._run.id}"), "code")
+        for path in files:
+            artifact.add_file(str(path), name=str(path.relative_to(root)))
+        self._run.log_artifact(artifact)
+
+    # --------------------------------------------------------------- logging
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        values = {key: value for key, value in metrics.items() if value is not None}
+        self._guard("log", lambda: self._run.log(values, step=step))
+
+    def log_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
+        if not rollouts:
+            return
+
+        def log_table() -> None:
+            rows = [
+                [
+                    record.get("step", step),
+                    record.get("group_index"),
+                    str(record.get("sample_id", "")),
+                    str(record.get("environment", "")),
+                    _clip(record.get("prompt"), self.max_text_chars),
+                    _clip(record.get("completion"), self.max_text_chars),
+                    record.get("reward"),
+                    record.get("advantage"),
+                    str(record.get("stop_reason", "")),
+                    record.get("completion_tokens"),
+                    record.get("policy_version"),
+                    _clip(record.get("error"), self.max_text_chars),
+                ]
+                for record in rollouts[: self.max_table_rows]
+            ]
+            table = self._wandb.Table(columns=TABLE_COLUMNS, data=rows)
+            self._run.log({"rollouts_table": table}, step=step)
+
+        self._guard("rollout table", log_table)
+
+    def close(self) -> None:
+        """Upload the logs (if asked for) and finish the W&B run; safe to call twice."""
+        if self._closed:
+            return
+        if self.active and self.config.wandb_upload_logs:
+            self._guard("log upload", self._upload_logs)
+        if self.active:
+            self._guard("finish", self._run.finish)
+        self._closed = True
+
+    def _upload_logs(self) -> None:
+        logs_dir = self.run_dir / "logs"
+        files = log_files(
+            logs_dir,
+            detailed=self.config.wandb_upload_logs_detailed,
+            stdout=self.config.wandb_upload_logs_stdout,
+        )
+        if not files:
+            return
+        handle, archive_name = tempfile.mkstemp(prefix=".logs-", suffix=".tar.gz", dir=self.run_dir)
+        os.close(handle)
+        archive = Path(archive_name)
+        try:
+            with tarfile.open(archive, "w:gz") as tar:
+                for path in files:
+                    tar.add(path, arcname=str(Path("logs") / path.relative_to(logs_dir)))
+            artifact = self._wandb.Artifact(_artifact_name(f"logs-{self._run.id}"), "logs")
+            artifact.add_file(str(archive), name="logs.tar.gz", policy="mutable")  # copies to W&B's staging
+            self._run.log_artifact(artifact)
+        finally:
+            archive.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------- failures
+
+    def _guard(self, action: str, call: Callable[[], object]) -> None:
+        """Run a W&B call unless disabled; an exception disables the logger (reported once)."""
+        if not self.active:
+            return
+        try:
+            call()
+        except Exception as exc:
+            self._fail(f"W&B {action} failed: {type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+            _log.warning("%s; W&B logging is off for the rest of this run (the local run store is unaffected)", message)

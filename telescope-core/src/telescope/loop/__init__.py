@@ -1,0 +1,1 @@
+"""The run: driver, services (Ray workers), checkpoints, evals, launch."""

@@ -1,0 +1,164 @@
+"""One rollout: generate (turn by turn for multi-turn environments), then score.
+
+- Every turn records the policy version of the weights when it was *dispatched*
+  (the upstream stamped it at completion, and only for the first turn).
+- Environment code (rewards, environment replies, tools) runs in worker threads:
+  a slow reward never blocks generation, and an exception marks this rollout as
+  errored (``rollout.error``, a zero reward, counted in the metrics) instead of
+  stopping the run.
+- The generation lane (``lane``) can be released as soon as generation ends,
+  before the reward is computed (``free_lane_after_generation``).
+- Each turn's ``max_tokens`` is capped so that the trajectory stays within
+  ``max_model_len``; a trajectory that reaches it ends with finish reason ``length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
+from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, Turn
+from telescope.orchestrator.chat import ChatRenderer
+
+
+@dataclass
+class Generation:
+    """What the inference client returns for one completion."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version_start: int | None = None
+    policy_version_end: int | None = None
+
+
+#: generate(prompt_token_ids, max_tokens, turn_index) -> Generation
+GenerateFn = Callable[[list[int], int, int], Awaitable[Generation]]
+
+
+@dataclass
+class RolloutLimits:
+    max_tokens: int
+    max_model_len: int
+    interleaved: bool = True
+
+
+class Lane:
+    """A generation slot; released once (after generation or at the end, whichever first)."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._release()
+
+
+async def run_rollout(
+    environment: EnvironmentBase,
+    sample: Sample,
+    messages: list[Message],
+    prompt_ids: list[int],
+    *,
+    renderer: ChatRenderer,
+    generate: GenerateFn,
+    policy_version: Callable[[], int],
+    limits: RolloutLimits,
+    lane: Lane | None = None,
+    free_lane_after_generation: bool = True,
+) -> Rollout:
+    """Run one rollout to completion and score it; environment errors are contained."""
+    turns: list[Turn] = []
+    conversation = [dict(m) for m in messages]
+    input_ids = list(prompt_ids)
+    multi_turn = isinstance(environment, MultiTurnEnvironment)
+    state = environment.initial_state(sample) if isinstance(environment, MultiTurnEnvironment) else None
+    error: str | None = None
+    try:
+        while True:
+            used = sum(len(t.input_token_ids) + len(t.output_token_ids) for t in turns) + len(input_ids)
+            budget = min(limits.max_tokens, limits.max_model_len - used)
+            if budget <= 0:
+                if turns:
+                    turns[-1].finish_reason = "length"
+                break
+            dispatched_version = policy_version()
+            generation = await generate(input_ids, budget, len(turns))
+            text = renderer.decode(generation.token_ids)
+            turns.append(
+                Turn(
+                    input_token_ids=input_ids,
+                    output_token_ids=list(generation.token_ids),
+                    output_logprobs=list(generation.logprobs),
+                    policy_version=dispatched_version,
+                    finish_reason=generation.finish_reason,
+                    output_text=text,
+                )
+            )
+            reply: Message = {"role": "assistant", "content": text}
+            if not multi_turn or state is None:
+                conversation.append(reply)
+                break
+            history = list(conversation)
+            conversation.append(reply)
+            state.turn += 1
+            assert isinstance(environment, MultiTurnEnvironment)
+            if generation.finish_reason == "length" or await asyncio.to_thread(
+                environment.is_done, conversation, state
+            ):
+                break
+            new_messages = await asyncio.to_thread(environment.env_response, conversation, state)
+            if limits.interleaved:
+                input_ids = renderer.continuation_ids(history, reply, generation.token_ids, new_messages)
+                conversation.extend(new_messages)
+            else:
+                conversation.extend(new_messages)
+                full = renderer.prompt_ids(conversation)
+                previous = sum(len(t.input_token_ids) + len(t.output_token_ids) for t in turns)
+                # Re-tokenized: the earlier turns' tokens are whatever the template now gives.
+                input_ids = full[previous:] if len(full) > previous else []
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # an environment failure marks this rollout, the run goes on
+        error = f"{type(exc).__name__} during generation: {exc}"
+    finally:
+        if lane is not None and free_lane_after_generation:
+            lane.release()
+
+    rollout = Rollout(sample=sample, turns=turns, messages=conversation, error=error)
+    if error is None and turns:
+        rollout.reward = await _score(environment, rollout, renderer, state)
+        if rollout.reward.error:
+            rollout.error = rollout.reward.error
+    else:
+        rollout.reward = RewardResult(total_reward=0.0, error=error or "no turn was generated")
+        rollout.error = rollout.reward.error
+    if lane is not None:
+        lane.release()
+    return rollout
+
+
+async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object) -> RewardResult:
+    try:
+        if isinstance(environment, BaseEnvironment):
+            result = await asyncio.to_thread(
+                environment.compute_reward, rollout.completion_text, rollout.sample, renderer.eos_token
+            )
+        elif isinstance(environment, MultiTurnEnvironment):
+            result = await asyncio.to_thread(
+                environment.compute_reward, rollout.messages, rollout.sample, state  # type: ignore[arg-type]
+            )
+        else:
+            raise TypeError(f"{type(environment).__name__} is neither a single- nor a multi-turn environment")
+        if not isinstance(result, RewardResult):
+            raise TypeError(f"compute_reward returned {type(result).__name__}, not RewardResult")
+        reward = float(result.total_reward)
+        if reward != reward or reward in (float("inf"), float("-inf")):
+            raise ValueError(f"compute_reward returned a non-finite reward ({reward})")
+        return result
+    except Exception as exc:  # a failing reward function is contained and counted
+        return RewardResult(total_reward=0.0, error=f"{type(exc).__name__} in compute_reward: {exc}")

@@ -1,0 +1,336 @@
+"""Dispatching groups of rollouts within the async budget, and assembling batches.
+
+The schedule. Every dispatched group is assigned a *target step*: the training
+step whose batch it is meant for. Step ``t`` needs ``prompts_batch_size_for_trainer``
+accepted groups; a group counts against its step's quota while in flight or
+accepted, and a discarded or cancelled group gives its place back. A group may
+target step ``t`` only while ``t <= policy_version + max_async_rollout``, where
+``policy_version`` is the number of weight updates the servers have received. So:
+
+- ``max_async_rollout = 0`` is synchronous: every group of step ``t`` is dispatched
+  at version ``t``, after the previous step's weights are loaded;
+- with ``N > 0`` a sample trained at step ``t`` was dispatched at version ``>= t - N``
+  (its first turn; later turns are newer), so it is at most ``N`` versions stale.
+
+Stale work. When the version moves to ``v``, in-flight groups dispatched before
+``v - max_off_policy_steps`` are cancelled; cancelling the task closes its HTTP
+requests, which aborts them on the server. They are counted as ``canceled``.
+A finished group whose oldest turn is more than ``max_off_policy_steps`` behind
+the step it would train is discarded as ``max_async``. Groups whose rewards are all
+equal are discarded as ``zero_advantage`` when ``discard_group_zero_advantage``.
+
+Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
+individual sample lanes each sample holds a lane (released after generation with
+``free_lane_after_generation``, else after scoring); otherwise a group holds one
+lane for all its samples. New work goes to the server with the most free lanes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from telescope.api.records import Group, Rollout
+from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
+from telescope.orchestrator.rollout import Generation, Lane, RolloutLimits, run_rollout
+
+#: generate(server, prompt_ids, max_tokens, seed, priority) -> Generation
+ServerGenerateFn = Callable[[int, list[int], int, int, int], Awaitable[Generation]]
+
+
+@dataclass
+class ScheduledGroup:
+    """A group on its way: where it runs, what step it is for, what it produced."""
+
+    item: PromptItem
+    target_step: int
+    dispatch_version: int
+    server: int
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class ReadyGroup:
+    """A finished, accepted group waiting for its step's batch."""
+
+    group: Group
+    slot: int
+    target_step: int
+    dispatch_version: int
+    item: PromptItem
+
+
+@dataclass
+class SchedulerStats:
+    """Counters the step metrics read (and reset) after each batch."""
+
+    canceled_rollouts: int = 0
+    stale_groups: list[Group] = field(default_factory=list)
+    zero_advantage_groups: list[Group] = field(default_factory=list)
+    errored_rollouts: list[Rollout] = field(default_factory=list)
+    groups_dispatched: int = 0
+
+    def reset(self) -> SchedulerStats:
+        snapshot = SchedulerStats(
+            self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups, self.errored_rollouts,
+            self.groups_dispatched,
+        )  # fmt: skip
+        self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups = 0, [], []
+        self.errored_rollouts, self.groups_dispatched = [], 0
+        return snapshot
+
+
+def request_seed(seed: int, draw: int, index: int, turn: int) -> int:
+    """A per-request sampling seed: the same run seed gives the same requests."""
+    digest = hashlib.sha256(f"{seed}/{draw}/{index}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutScheduler:
+    """Keeps the training servers busy within the async budget; hands out batches."""
+
+    def __init__(
+        self,
+        config: TelescopeConfig,
+        prompts: PromptSource,
+        renderer: ChatRenderer,
+        generate: ServerGenerateFn,
+        servers: list[int],
+        *,
+        start_step: int = 0,
+        policy_version: int = 0,
+    ) -> None:
+        if not servers:
+            raise ValueError("the scheduler needs at least one training inference server")
+        self.config = config
+        self.prompts = prompts
+        self.renderer = renderer
+        self.generate = generate
+        self.servers = list(servers)
+        self.batch_size = config.prompts_batch_size_for_trainer
+        self.policy_version = policy_version
+        self.next_step_to_fill = start_step
+        self.stats = SchedulerStats()
+        self._quota: dict[int, int] = {}
+        self._ready: dict[int, list[ReadyGroup]] = {}
+        self._in_flight: dict[int, ScheduledGroup] = {}
+        self._lane_use = {s: 0 for s in self.servers}
+        self._lane_capacity = config.max_concurrent_prompts_per_server
+        self._changed = asyncio.Condition()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._next_id = 0
+        self._closed = False
+        # prompt ledger: drawn but not settled (in flight or waiting), and settled draws
+        self._unsettled: dict[int, PromptItem] = {}
+        self._settled: set[int] = set()
+        self._draw_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="rollout-dispatcher")
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [g.task for g in self._in_flight.values() if g.task is not None]
+        if self._dispatcher is not None:
+            tasks.append(self._dispatcher)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._in_flight.clear()
+
+    # ---------------------------------------------------------------- policy
+
+    async def set_policy_version(self, version: int) -> None:
+        """New weights are live on the servers: unlock dispatch, cancel stale work."""
+        async with self._changed:
+            self.policy_version = version
+            oldest_allowed = version - self.config.max_off_policy_steps
+            for scheduled in list(self._in_flight.values()):
+                if scheduled.dispatch_version < oldest_allowed and scheduled.task is not None:
+                    scheduled.task.cancel()
+            self._changed.notify_all()
+
+    # -------------------------------------------------------------- dispatch
+
+    def _lanes_per_group(self) -> int:
+        return self.config.group_size if self.config.enable_individual_sample_lanes else 1
+
+    def _open_target(self) -> int | None:
+        limit = self.policy_version + self.config.max_async_rollout
+        step = self.next_step_to_fill
+        while step <= limit:
+            if self._quota.get(step, 0) < self.batch_size:
+                return step
+            step += 1
+        return None
+
+    def _free_server(self) -> int | None:
+        need = self._lanes_per_group()
+        best = max(self.servers, key=lambda s: self._lane_capacity - self._lane_use[s])
+        if self._lane_capacity - self._lane_use[best] >= min(need, self._lane_capacity):
+            return best
+        return None
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            while not self._closed:
+                async with self._changed:
+                    await self._changed.wait_for(
+                        lambda: self._closed or (self._open_target() is not None and self._free_server() is not None)
+                    )
+                    if self._closed:
+                        return
+                    target = self._open_target()
+                    server = self._free_server()
+                    assert target is not None and server is not None
+                    self._quota[target] = self._quota.get(target, 0) + 1
+                    self._lane_use[server] += min(self._lanes_per_group(), self._lane_capacity)  # Lanes give back
+                async with self._draw_lock:
+                    item = await asyncio.to_thread(self.prompts.next)
+                    self._unsettled[item.draw] = item
+                scheduled = ScheduledGroup(item, target, self.policy_version, server)
+                group_id = self._next_id
+                self._next_id += 1
+                self._in_flight[group_id] = scheduled
+                self.stats.groups_dispatched += 1
+                scheduled.task = asyncio.create_task(self._run_group(group_id, scheduled), name=f"group-{group_id}")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced to next_batch, which raises it in the loop
+            self._failure = exc
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _make_lane(self, server: int) -> Lane:
+        def release() -> None:
+            self._lane_use[server] -= 1
+            asyncio.get_running_loop().create_task(self._notify())
+
+        return Lane(release)
+
+    async def _run_group(self, group_id: int, scheduled: ScheduledGroup) -> None:
+        item = scheduled.item
+        slot = self.prompts.slots[item.slot]
+        limits = RolloutLimits(self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts)
+        held = min(self._lanes_per_group(), self._lane_capacity)
+        individual = self.config.enable_individual_sample_lanes
+        # One Lane per held slot; releasing is idempotent, so every exit path can release all.
+        lanes = [self._make_lane(scheduled.server) for _ in range(held)]
+
+        async def one(index: int) -> Rollout:
+            async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
+                seed = request_seed(self.config.seed, item.draw, index, turn)
+                return await self.generate(scheduled.server, prompt_ids, max_tokens, seed, turn)
+
+            lane = lanes[index] if individual and index < len(lanes) else None
+            return await run_rollout(
+                slot.environment, item.sample, item.messages, item.prompt_token_ids,
+                renderer=self.renderer, generate=generate, policy_version=lambda: self.policy_version,
+                limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
+            )  # fmt: skip
+
+        try:
+            rollouts = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
+        except asyncio.CancelledError:
+            self.stats.canceled_rollouts += self.config.group_size
+            self._in_flight.pop(group_id, None)
+            self._settle(item)
+            for lane in lanes:
+                lane.release()
+            async with self._changed:
+                self._quota[scheduled.target_step] -= 1
+                self._changed.notify_all()
+            raise
+        finally:
+            if not individual:
+                for lane in lanes:
+                    lane.release()
+        await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
+
+    async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
+        self._in_flight.pop(group_id, None)
+        errored = [r for r in group.rollouts if r.error]
+        self.stats.errored_rollouts.extend(errored)
+        group.rollouts = [r for r in group.rollouts if not r.error]
+        async with self._changed:
+            keep = True
+            if len(group.rollouts) < 2:
+                keep = False  # errors left too few samples to compare
+            elif self.config.discard_group_zero_advantage and group.is_zero_advantage:
+                self.stats.zero_advantage_groups.append(group)
+                keep = False
+            if keep:
+                ready = ReadyGroup(group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item)
+                self._ready.setdefault(scheduled.target_step, []).append(ready)
+            else:
+                self._quota[scheduled.target_step] -= 1
+                self._settle(scheduled.item)
+            self._changed.notify_all()
+
+    # ---------------------------------------------------------------- ledger
+
+    def _settle(self, item: PromptItem) -> None:
+        self._unsettled.pop(item.draw, None)
+        self._settled.add(item.draw)
+
+    async def prompt_state(self) -> dict[str, object]:
+        """The prompt position to checkpoint: before the earliest unsettled draw.
+
+        Draws after it that are already settled (trained, discarded or cancelled)
+        are listed in ``skip_draws`` so a resume neither repeats nor skips a prompt.
+        """
+        async with self._draw_lock:
+            if not self._unsettled:
+                self._settled.clear()
+                return self.prompts.state_dict()
+            earliest = min(self._unsettled)
+            self._settled = {d for d in self._settled if d > earliest}
+            state = dict(self._unsettled[earliest].state_before)
+            state["skip_draws"] = sorted(self._settled)
+            return state
+
+    # --------------------------------------------------------------- batches
+
+    async def next_batch(self, step: int) -> list[ReadyGroup]:
+        """Wait for the accepted groups of ``step``; returns them (advantages not yet set)."""
+        async with self._changed:
+            self.next_step_to_fill = max(self.next_step_to_fill, step)
+            self._changed.notify_all()
+            while True:
+                if self._failure is not None:
+                    raise self._failure
+                ready = self._ready.get(step, [])
+                fresh = [g for g in ready if step - min(r.oldest_policy_version for r in g.group.rollouts)
+                         <= self.config.max_off_policy_steps]  # fmt: skip
+                if len(fresh) < len(ready):
+                    for stale in (g for g in ready if g not in fresh):
+                        self.stats.stale_groups.append(stale.group)
+                        self._settle(stale.item)
+                    self._quota[step] -= len(ready) - len(fresh)
+                    self._ready[step] = ready = fresh
+                    self._changed.notify_all()
+                if len(ready) >= self.batch_size:
+                    break
+                await self._changed.wait()
+            batch = ready[: self.batch_size]  # the quota never lets more than batch_size finish
+            for used in batch:
+                self._settle(used.item)
+            del self._ready[step]
+            self._quota.pop(step, None)
+            self.next_step_to_fill = step + 1
+            self._changed.notify_all()
+            return batch

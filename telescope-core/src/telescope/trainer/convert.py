@@ -1,0 +1,65 @@
+"""``telescope convert-checkpoint CHECKPOINT OUT``: a trainer checkpoint to a Hugging Face model folder.
+
+CHECKPOINT is a checkpoint folder (``step_XXXXXXXX``) or a checkpoint root (its
+``latest`` is used). OUT receives safetensors weights, ``config.json``,
+``generation_config.json`` when present, and the tokenizer, written by
+``save_pretrained`` so that ``AutoModelForCausalLM.from_pretrained(OUT)`` gives the
+trained model (tied weights are re-tied; large models are sharded). The
+conversion loads the weights into the architecture named by the checkpoint's
+config and fails if any weight is missing or unknown, so a bad checkpoint is
+reported, not silently converted. torch and transformers are imported only when
+the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def convert_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) -> Path:
+    """Write ``checkpoint`` as a Hugging Face model folder at ``out``; returns ``out``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from telescope.trainer.checkpoint import read_meta, resolve_checkpoint
+
+    folder = resolve_checkpoint(checkpoint)
+    meta = read_meta(folder)
+    config = AutoConfig.from_pretrained(folder)
+    torch_dtype = getattr(torch, dtype or meta.get("model_dtype", "float32"))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    weights = load_file(str(folder / "model.safetensors"))
+    result = model.load_state_dict(weights, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = set(result.missing_keys) - tied
+    if missing or result.unexpected_keys:
+        raise click.ClickException(
+            f"{folder}: the weights do not match {type(model).__name__}: missing {sorted(missing)[:5]}, "
+            f"unknown {sorted(result.unexpected_keys)[:5]}"
+        )
+    model.tie_weights()
+    model = model.to(torch_dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(folder).save_pretrained(out)
+    except (OSError, ValueError):
+        click.echo(f"note: {folder} holds no tokenizer; copy one into {out}", err=True)
+    return out
+
+
+@click.command(name="convert-checkpoint")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+              help="Weight dtype of the output (default: the run's model_dtype).")  # fmt: skip
+def convert_checkpoint_command(checkpoint: Path, out: Path, dtype: str | None) -> None:
+    """Convert a trainer checkpoint (or a checkpoint root's latest) to a Hugging Face model folder."""
+    written = convert_checkpoint(checkpoint, out, dtype)
+    click.echo(f"wrote {written}")

@@ -1,0 +1,70 @@
+"""Process-group setup and the few collectives the trainer needs.
+
+CPU runs use gloo, CUDA runs NCCL. The group is created from ``MASTER_ADDR`` /
+``MASTER_PORT`` (defaulting to a free local port when the caller runs a single
+rank), and torn down with a ``barrier()`` first: gloo may abort at exit otherwise.
+Every collective is a no-op when no process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_device(device: str | None, rank: int) -> torch.device:
+    """``cuda:<local rank>`` when CUDA is available (or asked for), else CPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device(device)
+
+
+def init_process_group(rank: int, world_size: int, device: torch.device) -> bool:
+    """Join (or create) the default process group; returns True when this call created it."""
+    if dist.is_initialized():
+        return False
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if world_size > 1:
+            raise RuntimeError("MASTER_PORT must be set for a multi-rank trainer (every rank the same port)")
+        os.environ["MASTER_PORT"] = str(free_port())
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+    return True
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (float64), in one collective."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(x) for x in tensor.cpu()]
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

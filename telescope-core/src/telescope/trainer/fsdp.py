@@ -1,0 +1,454 @@
+"""The ``fsdp`` trainer backend: a Hugging Face causal LM sharded with FSDP2 ``fully_shard``.
+
+One instance per rank. ``setup`` joins the process group (gloo on CPU, NCCL on
+CUDA), loads ``AutoModelForCausalLM`` from a local folder, ``tiny:<preset>`` or a
+hub id, optionally enables gradient checkpointing, shards every decoder layer and
+then the root with ``fully_shard`` (also at world size 1, so one code path), and
+builds AdamW and the LR schedule.
+
+``train_step(batch)`` — every rank receives the *same* full :class:`TrainingBatch`:
+
+1. The samples are split by group into ``number_of_minibatches`` minibatches; each
+   is packed first-fit-decreasing into sequences of ``seq_len`` tokens, and the
+   sequences are dealt to ranks balancing tokens. One packed sequence is one
+   micro-batch; a rank with fewer sequences runs padding-only micro-batches so the
+   FSDP collectives stay in step.
+2. With a ratio reference ``batch`` (``ppo_clip_ref_logprobs: batch`` and a loss
+   that uses a ratio), the trainer's own log-probabilities of every minibatch are
+   computed without gradient before the first optimizer step.
+3. For each minibatch the global counts (loss tokens, samples) are all-reduced
+   *before* any backward; each micro-batch's loss is ``sum(loss_terms) /
+   algorithm.loss_denominator(counts)``, so the accumulated gradient is that of the
+   minibatch objective whatever the split into micro-batches and ranks.
+4. Gradients are clipped to ``grad_clip``; a non-finite norm skips the optimizer
+   step (counted in ``optimizer/skipped_steps``). The LR schedule advances once per
+   trainer step.
+
+Attention: ``flash_attention_2`` when the ``flash_attn`` package is installed and
+the model runs on CUDA (transformers then uses the varlen kernel from the packed
+``position_ids``), else ``sdpa``; both keep attention inside each sample because
+the model is called with per-sample ``position_ids``, no attention mask and
+``use_cache=False``.
+
+Limits: data parallelism only (no tensor/pipeline/context parallelism; that is the
+Megatron backend); checkpoints gather full state on rank 0 (see
+:mod:`telescope.trainer.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from telescope.api.algorithm import LossCounts, LossInputs
+from telescope.api.records import TrainingBatch, TrainingSample
+from telescope.api.trainer import TrainerBackend
+from telescope.trainer import checkpoint as ckpt
+from telescope.trainer.distributed import (
+    all_reduce_sum,
+    barrier,
+    destroy_process_group,
+    init_process_group,
+    resolve_device,
+)
+from telescope.trainer.logprobs import chunked_entropy, k3_kl, token_logprobs
+from telescope.trainer.metrics import SectionTimers
+from telescope.trainer.microbatch import MicroBatch
+from telescope.trainer.packing import (
+    PackedBatch,
+    PackedSequence,
+    assign_to_ranks,
+    empty_sequence,
+    pack_samples,
+    split_minibatches,
+)
+from telescope.trainer.schedule import build_lr_scheduler
+
+if TYPE_CHECKING:
+    from telescope.api.algorithm import Algorithm
+    from telescope.config.schema import TelescopeConfig
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The unsharded value of a (possibly DTensor) tensor; collective for DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class FSDPBackend(TrainerBackend):
+    """Hugging Face model + FSDP2 data parallelism, CPU (gloo) or CUDA (NCCL)."""
+
+    name = "fsdp"
+
+    def __init__(self, config: TelescopeConfig, algorithm: Algorithm) -> None:
+        super().__init__(config, algorithm)
+        self.step = 0
+        self.rank = 0
+        self.world_size = 1
+        self._owns_process_group = False
+        self.model: Any = None
+        self.model_path = ""
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self, rank: int = 0, world_size: int = 1, device: str | None = None) -> None:
+        """Join the process group, load and shard the model, build AdamW and the LR schedule.
+
+        ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when available).
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from telescope.models.tiny import resolve_model_path
+
+        self.rank, self.world_size = rank, world_size
+        self.device = resolve_device(device, rank)
+        self._owns_process_group = init_process_group(rank, world_size, self.device)
+        torch.manual_seed(self.config.seed)
+        self.model_path = resolve_model_path(self.config.model)
+        self.model = self._load_model()
+        if self.config.gradient_checkpointing:
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or getattr(
+                self.model, "gradient_checkpointing_enable"
+            )
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        mp_dtype = self.config.mixed_precision_dtype
+        policy = MixedPrecisionPolicy(
+            param_dtype=DTYPES[mp_dtype] if mp_dtype else None,
+            reduce_dtype=torch.float32 if mp_dtype else None,
+        )
+        for layer in self._decoder_layers():
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(self.model, mp_policy=policy)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.learning_rate,
+            weight_decay=self.config.weight_decay,
+            foreach=True,
+        )
+        self.scheduler = build_lr_scheduler(
+            self.optimizer,
+            self.config.lr_scheduler,
+            self.config.warmup_steps,
+            self.config.number_of_steps,
+            self.config.min_lr_ratio,
+        )
+        model_config = self.model.config
+        pad = model_config.pad_token_id if model_config.pad_token_id is not None else model_config.eos_token_id
+        self.pad_token_id = int(pad if isinstance(pad, int) else 0)
+
+    def _attn_implementation(self) -> str:
+        if self.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        return "sdpa"
+
+    def _load_model(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device(self.device):
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_path,
+                dtype=DTYPES[self.config.model_dtype],
+                attn_implementation=self._attn_implementation(),
+            )
+        return model.to(self.device)
+
+    def _decoder_layers(self) -> list[torch.nn.Module]:
+        base = getattr(self.model, "model", None)
+        layers = getattr(base, "layers", None)
+        if layers is None:
+            raise TypeError(
+                f"{type(self.model).__name__} has no .model.layers; the fsdp backend shards "
+                "decoder-only Hugging Face models (Llama/Qwen/Mistral layout)"
+            )
+        return list(layers)
+
+    # -------------------------------------------------------------- one step
+
+    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        """One rollout batch: ``number_of_minibatches`` optimizer steps; returns reduced metrics."""
+        step_start = time.perf_counter()
+        timers = SectionTimers(self.device)
+        with timers.section("prepare_tensors"):
+            minibatches = split_minibatches(batch.samples, self.config.number_of_minibatches)
+            packed = [self._pack(mb) for mb in minibatches]
+            local = [self._local_sequences(p) for p in packed]
+        ref_logprobs = self._reference_logprobs(local, timers) if self._needs_batch_reference() else None
+
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])
+        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0.0}
+        grad_norms: list[float] = []
+        skipped = optimizer_steps = micro_count = 0
+        for m, sequences in enumerate(local):
+            counts = self._global_counts(sequences)
+            if counts.loss_tokens == 0 and counts.samples == 0:
+                continue
+            denominator = self.algorithm.loss_denominator(counts)
+            for i, seq in enumerate(sequences):
+                refs = ref_logprobs[m][i] if ref_logprobs is not None else None
+                part = self._forward_backward(seq, refs, denominator, timers, last=i == len(sequences) - 1)
+                for key in sums:
+                    sums[key] += part[key]
+                micro_count += 1
+            with timers.section("optimizer"):
+                norm = self._optimizer_step()
+            optimizer_steps += 1
+            if math.isfinite(norm):
+                grad_norms.append(norm)
+            else:
+                skipped += 1
+        self.scheduler.step()
+        self.step += 1
+
+        packing_stats = [
+            sum(p.num_real_tokens for p in packed),
+            sum(p.num_padded_tokens for p in packed),
+            sum(p.truncated_samples for p in packed),
+            sum(len(p.sequences) for p in packed),
+        ]
+        timing = timers.metrics(micro_count)
+        local_values = [sums["loss"], sums["entropy"], sums["kl"], sums["tokens"], *timing.values()]
+        reduced = all_reduce_sum(local_values, self.device)
+        loss_sum, entropy_sum, kl_sum, tokens = reduced[:4]
+        timing_mean = [v / self.world_size for v in reduced[4:]]
+        step_time = time.perf_counter() - step_start
+        metrics: dict[str, float] = {
+            "loss": loss_sum / max(optimizer_steps, 1),
+            "entropy": entropy_sum / max(tokens, 1.0),
+            "kl_divergence_inference": kl_sum / max(tokens, 1.0),
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else 0.0,
+            "learning_rate": learning_rate,
+            "optimizer/skipped_steps": float(skipped),
+            "optimizer/steps": float(optimizer_steps - skipped),
+            "train/loss_tokens": tokens,
+            "train/samples": float(len(batch.samples)),
+            "packing/efficiency": packing_stats[0] / max(packing_stats[1], 1),
+            "packing/sequences": float(packing_stats[3]),
+            "packing/truncated_samples": float(packing_stats[2]),
+            "throughput/tokens_per_second": packing_stats[0] / max(step_time, 1e-9),
+            "timing/step/total": step_time,
+        }
+        metrics.update(zip(timing.keys(), timing_mean, strict=True))
+        return metrics
+
+    def _pack(self, samples: list[TrainingSample]) -> PackedBatch:
+        return pack_samples(
+            samples, self.config.seq_len, self.config.pad_to_multiple_of, self.pad_token_id, overflow="truncate"
+        )
+
+    def _local_sequences(self, packed: PackedBatch) -> list[PackedSequence]:
+        """This rank's sequences of a minibatch, padded with empty ones to the busiest rank's count."""
+        assignment = assign_to_ranks(packed.sequences, self.world_size)
+        mine = [packed.sequences[i] for i in assignment[self.rank]]
+        busiest = max(len(a) for a in assignment)
+        if busiest == 0:
+            return []
+        filler = empty_sequence(self.config.pad_to_multiple_of, self.pad_token_id)
+        return mine + [filler] * (busiest - len(mine))
+
+    def _global_counts(self, sequences: list[PackedSequence]) -> LossCounts:
+        local_tokens = sum(s.num_loss_tokens for s in sequences)
+        local_samples = sum(sum(1 for n in s.sample_loss_tokens if n > 0) for s in sequences)
+        tokens, samples = all_reduce_sum([local_tokens, local_samples], self.device)
+        return LossCounts(loss_tokens=int(tokens), samples=int(samples))
+
+    def _needs_batch_reference(self) -> bool:
+        return self.config.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
+
+    @torch.no_grad()
+    def _reference_logprobs(
+        self, local: list[list[PackedSequence]], timers: SectionTimers
+    ) -> list[list[torch.Tensor]]:
+        """The trainer's log-probabilities of every micro-batch, before any optimizer step."""
+        out: list[list[torch.Tensor]] = []
+        for sequences in local:
+            row: list[torch.Tensor] = []
+            for seq in sequences:
+                with timers.section("data_to_device"):
+                    mb = MicroBatch.from_packed(seq, self.device)
+                with timers.section("forward"):
+                    logits = self._logits(mb)
+                row.append(token_logprobs(logits, mb.target_ids, self.config.temperature).detach())
+            out.append(row)
+        return out
+
+    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        output = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+        logits: torch.Tensor = output.logits[0]
+        return logits
+
+    def _forward_backward(
+        self,
+        seq: PackedSequence,
+        ref_logprobs: torch.Tensor | None,
+        denominator: float,
+        timers: SectionTimers,
+        *,
+        last: bool = True,
+    ) -> dict[str, float]:
+        """Forward, loss and backward of one micro-batch; returns its local sums."""
+        with timers.section("data_to_device"):
+            mb = MicroBatch.from_packed(seq, self.device)
+        self.model.set_requires_gradient_sync(last)
+        with timers.section("forward"):
+            logits = self._logits(mb)
+        with timers.section("loss"):
+            logprobs = token_logprobs(logits, mb.target_ids, self.config.temperature)
+            inputs = LossInputs(
+                logprobs=logprobs,
+                ref_logprobs=ref_logprobs if ref_logprobs is not None else mb.inference_logprobs,
+                inference_logprobs=mb.inference_logprobs,
+                advantages=mb.advantages,
+                loss_mask=mb.loss_mask,
+                sequence_ids=mb.sequence_ids,
+                sequence_lengths=mb.sequence_lengths,
+            )
+            loss = self.algorithm.loss_terms(inputs).sum() / denominator
+        mask = mb.loss_mask
+        with timers.section("entropy"):
+            entropy = chunked_entropy(logits.detach(), self.config.temperature, self.config.entropy_chunk_size)
+            entropy_sum = float(entropy[mask].sum())
+        with timers.section("kl"):
+            kl_sum = float(k3_kl(logprobs, mb.inference_logprobs)[mask].sum())
+        with timers.section("backward"):
+            loss.backward()
+        return {"loss": float(loss.detach()), "entropy": entropy_sum, "kl": kl_sum, "tokens": float(mb.num_loss_tokens)}
+
+    def _optimizer_step(self) -> float:
+        """Clip, step unless the norm is non-finite, zero the gradients; returns the pre-clip norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip, foreach=True)
+        norm = float(_full(total))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --------------------------------------------- gradients (tests, tools)
+
+    def accumulate_gradients(self, samples: list[TrainingSample]) -> LossCounts:
+        """Forward/backward of ``samples`` as one minibatch, leaving the gradients in place (no step).
+
+        For tests and tools that inspect the gradient (:meth:`full_gradients`);
+        ``train_step`` is the training entry point.
+        """
+        timers = SectionTimers(self.device)
+        sequences = self._local_sequences(self._pack(samples))
+        counts = self._global_counts(sequences)
+        denominator = self.algorithm.loss_denominator(counts)
+        refs = self._reference_logprobs([sequences], timers)[0] if self._needs_batch_reference() else None
+        for i, seq in enumerate(sequences):
+            ref = refs[i] if refs is not None else None
+            self._forward_backward(seq, ref, denominator, timers, last=i == len(sequences) - 1)
+        return counts
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Unsharded gradients by parameter name (collective); zeros where none accumulated."""
+        out: dict[str, torch.Tensor] = {}
+        for name, param in self.model.named_parameters():
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            out[name] = _full(grad).detach().float().cpu()
+        return out
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # --------------------------------------------------------------- weights
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in Hugging Face names, each shared (tied) tensor once. Collective: iterate on every rank."""
+        for name, param in self.model.named_parameters():
+            yield name, _full(param.detach())
+
+    # ----------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
+        """Write a checkpoint folder atomically (collective: call on every rank)."""
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        path = Path(path)
+        is_main = self.rank == 0
+        weights = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
+        optim_state = None
+        if training_state:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        with ckpt.atomic_directory(path, is_main=is_main) as tmp:
+            if is_main:
+                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                self.model.config.save_pretrained(tmp)
+                self._save_tokenizer(tmp)
+                if training_state:
+                    torch.save(optim_state, tmp / "optimizer.pt")
+                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                    (tmp / "rng").mkdir()
+            barrier()
+            if training_state:
+                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.rank}.pt")
+            barrier()
+            if is_main:
+                meta = {
+                    "format": ckpt.FORMAT,
+                    "step": self.step,
+                    "training_state": training_state,
+                    "world_size": self.world_size,
+                    "model": self.config.model,
+                    "model_dtype": self.config.model_dtype,
+                }
+                (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+    def _save_tokenizer(self, folder: Path) -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(folder)
+        except (OSError, ValueError):  # a model without a tokenizer still checkpoints
+            pass
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore weights, and optimizer/scheduler/RNG/step when the checkpoint has them.
+
+        ``path`` is a checkpoint folder or a root (its ``latest`` is used). Returns
+        the checkpoint's ``meta.json``. Collective: call on every rank.
+        """
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        folder = ckpt.resolve_checkpoint(Path(path))
+        meta = ckpt.read_meta(folder)
+        weights = load_file(str(folder / "model.safetensors"))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(self.model, weights, options=options)
+        if meta.get("training_state") and (folder / "optimizer.pt").exists():
+            optim_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
+            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            rng_file = folder / "rng" / f"rank_{self.rank}.pt"
+            if not rng_file.exists():
+                rng_file = folder / "rng" / "rank_0.pt"
+            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
+        self.step = int(meta["step"])
+        barrier()
+        return meta
+
+    def close(self) -> None:
+        if self._owns_process_group:
+            destroy_process_group()
+            self._owns_process_group = False
+        self.model = None
+

@@ -1,0 +1,183 @@
+"""The embedded HTTP server driven by the orchestrator's client: API shape, abort, multi-turn, weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from inference_helpers import mean_k3, trainer_logprobs
+
+from telescope.inference.client import InferenceClient, InferenceServerError
+from telescope.inference.embedded.engine import Engine
+from telescope.inference.embedded.server import ServerThread
+from telescope.transports.memory import MemoryTransport
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_health_models_and_metrics(server: ServerThread, engine: Engine) -> None:
+    async def go() -> tuple[bool, list[str], dict[str, float]]:
+        async with InferenceClient(server.base_url) as client:
+            return await client.health(), await client.models(), await client.metrics()
+
+    healthy, models, metrics = run(go())
+    assert healthy and models == [engine.settings.model_path]
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:generation_tokens_total", "telescope:policy_version"):
+        assert name in metrics
+
+
+def test_completion_response_has_vllm_shape(server: ServerThread) -> None:
+    body = {"prompt": [5, 6, 7], "max_tokens": 5, "logprobs": 1, "return_token_ids": True, "seed": 1,
+            "temperature": 1.0, "n": 2, "some_vllm_only_field": True}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        payload = http.post("/v1/completions", json=body).json()
+        assert payload["object"] == "text_completion"
+        assert set(payload["usage"]) >= {"prompt_tokens", "completion_tokens", "total_tokens"}
+        choice = payload["choices"][0]
+        assert choice["prompt_token_ids"] == [5, 6, 7] and len(choice["token_ids"]) == 5
+        assert set(choice["logprobs"]) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
+        assert len(choice["logprobs"]["top_logprobs"][0]) >= 1 and choice["finish_reason"] in ("stop", "length")
+        plain = http.post("/v1/completions", json={"prompt": "the answer", "max_tokens": 3}).json()
+        assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["logprobs"] is None
+        too_long = http.post("/v1/completions", json={"prompt": [1] * 510, "max_tokens": 10})
+        assert too_long.status_code == 400 and "maximum context length" in too_long.json()["error"]["message"]
+        prio = http.post("/v1/completions", json={"prompt": [1], "max_tokens": 1, "priority": 3})
+        assert prio.status_code == 400
+        assert http.post("/v1/completions", json={"prompt": [[1], [2]], "max_tokens": 1}).status_code == 422
+
+
+def test_client_completion_with_token_ids_and_logprobs(server: ServerThread, engine: Engine) -> None:
+    async def go() -> Any:
+        async with InferenceClient(server.base_url) as client:
+            return await client.complete([40, 41, 42], max_tokens=12, temperature=0.7, n=2, seed=4, ignore_eos=True)
+
+    result = run(go())
+    assert result.prompt_token_ids == [40, 41, 42] and len(result.completions) == 2
+    for c in result.completions:
+        ref = trainer_logprobs(engine.model, [40, 41, 42], c.token_ids, 0.7)
+        assert mean_k3(c.logprobs, ref) < 1e-3
+        assert c.policy_version_start == c.policy_version_end == engine.policy_version
+        assert c.token_policy_versions == [engine.policy_version] * 12
+
+
+def test_multi_turn_continuation_is_extended_exactly(server: ServerThread, engine: Engine) -> None:
+    """Turn 2's prompt is turn 1's ids + the model's ids + the environment's ids, used as given."""
+
+    async def go() -> tuple[Any, Any, list[int]]:
+        async with InferenceClient(server.base_url) as client:
+            first = await client.complete([50, 51, 52], max_tokens=10, seed=1, ignore_eos=True)
+            turn1 = first.completions[0]
+            # ids a re-tokenisation of the decoded text would not reproduce (a merge split on purpose)
+            env_reply = [2, 1, 60, 61, 62, 2, 1]
+            history = first.prompt_token_ids + turn1.token_ids + env_reply
+            second = await client.complete(history, max_tokens=10, seed=2, ignore_eos=True)
+            return first, second, history
+
+    first, second, history = run(go())
+    assert second.prompt_token_ids == history
+    turn2 = second.completions[0]
+    ref = trainer_logprobs(engine.model, history, turn2.token_ids, 1.0)
+    assert mean_k3(turn2.logprobs, ref) < 1e-3
+    assert first.completions[0].token_ids == history[3:13]
+
+
+def test_cancelling_the_client_aborts_the_request(server: ServerThread) -> None:
+    async def go() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        async with InferenceClient(server.base_url) as client:
+            before = await client.metrics()
+            task = asyncio.create_task(client.complete([5, 6], max_tokens=400, ignore_eos=True))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                during = await client.metrics()
+                if during["vllm:num_requests_running"] >= 1:
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                after = await client.metrics()
+                if after["vllm:num_requests_running"] == 0:
+                    break
+            await asyncio.sleep(0.1)
+            settled = await client.metrics()
+            return before, during, settled
+
+    before, during, after = run(go())
+    assert during["vllm:num_requests_running"] >= 1
+    assert after["vllm:num_requests_running"] == 0
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert generated < 400, "generation must stop early"
+    assert after["telescope:requests_aborted_total"] > before["telescope:requests_aborted_total"]
+
+
+def test_abort_route(server: ServerThread) -> None:
+    async def go() -> tuple[Any, list[str]]:
+        async with InferenceClient(server.base_url) as client:
+            task = asyncio.create_task(
+                client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort"))
+            await asyncio.sleep(0.2)
+            aborted = await client.abort(["to-abort", "unknown"])
+            return await task, aborted
+
+    result, aborted = run(go())
+    assert aborted == ["to-abort"]
+    assert result.completions[0].finish_reason == "abort" and len(result.completions[0].token_ids) < 450
+
+
+def test_weight_update_through_memory_transport(server: ServerThread, engine: Engine, tiny_model_path: Path) -> None:
+    """The trainer publishes new weights; the server loads them in place and its logprobs follow them."""
+    from transformers import AutoModelForCausalLM
+
+    trainer = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
+    original = {k: v.clone() for k, v in trainer.state_dict().items()}
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    sender = MemoryTransport(None)
+    info = sender.prepare_sender(num_receivers=1)
+    prompt = [40, 41, 42, 43]
+
+    async def go() -> tuple[Any, Any, Any, int]:
+        async with InferenceClient(server.base_url) as client:
+            before = await client.complete(prompt, max_tokens=16, seed=3, ignore_eos=True)
+            await client.init_weight_transfer("memory", info, rank_offset=1)
+            inflight = asyncio.create_task(client.complete(prompt, max_tokens=300, seed=5, ignore_eos=True))
+            await asyncio.sleep(0.1)
+            send = asyncio.to_thread(sender.send, list(trainer.state_dict().items()), 1)
+            results = await asyncio.gather(send, client.update_weights(1))
+            after = await client.complete(prompt, max_tokens=16, seed=3, ignore_eos=True)
+            return before, after, await inflight, results[1][0]["policy_version"]
+
+    try:
+        before, after, inflight, version = run(go())
+        assert version == 1 and engine.policy_version == 1
+        old_tokens = before.completions[0]
+        new_ref_on_old = trainer_logprobs(trainer, prompt, old_tokens.token_ids, 1.0)
+        assert mean_k3(old_tokens.logprobs, new_ref_on_old) > 1e-2, "the update must change the distribution"
+        c = after.completions[0]
+        assert c.policy_version_start == c.policy_version_end == 1
+        assert mean_k3(c.logprobs, trainer_logprobs(trainer, prompt, c.token_ids, 1.0)) < 1e-3
+        versions = inflight.completions[0].token_policy_versions
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+        assert inflight.completions[0].policy_version_start == 0 and inflight.completions[0].policy_version_end == 1
+    finally:
+        engine.update_weights(list(original.items()), version=0)
+        sender.close()
+
+
+def test_unknown_rpc_method_is_rejected(server: ServerThread) -> None:
+    async def go() -> None:
+        async with InferenceClient(server.base_url) as client:
+            await client.collective_rpc("shutdown_everything", "{}")
+
+    with pytest.raises(InferenceServerError, match="unknown method"):
+        run(go())

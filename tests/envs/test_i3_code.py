@@ -1,0 +1,116 @@
+"""i3_code: test parsing, grading in a local sandbox, sandbox metrics, conformance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from telescope import events
+from telescope.api.records import Sample
+from telescope.testing.environment import EnvironmentConformance
+from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
+
+DATA = Path(__file__).parent / "data"
+SUM_RIGHT = "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+SUM_WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
+
+
+def make_env() -> I3CodeEnvironment:
+    return I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), timeout_per_test=5, sandbox_pool_size=1)
+
+
+@pytest.fixture
+def env() -> Iterator[I3CodeEnvironment]:
+    environment = make_env()
+    yield environment
+    environment.close()
+
+
+class TestI3CodeConformance(EnvironmentConformance):
+    samples_checked = 2
+    garbage = ("", "no code here", "```python\nimport sys; sys.exit(3)\n```", "```python\nprint(\n```")
+
+    def environment_factory(self) -> I3CodeEnvironment:
+        return make_env()
+
+    def right_completion(self, sample: Sample) -> str | None:
+        solutions = {
+            "sum": "```python\na, b = map(int, input().split())\nprint(a + b)\n```",
+            "squared": "```python\nn = int(input())\nprint(n * n)\n```",
+        }
+        text = str(sample.prompt)
+        return solutions["sum"] if "sum" in text else solutions["squared"]
+
+
+def test_parse_tests_formats() -> None:
+    samples = make_env().load_dataset()
+    assert len(samples) == 3
+    assert samples[0].answer["tests"][1] == {"input": "10 -3\n", "output": "7\n"}
+    assert samples[0].answer["fn_name"] is None
+    assert samples[2].answer["fn_name"] == "add_one"
+    assert parse_tests({"tests": [{"input": "1", "output": "2"}]}) == ([{"input": "1", "output": "2"}], None)
+    assert extract_code("```py\nx=1\n```\n```python\nx=2\n```") == "x=2\n"
+
+
+def test_right_and_wrong_solutions(env: I3CodeEnvironment) -> None:
+    sample = env.load_dataset()[0]
+    right = env.compute_reward(SUM_RIGHT, sample)
+    assert right.total_reward == 1.0 and right.error is None
+    assert right.sample_metrics["tests_passed"] == 3 and right.sample_metrics["all_passed"] == 1.0
+    wrong = env.compute_reward(SUM_WRONG, sample)
+    # 0 - 0 = 0 passes by accident: 1 of 3
+    assert wrong.total_reward == pytest.approx(1 / 3)
+    assert wrong.sample_metrics["all_passed"] == 0.0
+
+
+def test_call_based_solution(env: I3CodeEnvironment) -> None:
+    sample = env.load_dataset()[2]
+    good = env.compute_reward("```python\ndef add_one(x):\n    return x + 1\n```", sample)
+    assert good.total_reward == 1.0
+    cls = env.compute_reward("```python\nclass Solution:\n    def add_one(self, x):\n        return x + 2\n```", sample)
+    assert cls.total_reward == 0.0 and cls.sample_metrics["tests_passed"] == 0
+
+
+@pytest.mark.slow
+def test_timeouts_and_crashes_are_counted_not_raised() -> None:
+    env = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), timeout_per_test=1, sandbox_pool_size=1)
+    try:
+        sample = env.load_dataset()[1]  # two tests
+        looping = env.compute_reward("```python\nwhile True:\n    pass\n```", sample)
+        assert looping.total_reward == 0.0 and looping.error is None
+        assert looping.sample_metrics["tests_timed_out"] == 2
+        crash = env.compute_reward("```python\nraise SystemExit(4)\n```", sample)
+        assert crash.sample_metrics["tests_errored"] == 2 and crash.total_reward == 0.0
+    finally:
+        env.close()
+
+
+def test_sandbox_metrics_and_events(env: I3CodeEnvironment) -> None:
+    sample = env.load_dataset()[0]
+    seen: list[dict[str, object]] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        result = env.compute_reward(SUM_RIGHT, sample)
+    finally:
+        unsubscribe()
+    m = result.sample_metrics
+    assert m["sandbox_commands"] == 1 and m["sandbox_errors"] == 0 and m["sandbox_error"] == 0
+    assert m["sandbox_command_time_s"] > 0 and m["test_time_s"] > 0 and m["max_test_time_s"] <= m["test_time_s"]
+    kinds = [e["kind"] for e in seen]
+    assert "sandbox.execute" in kinds and kinds.count("sandbox.upload") == 3
+    execute = next(e for e in seen if e["kind"] == "sandbox.execute")
+    assert execute["exit_code"] == 0 and execute["duration_s"] > 0 and "run_tests.py" in str(execute["command"])
+
+
+def test_no_code_block_scores_zero_without_sandbox(env: I3CodeEnvironment) -> None:
+    result = env.compute_reward("print(1)", env.load_dataset()[0])
+    assert result.total_reward == 0.0 and result.sample_metrics["has_code"] == 0.0
+    assert env._pool is None  # nothing was run
+
+
+def test_broken_sandbox_provider_marks_sample_errored() -> None:
+    env = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), sandbox_provider="no_such_provider")
+    result = env.compute_reward(SUM_RIGHT, env.load_dataset()[0])
+    assert result.error is not None and "no_such_provider" in result.error
+    assert result.sample_metrics["sandbox_error"] == 1.0 and result.total_reward == 0.0
