@@ -41,7 +41,7 @@ def test_rollout_with_tools_reports_the_documented_metrics() -> None:
         call("add", a=1),  # missing argument: an error the model sees
         "<answer>4</answer>",
     ]
-    tool_outputs = []
+    tool_outputs: list[str] = []
     for reply in replies:
         messages.append({"role": "assistant", "content": reply})
         state.turn += 1
@@ -72,3 +72,20 @@ def test_wrong_final_answer_scores_zero() -> None:
     assert env.is_done(messages, state)
     result = env.compute_reward(messages, sample, state)
     assert result.total_reward == 0.0 and result.sample_metrics["total_tool_calls"] == 0
+
+
+def test_tool_calls_are_timed_events() -> None:
+    from telescope import events
+
+    env = CalculatorEnvironment(dataset_name=str(DATA / "calculator.jsonl"))
+    sample = env.load_dataset()[0]
+    state = env.initial_state(sample)
+    messages = [*env.format_prompt(sample), {"role": "assistant", "content": call("add", a=1, b=2)}]
+    seen: list[dict[str, object]] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        env.env_response(messages, state)
+    finally:
+        unsubscribe()
+    (event,) = [e for e in seen if e["kind"] == "tool.call"]
+    assert event["tool"] == "add" and event["ok"] is True and isinstance(event["duration_s"], float)

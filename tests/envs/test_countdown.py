@@ -6,6 +6,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+
 from telescope.api.records import Sample
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.countdown import (

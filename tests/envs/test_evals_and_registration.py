@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from telescope.api.environment import EnvironmentBase
 from telescope.api.evals import EvalSpec
 from telescope.plugins.manager import get_plugin_manager
@@ -65,7 +66,7 @@ def test_unknown_kwarg_is_a_type_error() -> None:
     from telescope_envs.countdown import CountdownEnvironment
 
     with pytest.raises(TypeError, match="dataset_nmae"):
-        CountdownEnvironment(dataset_nmae="x")  # type: ignore[call-arg]
+        CountdownEnvironment(dataset_nmae="x")
 
 
 def test_missing_optional_dependency_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:

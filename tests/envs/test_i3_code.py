@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
 from telescope import events
 from telescope.api.records import Sample
 from telescope.testing.environment import EnvironmentConformance
@@ -88,7 +90,7 @@ def test_timeouts_and_crashes_are_counted_not_raised() -> None:
 
 def test_sandbox_metrics_and_events(env: I3CodeEnvironment) -> None:
     sample = env.load_dataset()[0]
-    seen: list[dict[str, object]] = []
+    seen: list[dict[str, Any]] = []
     unsubscribe = events.subscribe(seen.append)
     try:
         result = env.compute_reward(SUM_RIGHT, sample)

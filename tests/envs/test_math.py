@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from telescope.api.records import Sample
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.gpqa import GPQAEnvironment, extract_choice
@@ -74,7 +75,9 @@ def test_equal_up_to_latex_formatting(pred: str, gold: str) -> None:
     assert answers_match(pred, gold)
 
 
-@pytest.mark.parametrize(("pred", "gold"), [("\\frac{3}{5}", "\\frac{3}{4}"), ("13", "12"), ("x^2-1", "x^2+1"), ("", "1")])
+@pytest.mark.parametrize(
+    ("pred", "gold"), [("\\frac{3}{5}", "\\frac{3}{4}"), ("13", "12"), ("x^2-1", "x^2+1"), ("", "1")]
+)
 def test_different_answers_do_not_match(pred: str, gold: str) -> None:
     assert not answers_match(pred, gold)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from telescope.api.records import Sample
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.wordle import WordleEnvironment, feedback, textarena_available

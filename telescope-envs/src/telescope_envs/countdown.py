@@ -142,6 +142,33 @@ def generate_problems(
     return problems
 
 
+def solve(nums: Sequence[int], target: int) -> str | None:
+    """An expression that uses every number once and equals ``target`` (None if there is none).
+
+    Exhaustive search over the ways to combine two values at a time (exact
+    arithmetic); meant for the small problems of a warm start (2 to 4 numbers).
+    """
+    def search(items: list[tuple[Fraction, str]]) -> str | None:
+        if len(items) == 1:
+            return items[0][1] if items[0][0] == target else None
+        for i in range(len(items)):
+            for j in range(len(items)):
+                if i == j:
+                    continue
+                (a, ea), (b, eb) = items[i], items[j]
+                rest = [items[k] for k in range(len(items)) if k not in (i, j)]
+                options = [(a + b, f"{ea} + {eb}"), (a - b, f"{ea} - {eb}"), (a * b, f"{ea} * {eb}")]
+                if b != 0:
+                    options.append((a / b, f"{ea} / {eb}"))
+                for value, text in options:
+                    found = search([*rest, (value, f"({text})" if rest else text)])
+                    if found is not None:
+                        return found
+        return None
+
+    return search([(Fraction(n), str(n)) for n in nums])
+
+
 class CountdownEnvironment(BaseEnvironment):
     """Reach the target with the given numbers; reward = format (0/1) + correct (0/1)."""
 
@@ -202,6 +229,11 @@ class CountdownEnvironment(BaseEnvironment):
             )
             for sid, (nums, target) in zip(ids, problems, strict=True)
         ]
+
+    def demonstration(self, sample: Sample) -> str | None:
+        """A correct answer for the warm start, found by exhaustive search."""
+        expression = solve(sample.answer["nums"], sample.answer["target"])
+        return None if expression is None else f"<answer>{expression}</answer>"
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         t0 = time.perf_counter()

@@ -24,6 +24,7 @@ session leader of a fresh session and process group, and:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -113,10 +114,8 @@ def _child(spec: dict[str, Any]) -> None:
         _set_limits(spec)
         cpus = spec.get("cpus")
         if cpus:
-            try:
+            with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, set(cpus))
-            except OSError:
-                pass
         uid = spec.get("uid")
         if uid is not None:
             os.setgroups([])
@@ -195,10 +194,8 @@ def _kill_leftovers(spec: dict[str, Any]) -> int:
             break
         for pid in children:
             killed.add(pid)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.005)
     _reap()
     return max(found, len(killed))
@@ -237,10 +234,8 @@ def main(argv: list[str]) -> int:
                 break
             time.sleep(0.01)
     if timed_out:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _, status, usage = os.wait4(pid, 0)
     duration = time.monotonic() - start
     leftovers = _kill_leftovers(spec)

@@ -36,6 +36,7 @@ What it does NOT protect against (use a remote provider for untrusted code at sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -175,7 +176,7 @@ class LocalSandbox(Sandbox):
         timeout = timeout_s if timeout_s is not None else self.limits.timeout_s
         workdir = self._resolve(cwd) if cwd else self.workdir
         mem = self.limits.memory_mb
-        spec = {
+        spec: dict[str, object] = {
             "argv": argv,
             "env": self._env(env),
             "cwd": workdir,
@@ -267,16 +268,15 @@ class LocalSandbox(Sandbox):
                 stderr += f"\n[sandbox: disk limit exceeded: {used:.1f} MB used of {self.limits.disk_mb} MB]"
                 exit_code = exit_code or 1
         if timed_out:
+            self.dirty = True  # conservative: a pool replaces it rather than reuse it
             stderr += f"\n[sandbox: timed out after {spec.get('timeout_s')} s; all its processes were killed]"
         return ExecResult(exit_code, stdout, stderr, duration, timed_out=timed_out, resource_usage=usage)
 
     def _hard_kill(self, proc: subprocess.Popen[bytes]) -> None:
         """The launcher itself hung: kill its group and, with a private uid, everything of that uid."""
         self.dirty = True
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, 9)
-        except OSError:
-            pass
         if self.uid is not None:
             subprocess.run([sys.executable, "-I", "-S", _LAUNCHER, "--kill-uid", str(self.uid)], timeout=30)
         proc.wait(timeout=30)
@@ -306,10 +306,8 @@ class LocalSandbox(Sandbox):
             return
         self._destroyed = True
         if self.uid is not None:
-            try:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run([sys.executable, "-I", "-S", _LAUNCHER, "--kill-uid", str(self.uid)], timeout=30)
-            except (OSError, subprocess.SubprocessError):
-                pass
         shutil.rmtree(self._root, ignore_errors=True)
 
     @property

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from telescope.api.sandbox import SandboxError, SandboxLimits, SandboxProvider
@@ -141,10 +141,9 @@ class SandboxPool:
                     return
         with self._lock:
             self.discarded += 1
-        try:
+        # a sandbox that will not die must not take the sample down with it
+        with suppress(Exception):
             sandbox.destroy()
-        except Exception:
-            pass  # a sandbox that will not die must not take the sample down with it
 
     def close(self) -> None:
         """Destroy every idle sandbox; leased ones are destroyed when they come back."""
@@ -152,10 +151,8 @@ class SandboxPool:
             self._closed = True
             idle, self._idle = self._idle, []
         for sandbox in idle:
-            try:
+            with suppress(Exception):
                 sandbox.destroy()
-            except Exception:
-                pass
         self.provider.close()
 
     def __enter__(self) -> SandboxPool:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from telescope.algorithms.common import compute_advantages
 from telescope.algorithms.cispo import CISPO
+from telescope.algorithms.common import compute_advantages
 from telescope.algorithms.dr_grpo import DrGRPO
 from telescope.algorithms.grpo import GRPO
 from telescope.algorithms.gspo import GSPO

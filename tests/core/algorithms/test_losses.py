@@ -105,9 +105,10 @@ def test_dr_grpo_denominators() -> None:
     counts = LossCounts(loss_tokens=10, samples=3)
     assert DrGRPO(AlgorithmConfig(dr_grpo_loss_agg_mode="token_mean")).loss_denominator(counts) == 10.0
     # token_sum_norm: samples x max_tokens = 3 x 100
-    assert DrGRPO(AlgorithmConfig(dr_grpo_loss_agg_mode="token_sum_norm", max_tokens=100)).loss_denominator(
-        counts
-    ) == 300.0
+    assert (
+        DrGRPO(AlgorithmConfig(dr_grpo_loss_agg_mode="token_sum_norm", max_tokens=100)).loss_denominator(counts)
+        == 300.0
+    )
     assert GRPO(AlgorithmConfig()).loss_denominator(counts) == 10.0
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def trainer_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+def trainer_logprobs(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
     """log_softmax(logits / T) of each completion token, recomputed from the full sequence."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():

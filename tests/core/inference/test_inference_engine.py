@@ -19,7 +19,7 @@ def _submit_all(engine: Engine, prompts: list[list[int]], params: GenerationPara
     results: dict[int, RequestResult] = {}
     done = threading.Event()
 
-    def callback(i: int):  # noqa: ANN202
+    def callback(i: int):  # type: ignore[no-untyped-def]
         def on_done(result: RequestResult) -> None:
             results[i] = result
             if len(results) == len(prompts):
@@ -83,7 +83,11 @@ def test_requests_join_a_running_batch(engine: Engine) -> None:
     short_alone = engine.generate(PROMPTS[1], short_params).sequences[0].token_ids
     long_done = threading.Event()
     box: list[RequestResult] = []
-    engine.submit("long", PROMPTS[0], long_params, lambda r: (box.append(r), long_done.set()))
+    def on_long(result: RequestResult) -> None:
+        box.append(result)
+        long_done.set()
+
+    engine.submit("long", PROMPTS[0], long_params, on_long)
     deadline = time.monotonic() + 10
     while engine.counts()["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -127,8 +131,11 @@ def test_priority_policy_admits_lower_values_first(tiny_model_path: Path) -> Non
             eng.submit("blocker", [5, 6], GenerationParams(max_tokens=60, ignore_eos=True), lambda r: None)
             eng.submit("late", [5, 6], GenerationParams(max_tokens=2, ignore_eos=True, priority=5),
                        lambda r: order.append("late"))
-            eng.submit("urgent", [5, 6], GenerationParams(max_tokens=2, ignore_eos=True, priority=0),
-                       lambda r: (order.append("urgent"), done.set()))
+            def on_urgent(result: RequestResult, done: threading.Event = done) -> None:
+                order.append("urgent")
+                done.set()
+
+            eng.submit("urgent", [5, 6], GenerationParams(max_tokens=2, ignore_eos=True, priority=0), on_urgent)
             assert done.wait(30)
             deadline = time.monotonic() + 30
             while len(order) < 2 and time.monotonic() < deadline:

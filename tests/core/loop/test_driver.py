@@ -89,15 +89,49 @@ def test_asynchronous_mode_bounds_staleness(tmp_path: Path, tokenizer: Any) -> N
 
 
 def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, tokenizer: Any) -> None:
-    services = FakeServices(delay_s=0.05)
-    services, reader = run_loop(
-        tmp_path, tokenizer, services, max_async_rollout=3, max_off_policy_steps=1, number_of_steps=6,
-        prompts_batch_size_for_trainer=2,
-    )  # fmt: skip
-    canceled = sum(m["discarded/canceled/count"] for m in reader.metrics())
-    assert canceled > 0 and canceled % 4 == 0  # whole groups of 4
-    assert services.cancelled > 0  # the fake server saw the requests aborted
-    assert all(step - version <= 1 for step, version in trained_versions(services))
+    """Requests that never finish are cancelled once the policy moves past max_off_policy_steps."""
+    from telescope.loop.assembly import build_prompt_source, build_slots
+    from telescope.orchestrator.chat import ChatRenderer
+    from telescope.orchestrator.scheduler import RolloutScheduler
+
+    config = loop_config(
+        tmp_path, advantage_norm="group", max_async_rollout=2, max_off_policy_steps=1, max_concurrent_prompts_per_server=32
+    )
+    renderer = ChatRenderer(tokenizer)
+    prompts = build_prompt_source(config, build_slots(config, registry_with_parity()), renderer)
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def never_finishes(server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int) -> Any:
+        started.append(seed)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(seed)
+            raise
+
+    async def scenario() -> tuple[int, int]:
+        scheduler = RolloutScheduler(config, prompts, renderer, never_finishes, [0, 1])
+        scheduler.start()
+        while len(started) < 3 * 3 * 4:  # steps 0..2 (max_async_rollout=2), 3 groups of 4 each
+            await asyncio.sleep(0.01)
+        await scheduler.set_policy_version(1)  # dispatched at 0 >= 1 - 1: still allowed
+        await asyncio.sleep(0.05)
+        assert scheduler.stats.canceled_rollouts == 0
+        await scheduler.set_policy_version(2)  # 0 < 2 - 1: every in-flight group is stale
+        while scheduler.stats.canceled_rollouts < 36:
+            await asyncio.sleep(0.01)
+        canceled = scheduler.stats.canceled_rollouts
+        await scheduler.close()
+        return canceled, len(scheduler._in_flight)
+
+    try:
+        canceled, in_flight = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        prompts.close()
+    assert canceled == 36  # counted per rollout, whole groups
+    assert len(cancelled) >= 36  # the requests themselves were cancelled (the client aborts them)
+    assert in_flight == 0
 
 
 def test_zero_advantage_groups_are_discarded_and_counted(tmp_path: Path, tokenizer: Any) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from telescope import events
-from telescope.api.records import Group, RewardResult, Rollout, Sample, Turn
+from telescope.api.records import FinishReason, Group, RewardResult, Rollout, Sample, Turn
 from telescope.runstore.reader import JsonlFollower, RunReader
 from telescope.runstore.store import (
     RunStore,
@@ -23,10 +23,16 @@ from telescope.runstore.store import (
 )
 
 
-def make_rollout(reward: float, *, versions: tuple[int, ...] = (3,), finish: str = "stop") -> Rollout:
+def make_rollout(reward: float, *, versions: tuple[int, ...] = (3,), finish: FinishReason = "stop") -> Rollout:
     turns = [
-        Turn(input_token_ids=[1, 2, 3] if i == 0 else [9], output_token_ids=[4, 5], output_logprobs=[-0.1, -0.2],
-             policy_version=v, finish_reason=finish if i == len(versions) - 1 else "stop", output_text=f"t{i}")  # type: ignore[arg-type]
+        Turn(
+            input_token_ids=[1, 2, 3] if i == 0 else [9],
+            output_token_ids=[4, 5],
+            output_logprobs=[-0.1, -0.2],
+            policy_version=v,
+            finish_reason=finish if i == len(versions) - 1 else "stop",
+            output_text=f"t{i}",
+        )
         for i, v in enumerate(versions)
     ]
     return Rollout(
@@ -65,8 +71,11 @@ def test_layout_and_round_trip(tmp_path: Path) -> None:
 
 
 def test_rollout_records_carry_every_field(tmp_path: Path) -> None:
-    groups = [Group(sample=Sample(prompt="p"), rollouts=[make_rollout(1.0), make_rollout(0.0, versions=(2, 4),
-                                                                                       finish="length")])]
+    groups = [
+        Group(
+            sample=Sample(prompt="p"), rollouts=[make_rollout(1.0), make_rollout(0.0, versions=(2, 4), finish="length")]
+        )
+    ]
     with RunStore(tmp_path) as store:
         store.log_rollouts(5, group_records(5, groups))
     records = RunReader(tmp_path).rollouts(step=5)

@@ -86,9 +86,7 @@ class AlgorithmConfig:
     eps: float = 1e-6
 
     @classmethod
-    def from_config(
-        cls, config: TelescopeConfig, capabilities: AlgorithmCapabilities | None = None
-    ) -> AlgorithmConfig:
+    def from_config(cls, config: TelescopeConfig, capabilities: AlgorithmCapabilities | None = None) -> AlgorithmConfig:
         """Build from a run config; an unset ``advantage_norm`` takes the algorithm's default."""
         values = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
         if values.get("advantage_norm") is None:

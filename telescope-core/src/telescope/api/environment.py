@@ -62,6 +62,15 @@ class EnvironmentBase(ABC):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
+    def demonstration(self, sample: Sample) -> str | None:
+        """A reference completion for ``sample``, for the optional supervised warm start.
+
+        ``warm_start_steps`` fine-tunes the initial model on these before RL begins
+        (a tiny model that never produces a well-formed answer gets no reward signal).
+        Return None when the environment has none (the default).
+        """
+        return None
+
     @property
     def is_multi_turn(self) -> bool:
         return isinstance(self, MultiTurnEnvironment)

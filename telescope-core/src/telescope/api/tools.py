@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message
+from telescope.events import timed
 
 _JSON_TYPES: dict[Any, str] = {
     int: "integer",
@@ -168,10 +169,14 @@ class ToolEnvironment(MultiTurnEnvironment):
             inspect.signature(func).bind(**call.arguments)
         except TypeError as exc:
             return False, f"Error: bad arguments for {call.name}: {exc}"
-        try:
-            result = func(**call.arguments)
-        except Exception as exc:  # the model sees the error and may recover
-            return False, f"Error: {call.name} raised {type(exc).__name__}: {exc}"
+        with timed("tool.call", tool=call.name) as event:  # observability: one timed event per executed call
+            try:
+                result = func(**call.arguments)
+            except Exception as exc:  # the model sees the error and may recover
+                event["ok"] = False
+                event["error"] = f"{type(exc).__name__}: {exc}"
+                return False, f"Error: {call.name} raised {type(exc).__name__}: {exc}"
+            event["ok"] = True
         return True, result if isinstance(result, str) else json.dumps(result)
 
     def _last_calls(self, messages: list[Message]) -> list[ToolCall]:

@@ -13,7 +13,16 @@ backend adds keys by overriding it::
         metrics["custom/my_metric"] = 1.0
         return metrics
 
-The conformance kit in ``telescope.testing`` checks any backend against this contract.
+Contract details every backend follows (``telescope.testing.trainer`` checks them):
+
+- one instance per rank; ``setup(rank, world_size, device=None)`` joins the
+  process group (``MASTER_ADDR``/``MASTER_PORT`` for more than one rank);
+- every rank receives the *same* full :class:`TrainingBatch`; the backend shards it;
+- ``train_step``, ``named_weights``, ``save_checkpoint`` and ``load_checkpoint`` are
+  collective: call them on every rank (``named_weights`` yields on every rank);
+- losses are normalised by global counts (all micro-batches, all ranks) and the
+  metrics are reduced over ranks, not taken from rank 0;
+- ``step`` counts completed trainer steps and is restored by ``load_checkpoint``.
 """
 
 from __future__ import annotations
@@ -39,10 +48,11 @@ class TrainerBackend(ABC):
     def __init__(self, config: TelescopeConfig, algorithm: Algorithm) -> None:
         self.config = config
         self.algorithm = algorithm
+        self.step = 0
 
     @abstractmethod
-    def setup(self, rank: int = 0, world_size: int = 1) -> None:
-        """Build the model, optimizer and scheduler; join the process group."""
+    def setup(self, rank: int = 0, world_size: int = 1, device: str | None = None) -> None:
+        """Build the model, optimizer and scheduler; join the process group (device None = best available)."""
 
     @abstractmethod
     def train_step(self, batch: TrainingBatch) -> dict[str, float]:
@@ -60,5 +70,5 @@ class TrainerBackend(ABC):
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint; returns what it recorded (step, ...)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release the process group and memory."""

@@ -51,6 +51,11 @@ class TelescopeConfig(BaseModel):
         "bfloat16", description="FSDP mixed precision compute dtype. null to disable"
     )
     gradient_checkpointing: bool = Field(True, description="FSDP activation recomputation (saves memory)")
+    warm_start_steps: int = Field(
+        0, ge=0, description="Supervised steps on the environments' demonstrations before RL (0 = none)"
+    )
+    warm_start_learning_rate: float = Field(1.0e-3, gt=0, description="Learning rate of the warm start")
+    warm_start_batch_size: int = Field(32, ge=1, description="Demonstrations per warm-start step")
 
     # ------------------------------------------------------------- environments
     environments: list[EnvironmentEntry] = Field(
@@ -380,7 +385,8 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
 
 
 _section("general", ["debug", "seed", "run_dir"])
-_section("model", ["model", "model_dtype", "mixed_precision_dtype", "gradient_checkpointing"])
+_section("model", ["model", "model_dtype", "mixed_precision_dtype", "gradient_checkpointing",
+                   "warm_start_steps", "warm_start_learning_rate", "warm_start_batch_size"])
 _section("environments", ["environments"])
 _section("workers", ["inference_num_workers", "inference_tensor_parallel_size", "trainer_num_workers"])
 _section("orchestrator", [

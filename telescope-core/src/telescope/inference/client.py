@@ -168,7 +168,8 @@ class InferenceClient:
 
     def __init__(self, base_url: str, *, model: str | None = None, max_retries: int = 4,
                  connect_timeout: float = 10.0, read_timeout: float | None = None,
-                 max_connections: int = 4096, initial_policy_version: int = 0) -> None:
+                 max_connections: int = 4096, initial_policy_version: int = 0,
+                 http_transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
@@ -177,6 +178,7 @@ class InferenceClient:
             base_url=self.base_url,
             timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+            transport=http_transport,
         )
 
     async def __aenter__(self) -> InferenceClient:

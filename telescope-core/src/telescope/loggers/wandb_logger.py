@@ -19,8 +19,9 @@ mirrors it to W&B:
 - ``wandb_upload_code``: at start, the source files (``.py``, configs, ...) under the working
   directory, skipping ``wandb_code_exclude_patterns`` (glob patterns matched against each
   file or folder name and relative path; excluded folders are not walked) and files over
-  ``wandb_code_max_file_size_mb``, as a ``code`` artifact (at most
-  :attr:`WandbLogger.max_code_files` files).
+  ``wandb_code_max_file_size_mb``, through ``run.log_code`` (the run's Code tab; at most
+  :attr:`WandbLogger.max_code_files` files). The selected files are copied to a temporary
+  folder first, so that W&B does not walk ``.venv`` and other excluded trees.
 - ``wandb_upload_logs``: at :meth:`close`, the run directory's ``logs/`` as one
   ``logs.tar.gz`` in a ``logs`` artifact: the main logs always, ``logs/detailed/`` with
   ``wandb_upload_logs_detailed`` and ``logs/stdout/`` with ``wandb_upload_logs_stdout``.
@@ -42,6 +43,7 @@ import logging
 import netrc
 import os
 import re
+import shutil
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -145,6 +147,14 @@ def log_files(logs_dir: Path, *, detailed: bool, stdout: bool) -> list[Path]:
     return selected
 
 
+def _include_all(path: str, root: str) -> bool:
+    return True
+
+
+def _exclude_none(path: str, root: str) -> bool:
+    return False
+
+
 def _artifact_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
@@ -215,6 +225,11 @@ class WandbLogger(Logger):
             self._guard("code upload", self._upload_code)
 
     def _upload_code(self) -> None:
+        """Copy the selected files to a temporary tree and hand it to ``run.log_code``.
+
+        ``log_code`` walks its whole root without pruning (a ``.venv`` costs seconds), so
+        the selection (with pruning) is done here and only the selected files are walked.
+        """
         root = Path.cwd()
         files = code_files(
             root,
@@ -224,10 +239,12 @@ class WandbLogger(Logger):
         )
         if not files:
             return
-        artifact = self._wandb.Artifact(_artifact_name(f"source-{self.config.wandb_project}-{self._run.id}"), "code")
-        for path in files:
-            artifact.add_file(str(path), name=str(path.relative_to(root)))
-        self._run.log_artifact(artifact)
+        with tempfile.TemporaryDirectory(prefix="telescope-code-") as staging:
+            for path in files:
+                target = Path(staging) / path.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+            self._run.log_code(root=staging, include_fn=_include_all, exclude_fn=_exclude_none)
 
     # --------------------------------------------------------------- logging
 

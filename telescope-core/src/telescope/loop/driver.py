@@ -111,7 +111,7 @@ class TrainingRun:
         await self.restore()
         scheduler = RolloutScheduler(
             self.config, self.prompts, self.renderer, self._generate, self.train_servers,
-            start_step=self.start_step, policy_version=self.start_step,
+            start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
         )  # fmt: skip
         if self.evals and self.config.eval_before_training and self.start_step == 0:
             await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +40,11 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
 from telescope.orchestrator.rollout import Generation, Lane, RolloutLimits, run_rollout
+
+log = logging.getLogger("telescope.orchestrator")
+
+#: Consecutive groups that may fail outright (an inference worker down, a bug) before the run stops.
+MAX_CONSECUTIVE_GROUP_FAILURES = 50
 
 #: generate(server, prompt_ids, max_tokens, seed, priority) -> Generation
 ServerGenerateFn = Callable[[int, list[int], int, int, int], Awaitable[Generation]]
@@ -74,14 +81,15 @@ class SchedulerStats:
     zero_advantage_groups: list[Group] = field(default_factory=list)
     errored_rollouts: list[Rollout] = field(default_factory=list)
     groups_dispatched: int = 0
+    failed_groups: int = 0
 
     def reset(self) -> SchedulerStats:
         snapshot = SchedulerStats(
             self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups, self.errored_rollouts,
-            self.groups_dispatched,
+            self.groups_dispatched, self.failed_groups,
         )  # fmt: skip
         self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups = 0, [], []
-        self.errored_rollouts, self.groups_dispatched = [], 0
+        self.errored_rollouts, self.groups_dispatched, self.failed_groups = [], 0, 0
         return snapshot
 
 
@@ -104,6 +112,8 @@ class RolloutScheduler:
         *,
         start_step: int = 0,
         policy_version: int = 0,
+        on_waiting: Callable[[str], None] | None = None,
+        status_interval_s: float = 15.0,
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
@@ -116,6 +126,8 @@ class RolloutScheduler:
         self.policy_version = policy_version
         self.next_step_to_fill = start_step
         self.stats = SchedulerStats()
+        self.on_waiting = on_waiting
+        self.status_interval_s = status_interval_s
         self._quota: dict[int, int] = {}
         self._ready: dict[int, list[ReadyGroup]] = {}
         self._in_flight: dict[int, ScheduledGroup] = {}
@@ -130,6 +142,7 @@ class RolloutScheduler:
         self._unsettled: dict[int, PromptItem] = {}
         self._settled: set[int] = set()
         self._draw_lock = asyncio.Lock()
+        self._consecutive_failures = 0
 
     # ------------------------------------------------------------- lifecycle
 
@@ -255,6 +268,23 @@ class RolloutScheduler:
                 self._quota[scheduled.target_step] -= 1
                 self._changed.notify_all()
             raise
+        except Exception as exc:  # a worker failure: contained, counted, the run goes on
+            log.exception("group %d (sample %s) failed", group_id, item.sample.sample_id)
+            self.stats.failed_groups += 1
+            self._consecutive_failures += 1
+            self._in_flight.pop(group_id, None)
+            self._settle(item)
+            for lane in lanes:
+                lane.release()
+            async with self._changed:
+                self._quota[scheduled.target_step] -= 1
+                if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
+                    self._failure = RuntimeError(
+                        f"{self._consecutive_failures} groups in a row failed; the last error: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                self._changed.notify_all()
+            return
         finally:
             if not individual:
                 for lane in lanes:
@@ -263,6 +293,7 @@ class RolloutScheduler:
 
     async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
         self._in_flight.pop(group_id, None)
+        self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
         group.rollouts = [r for r in group.rollouts if not r.error]
@@ -280,6 +311,18 @@ class RolloutScheduler:
                 self._quota[scheduled.target_step] -= 1
                 self._settle(scheduled.item)
             self._changed.notify_all()
+
+    def _report_waiting(self, step: int, accepted: int) -> None:
+        s = self.stats
+        message = (
+            f"step {step}: waiting for data, {accepted}/{self.batch_size} groups accepted; this step so far "
+            f"{s.groups_dispatched} dispatched, {len(s.zero_advantage_groups)} dropped (all rewards equal), "
+            f"{len(s.errored_rollouts)} rollouts errored, {s.failed_groups} groups failed, "
+            f"{len(self._in_flight)} in flight"
+        )
+        log.info(message)
+        if self.on_waiting is not None:
+            self.on_waiting(message)
 
     # ---------------------------------------------------------------- ledger
 
@@ -307,6 +350,7 @@ class RolloutScheduler:
 
     async def next_batch(self, step: int) -> list[ReadyGroup]:
         """Wait for the accepted groups of ``step``; returns them (advantages not yet set)."""
+        last_report = time.monotonic()
         async with self._changed:
             self.next_step_to_fill = max(self.next_step_to_fill, step)
             self._changed.notify_all()
@@ -325,7 +369,11 @@ class RolloutScheduler:
                     self._changed.notify_all()
                 if len(ready) >= self.batch_size:
                     break
-                await self._changed.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=self.status_interval_s)
+                if time.monotonic() - last_report >= self.status_interval_s:
+                    self._report_waiting(step, len(ready))
+                    last_report = time.monotonic()
             batch = ready[: self.batch_size]  # the quota never lets more than batch_size finish
             for used in batch:
                 self._settle(used.item)

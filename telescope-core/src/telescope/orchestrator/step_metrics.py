@@ -83,6 +83,7 @@ class StepRecorder:
         metrics.update(
             {
                 "errors/reward_or_environment/count": float(len(stats.errored_rollouts)),
+                "errors/failed_groups/count": float(stats.failed_groups),
                 "policy/version": float(policy_version),
                 "policy/staleness/mean": sum(staleness) / max(len(staleness), 1),
                 "policy/staleness/max": float(max(staleness, default=0)),
@@ -130,6 +131,13 @@ class StepRecorder:
             )
         self.history.append(metrics)
         return metrics
+
+    def note(self, message: str) -> None:
+        """A status line for the user (the progress bar's, else stderr)."""
+        if self.progress is not None:
+            self.progress.write(message)
+        else:
+            print(message, file=sys.stderr)
 
     def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None:
         self.store.log_eval(name, step, metrics, **extra)

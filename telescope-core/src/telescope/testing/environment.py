@@ -244,8 +244,13 @@ class EnvironmentConformance:
         runs: list[dict[str, Any]] = []
         for sample, replies in ((a, replies_a), (b, replies_b)):
             runs.append(
-                {"sample": sample, "replies": replies, "state": env.initial_state(sample), "done": False,
-                 "messages": env.format_prompt(sample)}
+                {
+                    "sample": sample,
+                    "replies": replies,
+                    "state": env.initial_state(sample),
+                    "done": False,
+                    "messages": env.format_prompt(sample),
+                }
             )
         for i in range(env.max_turns):
             for run in runs:

@@ -149,6 +149,9 @@ class SandboxProviderConformance:
         if not self.enforces_limits or not self.limits.disk_mb:
             pytest.skip("this provider's disk limit is not checked by the kit")
         size_mb = self.limits.disk_mb * 2
-        code = f"f = open('big.bin', 'wb')\nfor _ in range({size_mb}): f.write(b'0' * 1048576)\nf.close()\nprint('written')"
+        code = (
+            f"f = open('big.bin', 'wb')\nfor _ in range({size_mb}): f.write(b'0' * 1048576)\n"
+            "f.close()\nprint('written')"
+        )
         result = sandbox.execute(["python3", "-c", code])
         assert result.exit_code != 0 and "written" not in result.stdout

@@ -41,6 +41,7 @@ import importlib.util
 import json
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,10 +118,7 @@ class FSDPBackend(TrainerBackend):
         self.model_path = resolve_model_path(self.config.model)
         self.model = self._load_model()
         if self.config.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or getattr(
-                self.model, "gradient_checkpointing_enable"
-            )
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self._enable_activation_checkpointing()
         mp_dtype = self.config.mixed_precision_dtype
         policy = MixedPrecisionPolicy(
             param_dtype=DTYPES[mp_dtype] if mp_dtype else None,
@@ -147,6 +145,14 @@ class FSDPBackend(TrainerBackend):
         pad = model_config.pad_token_id if model_config.pad_token_id is not None else model_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
 
+    def _enable_activation_checkpointing(self) -> None:
+        """Non-reentrant recomputation of each decoder layer (the transformers API; renamed in v5.2x)."""
+        kwargs = {"use_reentrant": False}
+        if hasattr(self.model, "activation_checkpointing_enable"):
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
     def _attn_implementation(self) -> str:
         if self.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
@@ -161,7 +167,7 @@ class FSDPBackend(TrainerBackend):
                 dtype=DTYPES[self.config.model_dtype],
                 attn_implementation=self._attn_implementation(),
             )
-        return model.to(self.device)
+        return model.to(self.device)  # type: ignore[arg-type]
 
     def _decoder_layers(self) -> list[torch.nn.Module]:
         base = getattr(self.model, "model", None)
@@ -207,7 +213,9 @@ class FSDPBackend(TrainerBackend):
                 grad_norms.append(norm)
             else:
                 skipped += 1
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped (non-finite) optimizer step still advances the schedule
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
         self.step += 1
 
         packing_stats = [
@@ -266,9 +274,7 @@ class FSDPBackend(TrainerBackend):
         return self.config.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
 
     @torch.no_grad()
-    def _reference_logprobs(
-        self, local: list[list[PackedSequence]], timers: SectionTimers
-    ) -> list[list[torch.Tensor]]:
+    def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
         """The trainer's log-probabilities of every micro-batch, before any optimizer step."""
         out: list[list[torch.Tensor]] = []
         for sequences in local:
@@ -321,7 +327,10 @@ class FSDPBackend(TrainerBackend):
         with timers.section("kl"):
             kl_sum = float(k3_kl(logprobs, mb.inference_logprobs)[mask].sum())
         with timers.section("backward"):
-            loss.backward()
+            # Each rank's loss is already divided by the *global* denominator, so the
+            # gradients must be summed over ranks; FSDP averages them, hence the factor.
+            # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
+            (loss * self.world_size).backward()
         return {"loss": float(loss.detach()), "entropy": entropy_sum, "kl": kl_sum, "tokens": float(mb.num_loss_tokens)}
 
     def _optimizer_step(self) -> float:
@@ -431,7 +440,7 @@ class FSDPBackend(TrainerBackend):
 
         folder = ckpt.resolve_checkpoint(Path(path))
         meta = ckpt.read_meta(folder)
-        weights = load_file(str(folder / "model.safetensors"))
+        weights: dict[str, Any] = load_file(str(folder / "model.safetensors"))
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(self.model, weights, options=options)
         if meta.get("training_state") and (folder / "optimizer.pt").exists():
@@ -451,4 +460,3 @@ class FSDPBackend(TrainerBackend):
             destroy_process_group()
             self._owns_process_group = False
         self.model = None
-

@@ -26,10 +26,7 @@ def lr_factor(step: int, name: SchedulerName, warmup_steps: int, total_steps: in
         return 1.0
     decay_steps = max(total_steps - warmup_steps, 1)
     progress = min(max(step - warmup_steps, 0) / decay_steps, 1.0)
-    if name == "linear":
-        shape = 1.0 - progress
-    else:
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    shape = 1.0 - progress if name == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 

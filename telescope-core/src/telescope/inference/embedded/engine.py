@@ -120,6 +120,7 @@ class GenerationParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    detokenize: bool = True
 
 
 @dataclass
@@ -182,7 +183,8 @@ class Engine:
         self.device = torch.device(settings.device)
         dtype = getattr(torch, settings.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
+        self.model: Any = model.to(self.device).eval()  # type: ignore[arg-type]
         eos: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
             if isinstance(source, int):
@@ -447,7 +449,7 @@ class Engine:
         elif token in params.stop_token_ids:
             seq.finish, seq.stop_reason = "stop", token
         elif params.stop:
-            text = self.tokenizer.decode(seq.out, skip_special_tokens=params.skip_special_tokens)
+            text = str(self.tokenizer.decode(seq.out, skip_special_tokens=params.skip_special_tokens))
             for stop in params.stop:
                 at = text.find(stop)
                 if at >= 0:
@@ -490,7 +492,8 @@ class Engine:
         for seq in req.seqs:
             text = seq.text
             if text is None:
-                text = self.tokenizer.decode(seq.out, skip_special_tokens=req.params.skip_special_tokens)
+                text = (str(self.tokenizer.decode(seq.out, skip_special_tokens=req.params.skip_special_tokens))
+                        if req.params.detokenize else "")
             sequences.append(SequenceResult(
                 index=seq.index, token_ids=seq.out, logprobs=seq.logprobs, token_policy_versions=seq.versions,
                 finish_reason=seq.finish or "abort", stop_reason=seq.stop_reason, text=text, top_logprobs=seq.top,

@@ -51,7 +51,7 @@ class WaitingQueue(Generic[T]):
 
     def pop(self) -> T:
         self._clean()
-        _, arrival, item = heapq.heappop(self._heap)
+        _, _, item = heapq.heappop(self._heap)
         self._ids.pop(id(item), None)
         return item
 

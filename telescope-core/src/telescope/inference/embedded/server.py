@@ -132,7 +132,7 @@ def build_response(engine: Engine, body: CompletionRequest, result: RequestResul
     as_ids = bool(body.return_tokens_as_token_ids)
 
     def token_str(token: int) -> str:
-        return f"token_id:{token}" if as_ids else tokenizer.decode([token])
+        return f"token_id:{token}" if as_ids else str(tokenizer.decode([token]))
 
     choices = []
     for seq in result.sequences:
@@ -144,7 +144,7 @@ def build_response(engine: Engine, body: CompletionRequest, result: RequestResul
                 offsets.append(pos)
                 pos += len(text)
             tops: list[dict[str, float] | None] = []
-            for i, token in enumerate(seq.token_ids):
+            for i in range(len(seq.token_ids)):
                 top = {token_str(t): _clamp(lp) for t, lp in (seq.top_logprobs[i].items() if seq.top_logprobs else ())}
                 top[tokens[i]] = _clamp(seq.logprobs[i])
                 tops.append(top)
@@ -176,7 +176,7 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
     model_name = served_model_name or engine.settings.served_model_name or engine.settings.model_path
     registry = CollectorRegistry()
-    registry.register(_MetricsCollector(engine, model_name))  # type: ignore[arg-type]
+    registry.register(_MetricsCollector(engine, model_name))
     receiver = weight_sync.WeightReceiver(device=str(engine.device))
     app = FastAPI(title="Telescope embedded inference engine")
     app.state.engine = engine
@@ -214,9 +214,10 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
             engine.submit(request_id, prompt_ids, _params(body), on_done)
         except ValueError as exc:
             return _error(400, str(exc))
-        disconnect = asyncio.ensure_future(_wait_for_disconnect(raw))
+        disconnect: asyncio.Future[Any] = asyncio.ensure_future(_wait_for_disconnect(raw))
+        waiters: set[asyncio.Future[Any]] = {future, disconnect}
         try:
-            done, _ = await asyncio.wait({future, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             engine.abort(request_id)
             disconnect.cancel()

@@ -1,0 +1,160 @@
+"""Benchmark the embedded engine and the weight transports (run by hand; prints tables).
+
+    .venv/bin/python bench/bench_inference.py                 # CPU, the "small" tiny model
+    .venv/bin/python bench/bench_inference.py --device cuda   # GPU, a ~0.5B Qwen2 built from a config
+
+Generation: generated tokens per second at batch 1, 8 and 64 (``--batches``),
+each request sampling ``--new-tokens`` tokens (EOS ignored) from a
+``--prompt-len``-token prompt, against plain ``model.generate`` on the same
+model with the same batch (left-padded, sampling, ``min_new_tokens`` =
+``max_new_tokens``). The engine figure includes its scheduling, per-row
+sampling and log-probabilities; ``generate`` computes neither per-row seeds nor
+log-probabilities.
+
+Weight sync: seconds per GB for the memory transport (publish + receive and
+load into a same-shaped state) against a plain ``copy_`` of the same bytes,
+measured in the same run (the bound: the transport does two copies, so ~2x
+the bound is the expected floor). ``--sync-mb`` sets the state size.
+
+The GPU path (``--device cuda``) uses random weights with Qwen2.5-0.5B's shapes
+(hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocabulary 151936) and
+prompt token ids only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def build_model(kind: str, root: Path) -> Path:
+    from telescope.models.tiny import PRESETS, build_tiny_model, build_tokenizer
+
+    if kind in PRESETS:
+        return build_tiny_model(root / kind, PRESETS[kind])
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    path = root / "qwen2-0.5b-shape"
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0, dtype="bfloat16")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    build_tokenizer(PRESETS["test"]).save_pretrained(path)
+    return path
+
+
+def bench_engine(path: Path, device: str, dtype: str, batch: int, prompt_len: int, new_tokens: int) -> float:
+    from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams
+
+    engine = Engine(EngineSettings(model_path=str(path), device=device, dtype=dtype, max_num_seqs=max(64, batch),
+                                   max_model_len=prompt_len + new_tokens + 8)).start()
+    try:
+        vocab = min(engine.model.config.vocab_size, 300)
+        params = GenerationParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+        engine.generate([5] * prompt_len, GenerationParams(max_tokens=4, ignore_eos=True, detokenize=False))
+        done = threading.Semaphore(0)
+        start = time.perf_counter()
+        for i in range(batch):
+            prompt = [(7 * i + j) % vocab + 3 for j in range(prompt_len)]
+            engine.submit(f"b{i}", prompt, params, lambda r: done.release())
+        for _ in range(batch):
+            done.acquire()
+        elapsed = time.perf_counter() - start
+    finally:
+        engine.stop()
+    return batch * new_tokens / elapsed
+
+
+def bench_generate(path: Path, device: str, dtype: str, batch: int, prompt_len: int, new_tokens: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    model: Any = loaded.to(device).eval()  # type: ignore[arg-type]
+    vocab = min(model.config.vocab_size, 300)
+    ids = torch.tensor([[(7 * i + j) % vocab + 3 for j in range(prompt_len)] for i in range(batch)], device=device)
+    mask = torch.ones_like(ids)
+    kwargs = {"do_sample": True, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": 0,
+              "top_k": 0}
+    with torch.inference_mode():
+        model.generate(input_ids=ids[:, :8], attention_mask=mask[:, :8], **{**kwargs, "max_new_tokens": 4,
+                                                                           "min_new_tokens": 4})
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    return batch * new_tokens / elapsed
+
+
+def bench_sync(megabytes: int, repeats: int = 3) -> tuple[float, float]:
+    """Seconds per GB: (memory transport publish + receive/load, plain copy_ bound)."""
+    from telescope.transports.loading import load_named_tensors
+    from telescope.transports.memory import MemoryTransport
+
+    numel = megabytes * (1 << 20) // 4 // 16
+    source = {f"layer.{i}.weight": torch.randn(numel) for i in range(16)}
+    target = torch.nn.Module()
+    for name, tensor in source.items():
+        target.register_buffer(name.replace(".", "_"), torch.empty_like(tensor))
+    renamed = [(name.replace(".", "_"), tensor) for name, tensor in source.items()]
+    gigabytes = sum(t.numel() * 4 for t in source.values()) / 1e9
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=60)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    best_transport = best_copy = float("inf")
+    try:
+        for version in range(1, repeats + 1):
+            start = time.perf_counter()
+            sender.send(renamed, version)
+            load_named_tensors(target, receiver.receive(version))
+            best_transport = min(best_transport, time.perf_counter() - start)
+            start = time.perf_counter()
+            for (_, tensor), buf in zip(renamed, target.buffers(), strict=True):
+                buf.copy_(tensor)
+            best_copy = min(best_copy, time.perf_counter() - start)
+    finally:
+        sender.close()
+    return best_transport / gigabytes, best_copy / gigabytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default=None, help="tiny preset (test, small) or 'qwen0.5b' (default by device)")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--sync-mb", type=int, default=256)
+    args = parser.parse_args()
+    kind = args.model or ("small" if args.device == "cpu" else "qwen0.5b")
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_model(kind, Path(tmp))
+        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
+                     .from_pretrained(str(path)).parameters())
+        print(f"model {kind} ({params / 1e6:.2f}M parameters), device {args.device}, {dtype}, "
+              f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, "
+              f"torch threads {torch.get_num_threads()}")
+        print(f"{'batch':>5} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio")
+        for batch in (int(b) for b in args.batches.split(",")):
+            ours = bench_engine(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
+            base = bench_generate(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
+            print(f"{batch:>5} | {ours:>12.0f} | {base:>14.0f} | {ours / base:.2f}")
+    transport, bound = bench_sync(args.sync_mb)
+    print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine:")
+    print(f"  memory transport (publish + receive/load): {transport:.3f} s/GB")
+    print(f"  plain copy_ bound (one copy):              {bound:.3f} s/GB  (transport / bound = "
+          f"{transport / bound:.2f})")
+
+
+if __name__ == "__main__":
+    main()

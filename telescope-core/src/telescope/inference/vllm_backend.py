@@ -1,0 +1,217 @@
+"""The ``vllm`` inference backend: one ``vllm serve`` process per inference worker (GPU).
+
+Install with ``pip install 'telescope-core[vllm]'``. Nothing in Telescope imports
+vLLM: this module builds the ``vllm serve`` command and holds the worker
+extension, which runs inside vLLM's worker processes and uses only the worker's
+attributes, so all of it is importable and testable without vLLM.
+
+The server (:func:`serve_command`)
+    ``vllm serve MODEL`` on ``inference_host:inference_base_port + i`` with
+    ``--tensor-parallel-size`` (``inference_tensor_parallel_size``),
+    ``--gpu-memory-utilization``, ``--max-model-len``, ``--scheduling-policy``
+    (``vllm_scheduling_policy``), ``--dtype`` (``model_dtype``), ``--seed``,
+    ``--chat-template`` (``chat_template``, written to a file) and
+    ``--default-chat-template-kwargs '{"enable_thinking": ...}'`` for chat
+    routes, ``--otlp-traces-endpoint`` (``enable_vllm_tracing``,
+    ``otlp_receiver_port``), and always:
+
+    - ``--logprobs-mode processed_logprobs``: log-probabilities of the
+      distribution the sampler used (after temperature). vLLM's default,
+      ``raw_logprobs``, ignores the temperature, which would break the shared
+      convention (see :mod:`telescope.inference.embedded.sampling`). vLLM's
+      processed values are also taken after top-k/top-p; with ``top_p`` unset
+      (the default) they equal the embedded engine's exactly; with ``top_p``
+      set they describe the truncated nucleus (the embedded engine reports the
+      untruncated one), a gap TIS corrects either way;
+    - ``--generation-config vllm``: ignore the model's ``generation_config.json``
+      sampling defaults (a hidden ``top_k: 20`` would silently truncate);
+    - ``--worker-extension-cls`` :class:`TelescopeWorkerExtension` and
+      ``VLLM_SERVER_DEV_MODE=1``, which exposes ``/collective_rpc`` (weight
+      updates) and ``/reset_prefix_cache``. Dev mode also exposes other
+      unauthenticated control routes: keep inference ports on a private network.
+
+    The worker's GPUs: visible devices ``i * tp .. (i + 1) * tp - 1`` (of
+    ``CUDA_VISIBLE_DEVICES`` when set), unless ``TELESCOPE_VLLM_KEEP_DEVICES=1``
+    (a scheduler such as Ray already narrowed them).
+
+Requests and responses
+    The orchestrator's :class:`~telescope.inference.client.InferenceClient`
+    speaks to vLLM unchanged: ``prompt`` as token ids, ``return_token_ids``
+    (``token_ids`` and ``prompt_token_ids`` in each choice), ``logprobs``,
+    ``priority``, ``seed``; closing the connection aborts the request (vLLM's
+    completions route listens for the disconnect).
+
+Weight updates (:class:`TelescopeWorkerExtension`)
+    ``/collective_rpc`` calls the extension's methods on every TP worker:
+    ``telescope_init_weight_transfer`` connects the worker as receiver
+    ``rank_offset + worker rank`` of the configured transport;
+    ``telescope_update_weights`` receives the tensors and passes them to the
+    model's own ``load_weights`` (which handles fused QKV / gate-up layouts and
+    TP sharding) in place. vLLM runs these calls between engine steps, so an
+    update waits for the current step; running requests then continue with the
+    new weights and keep the KV computed before (as in the embedded engine). vLLM
+    reports no per-token version: the client records the versions it knew at
+    dispatch and at completion. The client resets the prefix cache after each
+    update. Quantised checkpoints (which need post-load processing) are not
+    supported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
+from telescope.inference import weight_sync
+from telescope.inference.process import ProcessServer, connect_host, log_path, spawn
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+EXTENSION_CLASS = "telescope.inference.vllm_backend.TelescopeWorkerExtension"
+
+
+def vllm_executable() -> str:
+    """The ``vllm`` console script of this interpreter's environment (else the one on ``PATH``)."""
+    beside = Path(sys.executable).parent / "vllm"
+    return str(beside) if beside.exists() else (shutil.which("vllm") or "vllm")
+
+
+def serve_command(config: TelescopeConfig, worker_index: int, *, model_path: str,
+                  chat_template_file: str | None = None, executable: str | None = None) -> list[str]:
+    """The ``vllm serve`` command line of inference worker ``worker_index``."""
+    port = config.inference_base_port + worker_index
+    command = [
+        executable or vllm_executable(), "serve", model_path,
+        "--host", config.inference_host,
+        "--port", str(port),
+        "--served-model-name", config.model,
+        "--tensor-parallel-size", str(config.inference_tensor_parallel_size),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--max-model-len", str(config.max_model_len),
+        "--max-num-seqs", str(max(1, min(1024, config.max_concurrent_prompts_per_server * config.group_size))),
+        "--scheduling-policy", config.vllm_scheduling_policy,
+        "--dtype", config.model_dtype,
+        "--seed", str(config.seed + worker_index),
+        "--logprobs-mode", "processed_logprobs",
+        "--generation-config", "vllm",
+        "--worker-extension-cls", EXTENSION_CLASS,
+    ]
+    if chat_template_file is not None:
+        command += ["--chat-template", chat_template_file]
+    if config.enable_thinking:
+        command += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": True})]
+    if config.enable_vllm_tracing:
+        command += ["--otlp-traces-endpoint", f"http://127.0.0.1:{config.otlp_receiver_port}/v1/traces"]
+    return command
+
+
+def serve_env(config: TelescopeConfig, worker_index: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the ``vllm serve`` process (dev-mode routes, its GPUs)."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if env.get("TELESCOPE_VLLM_KEEP_DEVICES") != "1":
+        tp = config.inference_tensor_parallel_size
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        devices = [d for d in visible.split(",") if d] if visible else None
+        wanted = range(worker_index * tp, (worker_index + 1) * tp)
+        if devices is None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in wanted)
+        else:
+            if len(devices) < wanted.stop:
+                raise ValueError(
+                    f"inference worker {worker_index} needs GPUs {wanted.start}..{wanted.stop - 1} "
+                    f"(inference_tensor_parallel_size={tp}) but CUDA_VISIBLE_DEVICES lists {len(devices)}"
+                )
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i] for i in wanted)
+    return env
+
+
+class VLLMBackend(InferenceBackend):
+    """Starts ``vllm serve`` processes (see the module docstring)."""
+
+    name = "vllm"
+    health_timeout_s: float = 1800.0
+
+    @classmethod
+    def is_available(cls) -> bool:
+        if importlib.util.find_spec("vllm") is None:
+            return False
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+    def receivers_per_server(self) -> int:
+        return self.config.inference_tensor_parallel_size
+
+    def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
+        from telescope.models.tiny import resolve_model_path
+
+        config = self.config
+        if not self.is_available():
+            raise RuntimeError("inference_backend 'vllm' needs vLLM and a CUDA GPU: pip install 'telescope-core[vllm]' "
+                               "on a GPU machine, or use inference_backend: embedded")
+        cleanup: list[Path] = []
+        template_file = None
+        if config.chat_template is not None:
+            handle, name = tempfile.mkstemp(prefix="telescope-chat-template-", suffix=".jinja")
+            os.close(handle)
+            Path(name).write_text(config.chat_template, encoding="utf-8")
+            template_file = name
+            cleanup.append(Path(name))
+        command = serve_command(config, worker_index, model_path=resolve_model_path(config.model),
+                                chat_template_file=template_file)
+        log_file = log_path(run_dir, worker_index, self.name)
+        process = spawn(command, serve_env(config, worker_index), log_file)
+        address = ServerAddress(connect_host(config.inference_host), config.inference_base_port + worker_index)
+        return ProcessServer(process, address, log_file, cleanup).wait_until_healthy(self.health_timeout_s)
+
+
+class TelescopeWorkerExtension:
+    """Mixed into vLLM's GPU worker (``--worker-extension-cls``); methods called via ``collective_rpc``.
+
+    Relies on the worker's ``device``, ``rank`` and ``model_runner.model`` (whose
+    ``load_weights(iterable of (name, tensor))`` every vLLM model implements).
+    Arguments arrive as JSON strings; results are JSON-able dicts.
+    """
+
+    _telescope_receiver: weight_sync.WeightReceiver | None = None
+    _telescope_version: int = 0
+
+    def _telescope_model(self) -> Any:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        model = getattr(runner, "model", None)
+        return model if model is not None else runner.get_model()
+
+    def telescope_init_weight_transfer(self, payload: str) -> dict[str, Any]:
+        receiver = weight_sync.WeightReceiver(device=str(getattr(self, "device", "cuda")))
+        result = receiver.init(payload, local_rank=int(getattr(self, "rank", 0)))
+        self._telescope_receiver = receiver
+        return result
+
+    def telescope_update_weights(self, payload: str) -> dict[str, Any]:
+        if self._telescope_receiver is None:
+            raise RuntimeError(f"call {weight_sync.INIT_METHOD} before {weight_sync.UPDATE_METHOD}")
+        start = time.perf_counter()
+        version, tensors = self._telescope_receiver.receive(payload)
+        counted: list[int] = [0]
+
+        def counting() -> Any:
+            for item in tensors:
+                counted[0] += 1
+                yield item
+
+        self._telescope_model().load_weights(weights=counting())
+        self._telescope_version = version
+        return {"policy_version": version, "num_tensors": counted[0], "seconds": time.perf_counter() - start}
+
+    def telescope_policy_version(self) -> dict[str, Any]:
+        return {"policy_version": self._telescope_version}

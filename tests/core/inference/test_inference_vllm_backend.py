@@ -1,0 +1,202 @@
+"""The vLLM backend without vLLM: command line, environment, wire shapes, the worker extension."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from telescope.config.schema import TelescopeConfig
+from telescope.inference import weight_sync
+from telescope.inference.client import (
+    InferenceClient,
+    InferenceServerError,
+    build_completion_request,
+    parse_completion_response,
+)
+from telescope.inference.protocol import CompletionRequest
+from telescope.inference.vllm_backend import EXTENSION_CLASS, TelescopeWorkerExtension, serve_command, serve_env
+from telescope.transports.memory import MemoryTransport
+
+# A /v1/completions response as vLLM's CompletionResponse serialises it (return_token_ids=true, logprobs=0).
+VLLM_RESPONSE: dict[str, Any] = {
+    "id": "cmpl-8f2b4c",
+    "object": "text_completion",
+    "created": 1735000000,
+    "model": "Qwen/Qwen2.5-0.5B",
+    "choices": [
+        {
+            "index": 0,
+            "text": " 42<|im_end|>",
+            "logprobs": {
+                "text_offset": [0, 3],
+                "token_logprobs": [-0.25, -1.5],
+                "tokens": [" 42", "<|im_end|>"],
+                "top_logprobs": [{" 42": -0.25}, {"<|im_end|>": -1.5}],
+            },
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": [220, 151645],
+            "prompt_logprobs": None,
+            "prompt_token_ids": [151644, 872, 198],
+        },
+        {
+            "index": 1,
+            "text": " 7",
+            "logprobs": {"text_offset": [0], "token_logprobs": [-2.0], "tokens": [" 7"], "top_logprobs": [None]},
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": [220],
+            "prompt_logprobs": None,
+            "prompt_token_ids": [151644, 872, 198],
+        },
+    ],
+    "service_tier": None,
+    "system_fingerprint": None,
+    "usage": {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3, "prompt_tokens_details": None},
+    "kv_transfer_params": None,
+}
+
+
+def _config(**overrides: Any) -> TelescopeConfig:
+    base: dict[str, Any] = {"environments": [{"name": "countdown"}], "model": "Qwen/Qwen2.5-0.5B",
+                            "max_tokens": 64, "max_model_len": 2048, "seq_len": 2048}
+    base.update(overrides)
+    return TelescopeConfig.model_validate(base)
+
+
+def test_serve_command_carries_every_inference_setting() -> None:
+    config = _config(inference_tensor_parallel_size=2, inference_num_workers=4, gpu_memory_utilization=0.7,
+                     vllm_scheduling_policy="priority", enable_thinking=True, enable_vllm_tracing=True,
+                     otlp_receiver_port=4999, inference_host="0.0.0.0", inference_base_port=9000,
+                     model_dtype="bfloat16")
+    cmd = serve_command(config, 1, model_path="/models/q", chat_template_file="/tmp/t.jinja", executable="vllm")
+    assert cmd[:3] == ["vllm", "serve", "/models/q"]
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert flags["--port"] == "9001" and flags["--host"] == "0.0.0.0"
+    assert flags["--tensor-parallel-size"] == "2" and flags["--gpu-memory-utilization"] == "0.7"
+    assert flags["--max-model-len"] == "2048" and flags["--scheduling-policy"] == "priority"
+    assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
+    assert flags["--worker-extension-cls"] == EXTENSION_CLASS and flags["--dtype"] == "bfloat16"
+    assert flags["--chat-template"] == "/tmp/t.jinja"
+    assert json.loads(flags["--default-chat-template-kwargs"]) == {"enable_thinking": True}
+    assert flags["--otlp-traces-endpoint"] == "http://127.0.0.1:4999/v1/traces"
+    plain = serve_command(_config(enable_vllm_tracing=False), 0, model_path="m", executable="vllm")
+    assert "--otlp-traces-endpoint" not in plain and "--chat-template" not in plain
+    assert "--default-chat-template-kwargs" not in plain
+
+
+def test_serve_env_assigns_gpus_and_dev_mode() -> None:
+    config = _config(inference_tensor_parallel_size=2, inference_num_workers=2)
+    env = serve_env(config, 1, base={})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
+    with pytest.raises(ValueError, match="needs GPUs"):
+        serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "0,1"})
+    kept = serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "3", "TELESCOPE_VLLM_KEEP_DEVICES": "1"})
+    assert kept["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_request_body_is_a_valid_vllm_completion_request() -> None:
+    body = build_completion_request([1, 2, 3], model="m", max_tokens=8, temperature=0.6, top_p=0.9, n=4,
+                                    stop=["</answer>"], seed=7, priority=2, request_id="r1")
+    assert body["return_token_ids"] is True and body["logprobs"] == 0 and body["prompt"] == [1, 2, 3]
+    parsed = CompletionRequest.model_validate(body)
+    assert parsed.priority == 2 and parsed.stop_strings == ["</answer>"] and parsed.request_id == "r1"
+
+
+def test_parse_vllm_response_fills_versions_from_the_client() -> None:
+    result = parse_completion_response(VLLM_RESPONSE, dispatch_version=3, known_version=4)
+    first, second = result.completions
+    assert result.prompt_token_ids == [151644, 872, 198]
+    assert first.token_ids == [220, 151645] and first.logprobs == [-0.25, -1.5] and first.finish_reason == "stop"
+    assert second.finish_reason == "length" and second.token_ids == [220]
+    assert first.policy_version_start == 3 and first.policy_version_end == 4 and first.token_policy_versions is None
+    broken = json.loads(json.dumps(VLLM_RESPONSE))
+    broken["choices"][0]["token_ids"] = None
+    with pytest.raises(InferenceServerError, match="return_token_ids"):
+        parse_completion_response(broken, 0, 0)
+
+
+def test_client_against_vllm_shaped_server() -> None:
+    """The one client drives a server answering like `vllm serve` (TP=2: two collective_rpc results)."""
+    seen: list[tuple[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body: Any = json.loads(request.content) if request.content else {}
+        seen.append((request.url.path, body))
+        if request.url.path == "/v1/completions":
+            return httpx.Response(200, json=VLLM_RESPONSE)
+        if request.url.path == "/collective_rpc":
+            if body["method"] == weight_sync.UPDATE_METHOD:
+                version = json.loads(body["args"][0])["version"]
+                return httpx.Response(200, json={"results": [{"policy_version": version}] * 2})
+            return httpx.Response(200, json={"results": [{"rank": 1}, {"rank": 2}]})
+        if request.url.path == "/reset_prefix_cache":
+            return httpx.Response(200)
+        if request.url.path == "/abort_requests":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(404)
+
+    async def go() -> Any:
+        client = InferenceClient("http://vllm.test", http_transport=httpx.MockTransport(handler))
+        async with client:
+            init = await client.init_weight_transfer("nccl", {"host": "h", "port": 1, "world_size": 3}, 1)
+            first = await client.complete([1, 2], max_tokens=2)
+            update = await client.update_weights(5)
+            second = await client.complete([1, 2], max_tokens=2)
+            aborted = await client.abort(["x"])
+            return init, first, update, second, aborted
+
+    init, first, update, second, aborted = asyncio.run(go())
+    assert [r["rank"] for r in init] == [1, 2] and len(update) == 2 and aborted == []
+    assert first.completions[0].policy_version_start == 0 and second.completions[0].policy_version_start == 5
+    paths = [p for p, _ in seen]
+    assert paths.index("/reset_prefix_cache") == paths.index("/collective_rpc", 1) + 1
+    rpc = next(b for p, b in seen if p == "/collective_rpc")
+    assert rpc["method"] == weight_sync.INIT_METHOD and all(isinstance(a, str) for a in rpc["args"])
+
+
+class _FakeModel:
+    def __init__(self) -> None:
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights: Any) -> set[str]:
+        for name, tensor in weights:
+            self.loaded[name] = tensor.clone()
+        return set(self.loaded)
+
+
+class _FakeWorker(TelescopeWorkerExtension):
+    """Stands in for vLLM's GPU worker: the attributes the extension relies on."""
+
+    def __init__(self, rank: int) -> None:
+        self.device = torch.device("cpu")
+        self.rank = rank
+        self.model_runner = SimpleNamespace(model=_FakeModel())
+
+
+def test_worker_extension_receives_and_loads_in_place() -> None:
+    sender = MemoryTransport(None)
+    info = sender.prepare_sender(num_receivers=2)
+    workers = [_FakeWorker(rank) for rank in (0, 1)]
+    try:
+        payload = weight_sync.init_payload("memory", None, info, rank_offset=3)
+        assert [w.telescope_init_weight_transfer(payload)["rank"] for w in workers] == [3, 4]
+        weights = [("model.layers.0.mlp.up_proj.weight", torch.randn(4, 2)), ("lm_head.weight", torch.ones(3))]
+        sender.send(weights, version=2)
+        for worker in workers:
+            result = worker.telescope_update_weights(weight_sync.update_payload(2))
+            assert result["policy_version"] == 2 and result["num_tensors"] == 2
+            loaded = worker.model_runner.model.loaded
+            assert torch.equal(loaded["model.layers.0.mlp.up_proj.weight"], weights[0][1])
+            assert worker.telescope_policy_version() == {"policy_version": 2}
+    finally:
+        sender.close()
+    with pytest.raises(RuntimeError, match="before"):
+        _FakeWorker(0).telescope_update_weights(weight_sync.update_payload(1))

@@ -1,0 +1,157 @@
+"""The conformance kits fail on implementations that break the contract (kit self-tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from telescope.api.environment import BaseEnvironment
+from telescope.api.records import RewardResult, Sample
+from telescope.api.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxProvider
+from telescope.testing.environment import EnvironmentConformance, check_reward
+from telescope.testing.sandbox import SandboxProviderConformance
+
+
+class GoodEnv(BaseEnvironment):
+    name = "good"
+
+    def __init__(self, **unknown: Any) -> None:
+        if unknown:
+            raise TypeError(f"unknown {unknown}")
+
+    def load_dataset(self) -> list[Sample]:
+        return [Sample(prompt=f"say {i}", answer=str(i), sample_id=f"good-{i}") for i in range(3)]
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return RewardResult(
+            total_reward=float(completion.strip() == sample.answer), sample_metrics={"len": len(completion)}
+        )
+
+
+class StatefulEnv(GoodEnv):
+    def __init__(self, **unknown: Any) -> None:
+        super().__init__(**unknown)
+        self.history: list[str] = []
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        self.history.append(completion)  # per-rollout state on a shared object
+        return super().compute_reward(completion, sample, eos_token)
+
+
+class RandomIdsEnv(GoodEnv):
+    def load_dataset(self) -> list[Sample]:
+        import uuid
+
+        return [Sample(prompt="p", answer="1", sample_id=uuid.uuid4().hex) for _ in range(3)]
+
+
+class CrashingEnv(GoodEnv):
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return RewardResult(total_reward=float(completion[0] == "1"))  # IndexError on ""
+
+
+class NanEnv(GoodEnv):
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return RewardResult(total_reward=float("nan"))
+
+
+def _kit(env_cls: type[BaseEnvironment]) -> EnvironmentConformance:
+    class Kit(EnvironmentConformance):
+        def environment_factory(self) -> BaseEnvironment:
+            return env_cls()
+
+        def right_completion(self, sample: Sample) -> str | None:
+            return str(sample.answer)
+
+    return Kit()
+
+
+def _run(kit: EnvironmentConformance, test: str) -> None:
+    env = kit.environment_factory()
+    samples = env.load_dataset()
+    method = getattr(kit, test)
+    params = method.__code__.co_varnames[1 : method.__code__.co_argcount]
+    method(**{p: {"env": env, "samples": samples}[p] for p in params})
+
+
+def test_good_env_passes_every_check() -> None:
+    kit = _kit(GoodEnv)
+    for name in dir(kit):
+        if name.startswith("test_") and name not in {
+            "test_multi_turn_rollouts_are_independent",
+            "test_tool_schemas_and_metrics",
+        }:
+            _run(kit, name)
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "test"),
+    [
+        (StatefulEnv, "test_no_per_rollout_state_on_environment"),
+        (RandomIdsEnv, "test_sample_ids_unique_and_stable"),
+        (CrashingEnv, "test_garbage_does_not_raise"),
+        (NanEnv, "test_garbage_does_not_raise"),
+    ],
+)
+def test_environment_kit_catches(env_cls: type[BaseEnvironment], test: str) -> None:
+    with pytest.raises((AssertionError, IndexError)):
+        _run(_kit(env_cls), test)
+
+
+def test_check_reward_rejects_out_of_range_metric() -> None:
+    with pytest.raises(AssertionError, match="outside its declared"):
+        check_reward(RewardResult(1.0, {"acc": 2.0}), {"acc": {"min": 0.0, "max": 1.0}})
+
+
+class NoTimeoutSandbox(Sandbox):
+    """Ignores timeouts and claims success: the kit must notice."""
+
+    sandbox_id = "broken"
+
+    def execute(
+        self,
+        command: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        return ExecResult(0, "", "", 0.0)
+
+    def upload(self, path: str, data: bytes) -> None:
+        pass
+
+    def download(self, path: str) -> bytes:
+        return b""
+
+    def destroy(self) -> None:
+        pass
+
+
+class BrokenProvider(SandboxProvider):
+    name = "broken"
+
+    def create(self, limits: SandboxLimits | None = None) -> Sandbox:
+        return NoTimeoutSandbox()
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "test_timeout",
+        "test_upload_download_roundtrip",
+        "test_execute_failure_is_a_result_not_an_exception",
+        "test_memory_limit",
+        "test_download_missing_file_raises",
+    ],
+)
+def test_sandbox_kit_catches(test: str) -> None:
+    class Kit(SandboxProviderConformance):
+        def provider_factory(self) -> SandboxProvider:
+            return BrokenProvider()
+
+    kit = Kit()
+    sandbox = BrokenProvider().create()
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        getattr(kit, test)(sandbox)

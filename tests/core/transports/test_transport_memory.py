@@ -1,0 +1,82 @@
+"""The shared-memory transport: publish, receive by version, replacement, across processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from telescope.transports.loading import load_named_tensors
+from telescope.transports.memory import MemoryTransport
+
+
+def _weights(scale: float) -> list[tuple[str, torch.Tensor]]:
+    return [("w", torch.full((4, 4), scale)), ("b", torch.arange(3, dtype=torch.bfloat16) * scale)]
+
+
+def test_send_then_receive_and_load() -> None:
+    sender = MemoryTransport(None)
+    info = sender.prepare_sender(num_receivers=1)
+    receiver = MemoryTransport(None, timeout_s=5)
+    receiver.connect_receiver(info, rank=1)
+    try:
+        sender.send(_weights(2.0), version=1)
+        got = dict(receiver.receive(1))
+        assert torch.equal(got["w"], torch.full((4, 4), 2.0)) and got["b"].dtype == torch.bfloat16
+        module = torch.nn.Linear(4, 4, bias=False)
+        assert load_named_tensors(module, [("weight", got["w"])]) == 1
+        assert torch.equal(module.weight, got["w"])
+        sender.send(_weights(3.0), version=2)
+        with pytest.raises(RuntimeError, match="replaced by version 2"):
+            list(receiver.receive(1))
+        assert not (sender.root / "v1.bin").exists()  # type: ignore[operator]
+    finally:
+        sender.close()
+    assert not sender.root.exists()  # type: ignore[union-attr]
+
+
+def test_receive_waits_for_the_sender() -> None:
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=10)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    timer = threading.Timer(0.2, sender.send, args=(_weights(5.0), 4))
+    timer.start()
+    try:
+        got = dict(receiver.receive(4))
+        assert float(got["w"][0, 0]) == 5.0
+        with pytest.raises(TimeoutError):
+            list(MemoryTransport(None, root=sender.root, timeout_s=0.05).receive(9))
+    finally:
+        timer.join()
+        sender.close()
+
+
+def test_load_rejects_unknown_names_and_shapes() -> None:
+    module = torch.nn.Linear(2, 2)
+    with pytest.raises(KeyError, match="no counterpart"):
+        load_named_tensors(module, [("nope", torch.zeros(2, 2))])
+    with pytest.raises(ValueError, match="shape"):
+        load_named_tensors(module, [("weight", torch.zeros(3, 2))])
+
+
+@pytest.mark.slow
+def test_receiver_in_another_process() -> None:
+    sender = MemoryTransport(None)
+    info = sender.prepare_sender(1)
+    sender.send(_weights(7.0), version=1)
+    code = (
+        "import sys, torch\n"
+        "from telescope.transports.memory import MemoryTransport\n"
+        "r = MemoryTransport(None, timeout_s=10); r.connect_receiver({'root': sys.argv[1]}, rank=1)\n"
+        "got = dict(r.receive(1)); assert float(got['w'].sum()) == 7.0 * 16, got\n"
+        "print('ok')\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code, info["root"]], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "ok"
+    finally:
+        sender.close()
