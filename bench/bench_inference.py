@@ -41,9 +41,19 @@ def build_model(kind: str, root: Path) -> Path:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     path = root / "qwen2-0.5b-shape"
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0, dtype="bfloat16")
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=0,
+        dtype="bfloat16",
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     build_tokenizer(PRESETS["test"]).save_pretrained(path)
@@ -53,8 +63,15 @@ def build_model(kind: str, root: Path) -> Path:
 def bench_engine(path: Path, device: str, dtype: str, batch: int, prompt_len: int, new_tokens: int) -> float:
     from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams
 
-    engine = Engine(EngineSettings(model_path=str(path), device=device, dtype=dtype, max_num_seqs=max(64, batch),
-                                   max_model_len=prompt_len + new_tokens + 8)).start()
+    engine = Engine(
+        EngineSettings(
+            model_path=str(path),
+            device=device,
+            dtype=dtype,
+            max_num_seqs=max(64, batch),
+            max_model_len=prompt_len + new_tokens + 8,
+        )
+    ).start()
     try:
         vocab = min(engine.model.config.vocab_size, 300)
         params = GenerationParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
@@ -80,11 +97,17 @@ def bench_generate(path: Path, device: str, dtype: str, batch: int, prompt_len: 
     vocab = min(model.config.vocab_size, 300)
     ids = torch.tensor([[(7 * i + j) % vocab + 3 for j in range(prompt_len)] for i in range(batch)], device=device)
     mask = torch.ones_like(ids)
-    kwargs = {"do_sample": True, "max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "pad_token_id": 0,
-              "top_k": 0}
+    kwargs = {
+        "do_sample": True,
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "pad_token_id": 0,
+        "top_k": 0,
+    }
     with torch.inference_mode():
-        model.generate(input_ids=ids[:, :8], attention_mask=mask[:, :8], **{**kwargs, "max_new_tokens": 4,
-                                                                           "min_new_tokens": 4})
+        model.generate(
+            input_ids=ids[:, :8], attention_mask=mask[:, :8], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4}
+        )
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -139,11 +162,14 @@ def main() -> None:
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(kind, Path(tmp))
-        params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM
-                     .from_pretrained(str(path)).parameters())
-        print(f"model {kind} ({params / 1e6:.2f}M parameters), device {args.device}, {dtype}, "
-              f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, "
-              f"torch threads {torch.get_num_threads()}")
+        params = sum(
+            p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(str(path)).parameters()
+        )
+        print(
+            f"model {kind} ({params / 1e6:.2f}M parameters), device {args.device}, {dtype}, "
+            f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, "
+            f"torch threads {torch.get_num_threads()}"
+        )
         print(f"{'batch':>5} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio")
         for batch in (int(b) for b in args.batches.split(",")):
             ours = bench_engine(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
@@ -152,8 +178,9 @@ def main() -> None:
     transport, bound = bench_sync(args.sync_mb)
     print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine:")
     print(f"  memory transport (publish + receive/load): {transport:.3f} s/GB")
-    print(f"  plain copy_ bound (one copy):              {bound:.3f} s/GB  (transport / bound = "
-          f"{transport / bound:.2f})")
+    print(
+        f"  plain copy_ bound (one copy):              {bound:.3f} s/GB  (transport / bound = {transport / bound:.2f})"
+    )
 
 
 if __name__ == "__main__":

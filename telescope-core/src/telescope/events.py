@@ -13,6 +13,7 @@ to the emitter (``sandbox_id``, ``exit_code``, ``step``, ...).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,10 +47,8 @@ def emit(kind: str, *, start: float | None = None, duration_s: float = 0.0, **fi
     with _lock:
         sinks = list(_sinks)
     for sink in sinks:
-        try:
+        with contextlib.suppress(Exception):  # an observer must never break the observed code
             sink(event)
-        except Exception:  # an observer must never break the observed code
-            pass
     return event
 
 

@@ -18,6 +18,9 @@ Data: ``dataset_name="Jiayi-Pan/Countdown-Tasks-3to4"`` (columns ``target`` and
 ``"generated"``: ``num_samples`` solvable problems of ``num_numbers`` numbers from 1
 to ``max_number``, built from a seeded random expression, offline and deterministic
 (small values, e.g. 2 numbers up to 10, make a task a tiny model can learn).
+
+``prompt_style``: ``"full"`` (the default) states the task in words;
+``"compact"`` is ``"3 5 -> 8"``, for tiny models trained from scratch on a CPU.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def solve(nums: Sequence[int], target: int) -> str | None:
     Exhaustive search over the ways to combine two values at a time (exact
     arithmetic); meant for the small problems of a warm start (2 to 4 numbers).
     """
+
     def search(items: list[tuple[Fraction, str]]) -> str | None:
         if len(items) == 1:
             return items[0][1] if items[0][0] == target else None
@@ -191,9 +195,13 @@ class CountdownEnvironment(BaseEnvironment):
         max_number: int = 10,
         seed: int = 0,
         max_samples: int | None = None,
+        prompt_style: str = "full",
         **unknown: Any,
     ) -> None:
         reject_unknown(self.name, unknown)
+        if prompt_style not in ("full", "compact"):
+            raise ValueError(f"countdown: prompt_style must be 'full' or 'compact', not {prompt_style!r}")
+        self.prompt_style = prompt_style
         self.dataset_name = dataset_name
         self.dataset_split = dataset_split
         self.num_samples = num_samples
@@ -202,8 +210,10 @@ class CountdownEnvironment(BaseEnvironment):
         self.seed = seed
         self.max_samples = max_samples
 
-    @staticmethod
-    def render_prompt(nums: Sequence[int], target: int) -> str:
+    def render_prompt(self, nums: Sequence[int], target: int) -> str:
+        if self.prompt_style == "compact":
+            # For tiny models: the numbers and the target up front, few tokens to attend over.
+            return f"{' '.join(map(str, nums))} -> {target}"
         return (
             f"Using the numbers {list(nums)}, create an equation that equals {target}. "
             "You can use + - * / and parentheses, and must use each number exactly once. "

@@ -115,3 +115,12 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupted run's 130 (or a failed run's 1) reaches the shell, not 0."""
+    import telescope.loop.launch as launch
+
+    monkeypatch.setattr(launch, "launch_run", lambda loaded: 130)
+    code, _, _ = run_cli(capsys, "run", str(EXAMPLE))
+    assert code == 130

@@ -33,8 +33,20 @@ DEVIATIONS = {
     "wandb_code_exclude_patterns",
 }
 
-ENTRY_FIELDS = {"name", "weight", "reward_min", "reward_max", "kwargs", "eval_every", "num_samples",
-                "separate_eval_samples", "pass_k", "temperature", "top_p", "max_tokens"}
+ENTRY_FIELDS = {
+    "name",
+    "weight",
+    "reward_min",
+    "reward_max",
+    "kwargs",
+    "eval_every",
+    "num_samples",
+    "separate_eval_samples",
+    "pass_k",
+    "temperature",
+    "top_p",
+    "max_tokens",
+}
 
 
 def _rows() -> list[tuple[str, str, str]]:
@@ -88,9 +100,12 @@ def test_documented_defaults_match_the_schema() -> None:
                 continue
             if actual != documented:
                 mismatches.append((name, documented, actual))
-        elif name in entry_defaults:
-            if entry_defaults[name] != documented and not (documented is None and name in defaults):
-                mismatches.append((name, documented, entry_defaults[name]))
+        elif (
+            name in entry_defaults
+            and entry_defaults[name] != documented
+            and not (documented is None and name in defaults)
+        ):
+            mismatches.append((name, documented, entry_defaults[name]))
     assert mismatches == []
 
 

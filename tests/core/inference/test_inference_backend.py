@@ -42,10 +42,17 @@ def test_plugins_resolve_to_the_implementations() -> None:
 def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_path: Path) -> None:
     from telescope.inference.embedded.backend import EmbeddedBackend
 
-    config = TelescopeConfig.model_validate({
-        "environments": [{"name": "countdown"}], "model": str(tiny_model_path), "max_model_len": 256,
-        "max_tokens": 32, "seq_len": 256, "inference_host": "127.0.0.1", "inference_base_port": _free_port(),
-    })
+    config = TelescopeConfig.model_validate(
+        {
+            "environments": [{"name": "countdown"}],
+            "model": str(tiny_model_path),
+            "max_model_len": 256,
+            "max_tokens": 32,
+            "seq_len": 256,
+            "inference_host": "127.0.0.1",
+            "inference_base_port": _free_port(),
+        }
+    )
     server = EmbeddedBackend(config).start_server(0, run_dir=tmp_path)
     try:
         assert server.address.port == config.inference_base_port

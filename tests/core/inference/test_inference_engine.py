@@ -83,6 +83,7 @@ def test_requests_join_a_running_batch(engine: Engine) -> None:
     short_alone = engine.generate(PROMPTS[1], short_params).sequences[0].token_ids
     long_done = threading.Event()
     box: list[RequestResult] = []
+
     def on_long(result: RequestResult) -> None:
         box.append(result)
         long_done.set()
@@ -104,15 +105,17 @@ def test_stop_conditions(engine: Engine) -> None:
     assert res.sequences[0].finish_reason == "length" and len(res.sequences[0].token_ids) == 7
     greedy = engine.generate(PROMPTS[0], GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     stop_token = greedy.sequences[0].token_ids[4]
-    res = engine.generate(PROMPTS[0], GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                      stop_token_ids=[stop_token]))
+    res = engine.generate(
+        PROMPTS[0], GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_token])
+    )
     seq = res.sequences[0]
     assert seq.finish_reason == "stop" and seq.stop_reason == stop_token and seq.token_ids[-1] == stop_token
     text = greedy.sequences[0].text
     stop = text[len(text) // 2 : len(text) // 2 + 1]
     if stop:
-        res = engine.generate(PROMPTS[0], GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                          stop=[stop]))
+        res = engine.generate(
+            PROMPTS[0], GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop])
+        )
         assert res.sequences[0].finish_reason == "stop" and stop not in res.sequences[0].text
     eos = next(iter(engine.eos_token_ids))
     with pytest.raises(ValueError, match="maximum context length"):
@@ -123,14 +126,20 @@ def test_stop_conditions(engine: Engine) -> None:
 def test_priority_policy_admits_lower_values_first(tiny_model_path: Path) -> None:
     order: list[str] = []
     for policy, expected in (("priority", ["urgent", "late"]), ("fcfs", ["late", "urgent"])):
-        eng = Engine(EngineSettings(model_path=str(tiny_model_path), max_model_len=512, max_num_seqs=1,
-                                    scheduling_policy=policy)).start()  # type: ignore[arg-type]
+        eng = Engine(
+            EngineSettings(model_path=str(tiny_model_path), max_model_len=512, max_num_seqs=1, scheduling_policy=policy)
+        ).start()  # type: ignore[arg-type]
         try:
             order.clear()
             done = threading.Event()
             eng.submit("blocker", [5, 6], GenerationParams(max_tokens=60, ignore_eos=True), lambda r: None)
-            eng.submit("late", [5, 6], GenerationParams(max_tokens=2, ignore_eos=True, priority=5),
-                       lambda r: order.append("late"))
+            eng.submit(
+                "late",
+                [5, 6],
+                GenerationParams(max_tokens=2, ignore_eos=True, priority=5),
+                lambda r: order.append("late"),
+            )
+
             def on_urgent(result: RequestResult, done: threading.Event = done) -> None:
                 order.append("urgent")
                 done.set()

@@ -28,14 +28,27 @@ def test_health_models_and_metrics(server: ServerThread, engine: Engine) -> None
 
     healthy, models, metrics = run(go())
     assert healthy and models == [engine.settings.model_path]
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:generation_tokens_total", "telescope:policy_version"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+        "telescope:policy_version",
+    ):
         assert name in metrics
 
 
 def test_completion_response_has_vllm_shape(server: ServerThread) -> None:
-    body = {"prompt": [5, 6, 7], "max_tokens": 5, "logprobs": 1, "return_token_ids": True, "seed": 1,
-            "temperature": 1.0, "n": 2, "some_vllm_only_field": True}
+    body = {
+        "prompt": [5, 6, 7],
+        "max_tokens": 5,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "seed": 1,
+        "temperature": 1.0,
+        "n": 2,
+        "some_vllm_only_field": True,
+    }
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         payload = http.post("/v1/completions", json=body).json()
         assert payload["object"] == "text_completion"
@@ -121,8 +134,7 @@ def test_cancelling_the_client_aborts_the_request(server: ServerThread) -> None:
 def test_abort_route(server: ServerThread) -> None:
     async def go() -> tuple[Any, list[str]]:
         async with InferenceClient(server.base_url) as client:
-            task = asyncio.create_task(
-                client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort"))
+            task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort"))
             await asyncio.sleep(0.2)
             aborted = await client.abort(["to-abort", "unknown"])
             return await task, aborted

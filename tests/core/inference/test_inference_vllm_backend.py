@@ -64,17 +64,30 @@ VLLM_RESPONSE: dict[str, Any] = {
 
 
 def _config(**overrides: Any) -> TelescopeConfig:
-    base: dict[str, Any] = {"environments": [{"name": "countdown"}], "model": "Qwen/Qwen2.5-0.5B",
-                            "max_tokens": 64, "max_model_len": 2048, "seq_len": 2048}
+    base: dict[str, Any] = {
+        "environments": [{"name": "countdown"}],
+        "model": "Qwen/Qwen2.5-0.5B",
+        "max_tokens": 64,
+        "max_model_len": 2048,
+        "seq_len": 2048,
+    }
     base.update(overrides)
     return TelescopeConfig.model_validate(base)
 
 
 def test_serve_command_carries_every_inference_setting() -> None:
-    config = _config(inference_tensor_parallel_size=2, inference_num_workers=4, gpu_memory_utilization=0.7,
-                     vllm_scheduling_policy="priority", enable_thinking=True, enable_vllm_tracing=True,
-                     otlp_receiver_port=4999, inference_host="0.0.0.0", inference_base_port=9000,
-                     model_dtype="bfloat16")
+    config = _config(
+        inference_tensor_parallel_size=2,
+        inference_num_workers=4,
+        gpu_memory_utilization=0.7,
+        vllm_scheduling_policy="priority",
+        enable_thinking=True,
+        enable_vllm_tracing=True,
+        otlp_receiver_port=4999,
+        inference_host="0.0.0.0",
+        inference_base_port=9000,
+        model_dtype="bfloat16",
+    )
     cmd = serve_command(config, 1, model_path="/models/q", chat_template_file="/tmp/t.jinja", executable="vllm")
     assert cmd[:3] == ["vllm", "serve", "/models/q"]
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
@@ -103,8 +116,18 @@ def test_serve_env_assigns_gpus_and_dev_mode() -> None:
 
 
 def test_request_body_is_a_valid_vllm_completion_request() -> None:
-    body = build_completion_request([1, 2, 3], model="m", max_tokens=8, temperature=0.6, top_p=0.9, n=4,
-                                    stop=["</answer>"], seed=7, priority=2, request_id="r1")
+    body = build_completion_request(
+        [1, 2, 3],
+        model="m",
+        max_tokens=8,
+        temperature=0.6,
+        top_p=0.9,
+        n=4,
+        stop=["</answer>"],
+        seed=7,
+        priority=2,
+        request_id="r1",
+    )
     assert body["return_token_ids"] is True and body["logprobs"] == 0 and body["prompt"] == [1, 2, 3]
     parsed = CompletionRequest.model_validate(body)
     assert parsed.priority == 2 and parsed.stop_strings == ["</answer>"] and parsed.request_id == "r1"

@@ -95,7 +95,11 @@ def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, toke
     from telescope.orchestrator.scheduler import RolloutScheduler
 
     config = loop_config(
-        tmp_path, advantage_norm="group", max_async_rollout=2, max_off_policy_steps=1, max_concurrent_prompts_per_server=32
+        tmp_path,
+        advantage_norm="group",
+        max_async_rollout=2,
+        max_off_policy_steps=1,
+        max_concurrent_prompts_per_server=32,
     )
     renderer = ChatRenderer(tokenizer)
     prompts = build_prompt_source(config, build_slots(config, registry_with_parity()), renderer)
@@ -181,7 +185,7 @@ def test_eval_items_never_reach_training(tmp_path: Path, tokenizer: Any) -> None
 
 def test_resume_neither_skips_nor_repeats_prompts(tmp_path: Path, tokenizer: Any) -> None:
     _, straight = run_loop(tmp_path / "straight", tokenizer, number_of_steps=6)
-    first, _ = run_loop(tmp_path / "resumed", tokenizer, number_of_steps=3, checkpoint_every=3)
+    run_loop(tmp_path / "resumed", tokenizer, number_of_steps=3, checkpoint_every=3)
     second, resumed = run_loop(
         tmp_path / "resumed", tokenizer, number_of_steps=6, checkpoint_every=3, resume_from_checkpoint=True
     )

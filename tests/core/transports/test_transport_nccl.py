@@ -13,12 +13,16 @@ from telescope.transports.nccl import NCCLTransport
 
 def _weights(version: int, device: str = "cpu") -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(version)
-    return [
-        ("model.embed.weight", torch.randn(64, 16, generator=g)),
-        ("model.norm.weight", torch.randn(16, generator=g).to(torch.bfloat16)),
-        ("model.layer.bias", torch.randn(33, generator=g).double()),
-        ("lm_head.weight", torch.randn(8, 16, generator=g)),
-    ] if device == "cpu" else [(n, t.to(device)) for n, t in _weights(version)]
+    return (
+        [
+            ("model.embed.weight", torch.randn(64, 16, generator=g)),
+            ("model.norm.weight", torch.randn(16, generator=g).to(torch.bfloat16)),
+            ("model.layer.bias", torch.randn(33, generator=g).double()),
+            ("lm_head.weight", torch.randn(8, 16, generator=g)),
+        ]
+        if device == "cpu"
+        else [(n, t.to(device)) for n, t in _weights(version)]
+    )
 
 
 def _receiver(init_info: dict[str, Any], rank: int, versions: list[int], out: Any, device: str) -> None:
@@ -29,7 +33,8 @@ def _receiver(init_info: dict[str, Any], rank: int, versions: list[int], out: An
             got = {name: t.cpu().clone() for name, t in transport.receive(version)}
             expected = dict(_weights(version))
             ok = got.keys() == expected.keys() and all(
-                got[k].dtype == expected[k].dtype and torch.equal(got[k], expected[k]) for k in expected)
+                got[k].dtype == expected[k].dtype and torch.equal(got[k], expected[k]) for k in expected
+            )
             out.put((rank, version, ok))
     except Exception as exc:  # reported to the test
         out.put((rank, -1, repr(exc)))
@@ -43,8 +48,9 @@ def _run(backend: str, device: str, cpu_staging: bool = False) -> None:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     versions = [1, 2]
-    procs = [ctx.Process(target=_receiver, args=(info, rank, versions, out, device.format(rank=rank)))
-             for rank in (1, 2)]
+    procs = [
+        ctx.Process(target=_receiver, args=(info, rank, versions, out, device.format(rank=rank))) for rank in (1, 2)
+    ]
     for p in procs:
         p.start()
     try:

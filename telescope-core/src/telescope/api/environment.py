@@ -130,7 +130,5 @@ class MultiTurnEnvironment(EnvironmentBase):
         return state.turn >= self.max_turns
 
     @abstractmethod
-    def compute_reward(
-        self, messages: list[Message], sample: Sample, state: RolloutState
-    ) -> RewardResult:
+    def compute_reward(self, messages: list[Message], sample: Sample, state: RolloutState) -> RewardResult:
         """Score the whole interaction."""

@@ -70,5 +70,5 @@ class TrainerBackend(ABC):
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint; returns what it recorded (step, ...)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def close(self) -> None:
         """Release the process group and memory."""

@@ -50,7 +50,7 @@ class WeightTransport(ABC):
         """Trainer side, once: set up and return what receivers need to connect (JSON-able)."""
         return {}
 
-    def connect_receiver(self, init_info: dict[str, Any], rank: int, device: str = "cpu") -> None:  # noqa: B027
+    def connect_receiver(self, init_info: dict[str, Any], rank: int, device: str = "cpu") -> None:
         """Inference side, once per receiving process: join the sender described by ``init_info``."""
 
     @abstractmethod
@@ -61,5 +61,5 @@ class WeightTransport(ABC):
     def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Inference side: yield the named tensors of policy ``version``."""
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Release buffers and communicators."""

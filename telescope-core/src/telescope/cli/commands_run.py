@@ -20,9 +20,7 @@ def run_command(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     try:
         from telescope.loop.launch import launch_run
     except ImportError as exc:
-        raise click.ClickException(
-            f"the config is valid, but the training loop could not be imported: {exc}"
-        ) from None
+        raise click.ClickException(f"the config is valid, but the training loop could not be imported: {exc}") from None
     exit_code = launch_run(loaded)
     if exit_code:
         raise click.exceptions.Exit(exit_code)

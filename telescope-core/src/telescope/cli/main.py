@@ -35,7 +35,9 @@ class UserError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+def _show_warning(
+    message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
     from telescope.plugins.manager import PluginImportWarning
 
     if issubclass(category, PluginImportWarning):
@@ -76,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in args[:1] or bool(os.environ.get("TELESCOPE_DEBUG"))
     try:
         group = build_cli()
-        group.main(args=args, prog_name="telescope", standalone_mode=False)
+        # without standalone mode, click returns the code of a command's Exit instead of exiting
+        result = group.main(args=args, prog_name="telescope", standalone_mode=False)
+        if isinstance(result, int) and result:
+            return result
     except (ConfigError, PluginError) as exc:
         if debug:
             raise

@@ -13,9 +13,7 @@ class EnvironmentEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Environment name (must match a registered environment)")
-    weight: float = Field(
-        default=1.0, gt=0, description="Sampling weight for multi-environment training (must be > 0)"
-    )
+    weight: float = Field(default=1.0, gt=0, description="Sampling weight for multi-environment training (must be > 0)")
     reward_min: float | None = Field(
         default=None, description="Expected minimum reward (UI charts, per-environment normalisation)"
     )

@@ -86,8 +86,10 @@ def read_yaml_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         return {}, {}
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise ConfigError(
-            [f"{path}: the top level must be a mapping of parameter names to values (key: value), "
-             f"not a {type(data).__name__}"]
+            [
+                f"{path}: the top level must be a mapping of parameter names to values (key: value), "
+                f"not a {type(data).__name__}"
+            ]
         )
     lines = {str(key.value): key.start_mark.line + 1 for key, _ in node.value}
     return data, lines
@@ -114,9 +116,7 @@ def parse_overrides(args: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
     while i < len(args):
         token = args[i]
         if not token.startswith("--") or token == "--":
-            problems.append(
-                f"unexpected argument {token!r}: overrides are written --name value or --name=value"
-            )
+            problems.append(f"unexpected argument {token!r}: overrides are written --name value or --name=value")
             i += 1
             continue
         name, eq, raw = token[2:].partition("=")
@@ -233,9 +233,9 @@ def load_config(
         raise ConfigError(_translate(exc, provenance), source) from None
 
     derived: dict[str, str] = {}
-    if config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
-        if not config.enable_individual_sample_lanes:
-            derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
+    lanes_off = not config.enable_individual_sample_lanes
+    if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
+        derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
 
     problems = cross_field_problems(config)
     if check_plugins:

@@ -70,9 +70,7 @@ def registry_problems(config: TelescopeConfig, registry: Registry, derived: dict
     return problems
 
 
-def _algorithm_problems(
-    config: TelescopeConfig, caps: AlgorithmCapabilities, derived: dict[str, str]
-) -> list[str]:
+def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, derived: dict[str, str]) -> list[str]:
     problems: list[str] = []
     name = config.algorithm
     if config.use_ppo_clip and not caps.supports_ppo_clip:

@@ -148,7 +148,8 @@ class TelescopeConfig(BaseModel):
 
     # --------------------------------------------------------- inference server
     inference_backend: str = Field(
-        "auto", description='Inference backend: "embedded", "vllm" or a plugin. "auto" = vllm when usable, else embedded'
+        "auto",
+        description='Inference backend: "embedded", "vllm" or a plugin. "auto" = vllm when usable, else embedded',
     )
     inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
@@ -195,7 +196,16 @@ class TelescopeConfig(BaseModel):
     wandb_upload_logs_stdout: bool = Field(False, description="Include stdout logs in W&B upload")
     wandb_code_max_file_size_mb: float = Field(2.0, gt=0, description="Max file size for code upload")
     wandb_code_exclude_patterns: list[str] = Field(
-        default_factory=lambda: [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"],
+        default_factory=lambda: [
+            ".git",
+            ".venv",
+            "__pycache__",
+            "*.pyc",
+            "runs",
+            "wandb",
+            "checkpoints",
+            "node_modules",
+        ],
         description="Glob patterns to exclude from code upload",
     )
     system_metrics_collection_interval_seconds: float = Field(1.0, gt=0, description="System metrics interval")
@@ -318,10 +328,7 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
     """Rules between fields that need no plugin; one message per broken rule."""
     problems: list[str] = []
     if not c.environments:
-        problems.append(
-            "environments: at least one environment is required, e.g. "
-            "environments: [{name: countdown}]"
-        )
+        problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
     if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
         problems.append(
             "use_tis=true with use_ppo_clip=true and ppo_clip_ref_logprobs='rollout' counts the "
@@ -348,9 +355,7 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             "(prompt + completion) can be max_model_len tokens and must fit in one packed sequence"
         )
     if c.seq_len % c.pad_to_multiple_of:
-        problems.append(
-            f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})"
-        )
+        problems.append(f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})")
     if c.number_of_minibatches > c.prompts_batch_size_for_trainer:
         problems.append(
             f"number_of_minibatches ({c.number_of_minibatches}) cannot exceed "
@@ -385,8 +390,18 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
 
 
 _section("general", ["debug", "seed", "run_dir"])
-_section("model", ["model", "model_dtype", "mixed_precision_dtype", "gradient_checkpointing",
-                   "warm_start_steps", "warm_start_learning_rate", "warm_start_batch_size"])
+_section(
+    "model",
+    [
+        "model",
+        "model_dtype",
+        "mixed_precision_dtype",
+        "gradient_checkpointing",
+        "warm_start_steps",
+        "warm_start_learning_rate",
+        "warm_start_batch_size",
+    ],
+)
 _section("environments", ["environments"])
 _section("workers", ["inference_num_workers", "inference_tensor_parallel_size", "trainer_num_workers"])
 _section("orchestrator", [
@@ -424,6 +439,9 @@ _section("logging", [n for n in TelescopeConfig.model_fields if n.startswith("wa
     "track_gpu_events",
 }])  # fmt: skip
 _section("ray cluster", [n for n in TelescopeConfig.model_fields if n.startswith("ray_") and n not in SECTIONS])
-_section("weight broadcasting", ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")])
+_section(
+    "weight broadcasting",
+    ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")],
+)
 _section("megatron", [n for n in TelescopeConfig.model_fields if n.startswith("megatron_")])
 _section("vllm tracing", ["enable_vllm_tracing", "otlp_receiver_port"])

@@ -139,22 +139,32 @@ def parse_completion_response(payload: dict[str, Any], dispatch_version: int, kn
                 200, f"choice {choice.index} has {len(choice.token_ids)} tokens but {len(token_logprobs)} logprobs"
             )
         prompt_ids = list(choice.prompt_token_ids or prompt_ids)
-        completions.append(Completion(
-            index=choice.index,
-            text=choice.text,
-            token_ids=list(choice.token_ids),
-            logprobs=[float(x) if x is not None else 0.0 for x in token_logprobs],
-            finish_reason=choice.finish_reason or "abort",
-            stop_reason=choice.stop_reason,
-            prompt_token_ids=list(choice.prompt_token_ids or []),
-            policy_version_start=(choice.policy_version_start if choice.policy_version_start is not None
-                                  else dispatch_version),
-            policy_version_end=choice.policy_version_end if choice.policy_version_end is not None else known_version,
-            token_policy_versions=choice.token_policy_versions,
-        ))
+        completions.append(
+            Completion(
+                index=choice.index,
+                text=choice.text,
+                token_ids=list(choice.token_ids),
+                logprobs=[float(x) if x is not None else 0.0 for x in token_logprobs],
+                finish_reason=choice.finish_reason or "abort",
+                stop_reason=choice.stop_reason,
+                prompt_token_ids=list(choice.prompt_token_ids or []),
+                policy_version_start=(
+                    choice.policy_version_start if choice.policy_version_start is not None else dispatch_version
+                ),
+                policy_version_end=choice.policy_version_end
+                if choice.policy_version_end is not None
+                else known_version,
+                token_policy_versions=choice.token_policy_versions,
+            )
+        )
     usage = response.usage
-    return CompletionResult(request_id=response.id, prompt_token_ids=prompt_ids, completions=completions,
-                            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens or 0)
+    return CompletionResult(
+        request_id=response.id,
+        prompt_token_ids=prompt_ids,
+        completions=completions,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens or 0,
+    )
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -166,10 +176,18 @@ def _retryable(exc: BaseException) -> bool:
 class InferenceClient:
     """Async client of one inference server (see the module docstring)."""
 
-    def __init__(self, base_url: str, *, model: str | None = None, max_retries: int = 4,
-                 connect_timeout: float = 10.0, read_timeout: float | None = None,
-                 max_connections: int = 4096, initial_policy_version: int = 0,
-                 http_transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        max_retries: int = 4,
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = None,
+        max_connections: int = 4096,
+        initial_policy_version: int = 0,
+        http_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
@@ -251,8 +269,9 @@ class InferenceClient:
     async def abort(self, request_ids: Sequence[str]) -> list[str]:
         """Abort by id (embedded engine); vLLM aborts on disconnect only, so there this returns []."""
         try:
-            response = await self._request("POST", "/abort_requests", json={"request_ids": list(request_ids)},
-                                           retry=False)
+            response = await self._request(
+                "POST", "/abort_requests", json={"request_ids": list(request_ids)}, retry=False
+            )
         except InferenceServerError as exc:
             if exc.status == 404:
                 return []
@@ -269,8 +288,9 @@ class InferenceClient:
             return []
         return list(response.json().get("results", []))
 
-    async def init_weight_transfer(self, transport: str, init_info: dict[str, Any], rank_offset: int,
-                                   config: dict[str, Any] | None = None) -> list[Any]:
+    async def init_weight_transfer(
+        self, transport: str, init_info: dict[str, Any], rank_offset: int, config: dict[str, Any] | None = None
+    ) -> list[Any]:
         """Connect every worker of the server as a receiver (ranks ``rank_offset + local rank``)."""
         payload = weight_sync.init_payload(transport, config, init_info, rank_offset)
         return await self.collective_rpc(weight_sync.INIT_METHOD, payload)

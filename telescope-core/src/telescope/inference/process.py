@@ -44,8 +44,13 @@ def _tail(path: Path, lines: int = 40) -> str:
 class ProcessServer(InferenceServer):
     """An inference server living in a child process."""
 
-    def __init__(self, process: subprocess.Popen[bytes], address: ServerAddress, log_file: Path,
-                 cleanup: list[Path] | None = None) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        address: ServerAddress,
+        log_file: Path,
+        cleanup: list[Path] | None = None,
+    ) -> None:
         self.process = process
         self._address = address
         self.log_file = log_file
@@ -70,8 +75,10 @@ class ProcessServer(InferenceServer):
                         return self
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"inference server at {url} was not healthy within {timeout:.0f} s; "
-                                       f"log {self.log_file}:\n{_tail(self.log_file)}")
+                    raise TimeoutError(
+                        f"inference server at {url} was not healthy within {timeout:.0f} s; "
+                        f"log {self.log_file}:\n{_tail(self.log_file)}"
+                    )
                 time.sleep(0.25)
 
     def stop(self) -> None:

@@ -84,25 +84,46 @@ def vllm_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("vllm") or "vllm")
 
 
-def serve_command(config: TelescopeConfig, worker_index: int, *, model_path: str,
-                  chat_template_file: str | None = None, executable: str | None = None) -> list[str]:
+def serve_command(
+    config: TelescopeConfig,
+    worker_index: int,
+    *,
+    model_path: str,
+    chat_template_file: str | None = None,
+    executable: str | None = None,
+) -> list[str]:
     """The ``vllm serve`` command line of inference worker ``worker_index``."""
     port = config.inference_base_port + worker_index
     command = [
-        executable or vllm_executable(), "serve", model_path,
-        "--host", config.inference_host,
-        "--port", str(port),
-        "--served-model-name", config.model,
-        "--tensor-parallel-size", str(config.inference_tensor_parallel_size),
-        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
-        "--max-model-len", str(config.max_model_len),
-        "--max-num-seqs", str(max(1, min(1024, config.max_concurrent_prompts_per_server * config.group_size))),
-        "--scheduling-policy", config.vllm_scheduling_policy,
-        "--dtype", config.model_dtype,
-        "--seed", str(config.seed + worker_index),
-        "--logprobs-mode", "processed_logprobs",
-        "--generation-config", "vllm",
-        "--worker-extension-cls", EXTENSION_CLASS,
+        executable or vllm_executable(),
+        "serve",
+        model_path,
+        "--host",
+        config.inference_host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        config.model,
+        "--tensor-parallel-size",
+        str(config.inference_tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(config.gpu_memory_utilization),
+        "--max-model-len",
+        str(config.max_model_len),
+        "--max-num-seqs",
+        str(max(1, min(1024, config.max_concurrent_prompts_per_server * config.group_size))),
+        "--scheduling-policy",
+        config.vllm_scheduling_policy,
+        "--dtype",
+        config.model_dtype,
+        "--seed",
+        str(config.seed + worker_index),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
+        "--worker-extension-cls",
+        EXTENSION_CLASS,
     ]
     if chat_template_file is not None:
         command += ["--chat-template", chat_template_file]
@@ -157,8 +178,10 @@ class VLLMBackend(InferenceBackend):
 
         config = self.config
         if not self.is_available():
-            raise RuntimeError("inference_backend 'vllm' needs vLLM and a CUDA GPU: pip install 'telescope-core[vllm]' "
-                               "on a GPU machine, or use inference_backend: embedded")
+            raise RuntimeError(
+                "inference_backend 'vllm' needs vLLM and a CUDA GPU: pip install 'telescope-core[vllm]' "
+                "on a GPU machine, or use inference_backend: embedded"
+            )
         cleanup: list[Path] = []
         template_file = None
         if config.chat_template is not None:
@@ -167,8 +190,9 @@ class VLLMBackend(InferenceBackend):
             Path(name).write_text(config.chat_template, encoding="utf-8")
             template_file = name
             cleanup.append(Path(name))
-        command = serve_command(config, worker_index, model_path=resolve_model_path(config.model),
-                                chat_template_file=template_file)
+        command = serve_command(
+            config, worker_index, model_path=resolve_model_path(config.model), chat_template_file=template_file
+        )
         log_file = log_path(run_dir, worker_index, self.name)
         process = spawn(command, serve_env(config, worker_index), log_file)
         address = ServerAddress(connect_host(config.inference_host), config.inference_base_port + worker_index)

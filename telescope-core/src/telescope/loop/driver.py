@@ -77,7 +77,7 @@ class TrainingRun:
         self.start_step = 0
         self.train_servers, self.eval_servers = self._split_servers()
         self.training_sampling = SamplingSettings(config.temperature, config.top_p)
-        self._eval_tasks: list[asyncio.Task[None]] = []
+        self._eval_tasks: list[asyncio.Task[Any]] = []
 
     # ----------------------------------------------------------------- setup
 
@@ -87,7 +87,9 @@ class TrainingRun:
         reserve = min(reserve, n - 1)
         return list(range(n - reserve)), list(range(n - reserve, n))
 
-    async def _generate(self, server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int) -> Generation:
+    async def _generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int
+    ) -> Generation:
         return await self.services.generate(
             server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=self.training_sampling
         )

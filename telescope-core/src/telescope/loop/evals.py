@@ -142,9 +142,7 @@ class EvalRunner:
                     renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
                 )  # fmt: skip
 
-        rollouts = await asyncio.gather(
-            *(one(i, sample, d) for i, sample in enumerate(items) for d in range(n))
-        )
+        rollouts = await asyncio.gather(*(one(i, sample, d) for i, sample in enumerate(items) for d in range(n)))
         per_item = [rollouts[i * n : (i + 1) * n] for i in range(len(items))]
         rewards = [r.reward.total_reward if r.reward else 0.0 for r in rollouts]
         metrics: dict[str, float] = {

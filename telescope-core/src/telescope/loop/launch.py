@@ -141,7 +141,8 @@ def launch_run(loaded: LoadedConfig) -> int:
         raise _Terminated()
 
     status: RunStatus = "completed"
-    code, error = 0, None
+    code = 0
+    error: BaseException | None = None
     started_ray = False
     print(f"telescope: run directory {run_dir}", file=sys.stderr)
     try:

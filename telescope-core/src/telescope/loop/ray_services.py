@@ -41,7 +41,6 @@ from telescope.config.schema import TelescopeConfig
 from telescope.loop.services import SamplingSettings
 from telescope.orchestrator.rollout import Generation
 
-
 log = logging.getLogger("telescope.run.workers")
 
 
@@ -164,16 +163,18 @@ class RayServices:
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
             }
 
+        inference_actor: Any = InferenceWorker  # a Ray actor class (its .options is added by @ray.remote)
+        trainer_actor: Any = TrainerWorker
         self.servers = [
-            InferenceWorker.options(**placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))).remote(
+            inference_actor.options(**placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))).remote(
                 config_json, backend, i, str(self.run_dir), c.ray_inference_cpus_per_worker
             )
             for i in range(servers)
         ]
         self.trainers = [
-            TrainerWorker.options(**placed(trainer_group, r, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0)).remote(
-                config_json, r, c.trainer_num_workers, c.ray_trainer_cpus_per_worker
-            )
+            trainer_actor.options(
+                **placed(trainer_group, r, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0)
+            ).remote(config_json, r, c.trainer_num_workers, c.ray_trainer_cpus_per_worker)
             for r in range(c.trainer_num_workers)
         ]
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
@@ -185,7 +186,9 @@ class RayServices:
         log.info("servers up at %s; trainer ranks set up", urls)
         self.clients = [InferenceClient(url, model=None) for url in urls]
         self._init_info = ray.get(
-            self.trainers[0].prepare_sender.remote(self.transport_name, servers * max(1, c.inference_tensor_parallel_size))
+            self.trainers[0].prepare_sender.remote(
+                self.transport_name, servers * max(1, c.inference_tensor_parallel_size)
+            )
         )
 
     async def connect_weights(self) -> None:

@@ -62,12 +62,69 @@ PRESETS: dict[str, TinyModelSpec] = {
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
     """Text the tokenizer is trained on: numbers, equations, words, chat markup."""
     rng = random.Random(seed)
-    words = (
-        "the a an of to and in is it you that for on with as are this be at have or from by "
-        "answer equation using numbers create equal target each number once only use think "
-        "step solve result final please show work your reasoning user assistant system "
-        "tool call add subtract guess word letter correct wrong true false yes no"
-    ).split()
+    words = [
+        "the",
+        "a",
+        "an",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "you",
+        "that",
+        "for",
+        "on",
+        "with",
+        "as",
+        "are",
+        "this",
+        "be",
+        "at",
+        "have",
+        "or",
+        "from",
+        "by",
+        "answer",
+        "equation",
+        "using",
+        "numbers",
+        "create",
+        "equal",
+        "target",
+        "each",
+        "number",
+        "once",
+        "only",
+        "use",
+        "think",
+        "step",
+        "solve",
+        "result",
+        "final",
+        "please",
+        "show",
+        "work",
+        "your",
+        "reasoning",
+        "user",
+        "assistant",
+        "system",
+        "tool",
+        "call",
+        "add",
+        "subtract",
+        "guess",
+        "word",
+        "letter",
+        "correct",
+        "wrong",
+        "true",
+        "false",
+        "yes",
+        "no",
+    ]
     out: list[str] = []
     for _ in range(lines):
         kind = rng.random()

@@ -43,7 +43,8 @@ class ChatRenderer:
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.tokenizer.eos_token_id  # type: ignore[no-any-return]
+        eos: int | None = self.tokenizer.eos_token_id
+        return eos
 
     def render_text(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}

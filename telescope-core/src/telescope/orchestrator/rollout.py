@@ -150,7 +150,10 @@ async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatR
             )
         elif isinstance(environment, MultiTurnEnvironment):
             result = await asyncio.to_thread(
-                environment.compute_reward, rollout.messages, rollout.sample, state  # type: ignore[arg-type]
+                environment.compute_reward,
+                rollout.messages,
+                rollout.sample,
+                state,  # type: ignore[arg-type]
             )
         else:
             raise TypeError(f"{type(environment).__name__} is neither a single- nor a multi-turn environment")

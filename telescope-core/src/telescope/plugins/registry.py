@@ -20,11 +20,11 @@ import difflib
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class PluginKind(str, Enum):
+class PluginKind(StrEnum):
     """The kinds of named plugins; the value is the registration hook's suffix."""
 
     ENVIRONMENT = "environments"

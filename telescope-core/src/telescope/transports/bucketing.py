@@ -67,16 +67,19 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         raw = json.loads(text)
-        specs = [TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["bucket"], t["offset"], t["nbytes"])
-                 for t in raw["tensors"]]
+        specs = [
+            TensorSpec(t["name"], t["dtype"], tuple(t["shape"]), t["bucket"], t["offset"], t["nbytes"])
+            for t in raw["tensors"]
+        ]
         return cls(version=raw["version"], mode=raw["mode"], tensors=specs, bucket_sizes=list(raw["bucket_sizes"]))
 
     def bucket_specs(self, bucket: int) -> list[TensorSpec]:
         return [t for t in self.tensors if t.bucket == bucket]
 
 
-def plan(weights: Sequence[tuple[str, torch.Tensor]], version: int, bucket_bytes: int,
-         mode: str = "flattened_bucket") -> Manifest:
+def plan(
+    weights: Sequence[tuple[str, torch.Tensor]], version: int, bucket_bytes: int, mode: str = "flattened_bucket"
+) -> Manifest:
     """Assign each tensor a bucket and an aligned offset, in the given order."""
     if bucket_bytes <= 0:
         raise ValueError("bucket_bytes must be positive")

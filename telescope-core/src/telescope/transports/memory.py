@@ -50,8 +50,9 @@ class MemoryTransport(WeightTransport):
 
     name = "memory"
 
-    def __init__(self, config: TelescopeConfig | None = None, root: str | Path | None = None,
-                 timeout_s: float | None = None) -> None:
+    def __init__(
+        self, config: TelescopeConfig | None = None, root: str | Path | None = None, timeout_s: float | None = None
+    ) -> None:
         super().__init__(config)  # type: ignore[arg-type]
         self.root = Path(root) if root is not None else None
         self._owns_root = False
@@ -110,17 +111,20 @@ class MemoryTransport(WeightTransport):
         while not manifest_path.exists():
             newer = [int(p.stem[1:]) for p in self.root.glob("v*.json") if int(p.stem[1:]) > version]
             if newer:
-                raise RuntimeError(f"weights version {version} was replaced by version {max(newer)} before it "
-                                   "was received; request the newest version")
+                raise RuntimeError(
+                    f"weights version {version} was replaced by version {max(newer)} before it "
+                    "was received; request the newest version"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"weights version {version} did not appear in {self.root} within "
-                                   f"{self.timeout_s:.0f} s (ray_broadcast_init_timeout_s)")
+                raise TimeoutError(
+                    f"weights version {version} did not appear in {self.root} within "
+                    f"{self.timeout_s:.0f} s (ray_broadcast_init_timeout_s)"
+                )
             time.sleep(0.002)
         manifest = Manifest.from_json(manifest_path.read_text(encoding="utf-8"))
         if not manifest.tensors:
             return
-        mapped = np.memmap(self.root / f"v{version}.bin", dtype=np.uint8, mode="c",
-                           shape=(manifest.bucket_sizes[0],))
+        mapped = np.memmap(self.root / f"v{version}.bin", dtype=np.uint8, mode="c", shape=(manifest.bucket_sizes[0],))
         buffer = torch.from_numpy(mapped)
         self._mapping = buffer  # keep the mapping alive while the views are in use
         yield from unpack(buffer, manifest.tensors)

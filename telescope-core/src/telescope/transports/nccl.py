@@ -97,14 +97,21 @@ class NCCLTransport(WeightTransport):
         if num_receivers < 1:
             raise ValueError("the nccl transport needs at least one receiver")
         host = os.environ.get("TELESCOPE_WEIGHT_BROADCAST_HOST") or (
-            "127.0.0.1" if self.prefer_loopback and self.single_node else _outward_ip())
-        self._store = dist.TCPStore(host, 0, world_size=None, is_master=True,
-                                    timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            "127.0.0.1" if self.prefer_loopback and self.single_node else _outward_ip()
+        )
+        self._store = dist.TCPStore(
+            host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False
+        )
         self._address = (host, int(self._store.port))
         self.rank, self.world_size = 0, num_receivers + 1
         self.device = self._default_device()
-        return {"transport": self.name, "host": host, "port": self._address[1], "world_size": self.world_size,
-                "backend": self.backend}
+        return {
+            "transport": self.name,
+            "host": host,
+            "port": self._address[1],
+            "world_size": self.world_size,
+            "backend": self.backend,
+        }
 
     def connect_receiver(self, init_info: dict[str, Any], rank: int, device: str = "cpu") -> None:
         for key in ("host", "port", "world_size"):
@@ -180,8 +187,10 @@ class NCCLTransport(WeightTransport):
         self._broadcast(raw)
         manifest = Manifest.from_json(raw.cpu().numpy().tobytes().decode("utf-8"))
         if sent_version != version or manifest.version != version:
-            raise RuntimeError(f"expected weights version {version}, the sender broadcast version {sent_version}; "
-                               "sender and receivers must update in the same order")
+            raise RuntimeError(
+                f"expected weights version {version}, the sender broadcast version {sent_version}; "
+                "sender and receivers must update in the same order"
+            )
         if manifest.mode == "per_tensor":
             for spec in manifest.tensors:
                 tensor = torch.empty(spec.shape, dtype=dtype_from_name(spec.dtype), device=self.device)
@@ -196,4 +205,3 @@ class NCCLTransport(WeightTransport):
     def close(self) -> None:
         self._group = None
         self._store = None
-

@@ -54,8 +54,17 @@ class EmbeddedBackend(InferenceBackend):
             config_file = Path(name)
             cleanup.append(config_file)
         config_file.write_text(config.model_dump_json(), encoding="utf-8")
-        command = [sys.executable, "-m", "telescope.inference.embedded.server", "--config-json", str(config_file),
-                   "--host", config.inference_host, "--port", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "telescope.inference.embedded.server",
+            "--config-json",
+            str(config_file),
+            "--host",
+            config.inference_host,
+            "--port",
+            str(port),
+        ]
         device = self._device(worker_index)
         if device is not None:
             command += ["--device", device]

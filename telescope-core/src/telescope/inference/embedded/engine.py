@@ -143,8 +143,20 @@ class RequestResult:
 
 
 class _Seq:
-    __slots__ = ("finish", "gen", "index", "logprobs", "next_token", "out", "pad", "req", "stop_reason", "text",
-                 "top", "versions")
+    __slots__ = (
+        "finish",
+        "gen",
+        "index",
+        "logprobs",
+        "next_token",
+        "out",
+        "pad",
+        "req",
+        "stop_reason",
+        "text",
+        "top",
+        "versions",
+    )
 
     def __init__(self, req: _Request, index: int, gen: torch.Generator) -> None:
         self.req = req
@@ -162,8 +174,9 @@ class _Seq:
 
 
 class _Request:
-    def __init__(self, request_id: str, prompt: list[int], params: GenerationParams,
-                 on_done: Callable[[RequestResult], None]) -> None:
+    def __init__(
+        self, request_id: str, prompt: list[int], params: GenerationParams, on_done: Callable[[RequestResult], None]
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
@@ -203,8 +216,14 @@ class Engine:
         self._pause_requests = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.stats = {"generation_tokens": 0, "prompt_tokens": 0, "requests_finished": 0, "requests_aborted": 0,
-                      "weight_updates": 0, "steps": 0}
+        self.stats = {
+            "generation_tokens": 0,
+            "prompt_tokens": 0,
+            "requests_finished": 0,
+            "requests_aborted": 0,
+            "weight_updates": 0,
+            "steps": 0,
+        }
 
     # ------------------------------------------------------------------ control
     def start(self) -> Engine:
@@ -225,15 +244,21 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams,
-               on_done: Callable[[RequestResult], None]) -> None:
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: GenerationParams,
+        on_done: Callable[[RequestResult], None],
+    ) -> None:
         """Queue a request; ``on_done`` is called from the engine thread when it finishes (or is aborted)."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty; send at least one token")
         vocab = self.model.config.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {min(prompt_token_ids)}.."
-                             f"{max(prompt_token_ids)}")
+            raise ValueError(
+                f"prompt token ids must lie in [0, {vocab}); got {min(prompt_token_ids)}..{max(prompt_token_ids)}"
+            )
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.settings.max_model_len:
             raise ValueError(
@@ -250,8 +275,13 @@ class Engine:
             self._queue.push(req, params.priority)
             self._wakeup.notify_all()
 
-    def generate(self, prompt_token_ids: list[int], params: GenerationParams | None = None,
-                 request_id: str | None = None, timeout: float = 300.0) -> RequestResult:
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: GenerationParams | None = None,
+        request_id: str | None = None,
+        timeout: float = 300.0,
+    ) -> RequestResult:
         """Blocking convenience for scripts and tests (the engine thread must be running)."""
         done = threading.Event()
         box: list[RequestResult] = []
@@ -260,8 +290,9 @@ class Engine:
             box.append(result)
             done.set()
 
-        self.submit(request_id or f"gen-{self._rng.getrandbits(64):x}", prompt_token_ids,
-                    params or GenerationParams(), finish)
+        self.submit(
+            request_id or f"gen-{self._rng.getrandbits(64):x}", prompt_token_ids, params or GenerationParams(), finish
+        )
         if not done.wait(timeout):
             raise TimeoutError(f"generation did not finish within {timeout} s")
         return box[0]
@@ -306,8 +337,13 @@ class Engine:
             waiting = sum(r.params.n for r in self._queue)
             kv_tokens = sum(len(s.req.prompt) + len(s.out) for s in self._rows)
         capacity = self.settings.max_num_seqs * self.settings.max_model_len
-        return {"running": running, "waiting": waiting, "kv_cache_usage": kv_tokens / capacity,
-                "policy_version": self.policy_version, **self.stats}
+        return {
+            "running": running,
+            "waiting": waiting,
+            "kv_cache_usage": kv_tokens / capacity,
+            "policy_version": self.policy_version,
+            **self.stats,
+        }
 
     # --------------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -418,8 +454,9 @@ class Engine:
         ids = torch.tensor([[s.next_token] for s in rows], device=self.device)
         positions = (length - pads).unsqueeze(1)
         mask = (torch.arange(length + 1, device=self.device).unsqueeze(0) >= pads.unsqueeze(1)).long()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self._cache, use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache, use_cache=True
+        )
         self._cache = out.past_key_values
         self._record(rows, out.logits[:, -1])
         self._remove_finished()
@@ -427,8 +464,13 @@ class Engine:
     def _record(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """Sample one token for each of ``seqs`` (rows of ``logits``) and check their stop conditions."""
         num_top = max(s.req.params.num_top_logprobs for s in seqs)
-        result = sample(logits, [s.req.params.temperature for s in seqs], [s.req.params.top_p for s in seqs],
-                        [s.gen for s in seqs], num_top=num_top)
+        result = sample(
+            logits,
+            [s.req.params.temperature for s in seqs],
+            [s.req.params.top_p for s in seqs],
+            [s.gen for s in seqs],
+            num_top=num_top,
+        )
         version = self.policy_version
         self.stats["generation_tokens"] += len(seqs)
         for i, seq in enumerate(seqs):
@@ -455,8 +497,9 @@ class Engine:
                 if at >= 0:
                     seq.finish, seq.stop_reason, seq.text = "stop", stop, text[:at]
                     break
-        if seq.finish is None and (len(seq.out) >= params.max_tokens
-                                   or len(seq.req.prompt) + len(seq.out) >= self.settings.max_model_len):
+        if seq.finish is None and (
+            len(seq.out) >= params.max_tokens or len(seq.req.prompt) + len(seq.out) >= self.settings.max_model_len
+        ):
             seq.finish = "length"
 
     def _remove_finished(self) -> None:
@@ -492,12 +535,23 @@ class Engine:
         for seq in req.seqs:
             text = seq.text
             if text is None:
-                text = (str(self.tokenizer.decode(seq.out, skip_special_tokens=req.params.skip_special_tokens))
-                        if req.params.detokenize else "")
-            sequences.append(SequenceResult(
-                index=seq.index, token_ids=seq.out, logprobs=seq.logprobs, token_policy_versions=seq.versions,
-                finish_reason=seq.finish or "abort", stop_reason=seq.stop_reason, text=text, top_logprobs=seq.top,
-            ))
+                text = (
+                    str(self.tokenizer.decode(seq.out, skip_special_tokens=req.params.skip_special_tokens))
+                    if req.params.detokenize
+                    else ""
+                )
+            sequences.append(
+                SequenceResult(
+                    index=seq.index,
+                    token_ids=seq.out,
+                    logprobs=seq.logprobs,
+                    token_policy_versions=seq.versions,
+                    finish_reason=seq.finish or "abort",
+                    stop_reason=seq.stop_reason,
+                    text=text,
+                    top_logprobs=seq.top,
+                )
+            )
         self.stats["requests_finished"] += 1
         try:
             req.on_done(RequestResult(req.request_id, req.prompt, sequences))

@@ -78,8 +78,11 @@ class _MetricsCollector:
         gauges = [
             ("vllm:num_requests_running", "Sequences in the running batch", c["running"]),
             ("vllm:num_requests_waiting", "Sequences waiting to be admitted", c["waiting"]),
-            ("vllm:kv_cache_usage_perc", "KV cache tokens in use / (max_num_seqs * max_model_len)",
-             c["kv_cache_usage"]),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV cache tokens in use / (max_num_seqs * max_model_len)",
+                c["kv_cache_usage"],
+            ),
             ("telescope:policy_version", "Weights version the engine generates with", c["policy_version"]),
         ]
         for name, doc, value in gauges:
@@ -148,21 +151,24 @@ def build_response(engine: Engine, body: CompletionRequest, result: RequestResul
                 top = {token_str(t): _clamp(lp) for t, lp in (seq.top_logprobs[i].items() if seq.top_logprobs else ())}
                 top[tokens[i]] = _clamp(seq.logprobs[i])
                 tops.append(top)
-            logprobs = CompletionLogProbs(text_offset=offsets, token_logprobs=[_clamp(x) for x in seq.logprobs],
-                                          tokens=tokens, top_logprobs=tops)
+            logprobs = CompletionLogProbs(
+                text_offset=offsets, token_logprobs=[_clamp(x) for x in seq.logprobs], tokens=tokens, top_logprobs=tops
+            )
         versions = seq.token_policy_versions
-        choices.append(CompletionChoice(
-            index=seq.index,
-            text=seq.text,
-            logprobs=logprobs,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            token_ids=seq.token_ids if body.return_token_ids else None,
-            prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
-            policy_version_start=versions[0] if versions else engine.policy_version,
-            policy_version_end=versions[-1] if versions else engine.policy_version,
-            token_policy_versions=versions,
-        ))
+        choices.append(
+            CompletionChoice(
+                index=seq.index,
+                text=seq.text,
+                logprobs=logprobs,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+                token_ids=seq.token_ids if body.return_token_ids else None,
+                prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
+                policy_version_start=versions[0] if versions else engine.policy_version,
+                policy_version_end=versions[-1] if versions else engine.policy_version,
+                token_policy_versions=versions,
+            )
+        )
     completion = sum(len(s.token_ids) for s in result.sequences)
     prompt = len(result.prompt_token_ids)
     usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
@@ -188,8 +194,11 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model_name, root=engine.settings.model_path,
-                                         max_model_len=engine.settings.max_model_len)])
+        return ModelList(
+            data=[
+                ModelCard(id=model_name, root=engine.settings.model_path, max_model_len=engine.settings.max_model_len)
+            ]
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -198,8 +207,9 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> CompletionResponse | Response:
         if body.model is not None and body.model not in (model_name, engine.settings.model_path):
-            return _error(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
-                          "NotFoundError")
+            return _error(
+                404, f"the model {body.model!r} does not exist; this server serves {model_name!r}", "NotFoundError"
+            )
         if body.priority != 0 and engine.settings.scheduling_policy != "priority":
             return _error(400, "priority other than 0 needs vllm_scheduling_policy: priority")
         prompt_ids = list(body.prompt) if isinstance(body.prompt, list) else engine.tokenize(body.prompt)

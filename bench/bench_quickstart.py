@@ -1,0 +1,65 @@
+"""The CPU quick start over several seeds: wall time and held-out eval before/after RL.
+
+Runs ``telescope run configs/examples/countdown_tiny.yaml --seed S`` for each seed
+and reports, per seed and as mean +- standard deviation, the eval's mean reward and
+correct rate before training (after the warm start) and after the RL steps, and the
+run's wall time. Run by hand: ``python bench/bench_quickstart.py --seeds 0 1 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(seed: int, workdir: Path, extra: list[str]) -> dict[str, float]:
+    run_dir = workdir / f"seed{seed}"
+    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+               "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--seed", str(seed),
+               "--run_dir", str(run_dir), *extra]  # fmt: skip
+    start = time.perf_counter()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines() if line]
+    before = next(e["metrics"] for e in evals if e["phase"] == "before")
+    after = next(e["metrics"] for e in evals if e["phase"] == "after")
+    return {
+        "wall_s": wall,
+        "reward_before": before["eval/countdown/reward_mean"],
+        "reward_after": after["eval/countdown/reward_mean"],
+        "correct_before": before["eval/countdown/correct_rate"],
+        "correct_after": after["eval/countdown/correct_rate"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args, extra = parser.parse_known_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            results.append(run(seed, Path(tmp), extra))
+            r = results[-1]
+            print(f"seed {seed}: wall {r['wall_s']:.0f} s | reward {r['reward_before']:.3f} -> {r['reward_after']:.3f}"
+                  f" | correct {r['correct_before']:.3f} -> {r['correct_after']:.3f}", flush=True)  # fmt: skip
+    for key in ("wall_s", "reward_before", "reward_after", "correct_before", "correct_after"):
+        values = [r[key] for r in results]
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{key:<15} mean {statistics.mean(values):.3f}  std {spread:.3f}")
+    gains = [r["reward_after"] - r["reward_before"] for r in results]
+    print(f"reward gain     mean {statistics.mean(gains):.3f}  std {statistics.stdev(gains) if len(gains) > 1 else 0:.3f}")
+
+
+if __name__ == "__main__":
+    main()

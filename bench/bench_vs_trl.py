@@ -1,0 +1,130 @@
+"""Telescope's loop against TRL's GRPOTrainer: same model, prompts, group size, lengths, batch.
+
+Both train the tiny ``small`` model on compact Countdown prompts with GRPO on the
+CPU for the same number of steps, with the same group size, prompts per step,
+completion length, learning rate and temperature, and the same reward function.
+Reported for each: samples/s and tokens/s over the training steps (start-up
+excluded: Ray, servers and model loading for Telescope; trainer construction for
+TRL), the whole wall time, and the ratio.
+
+Needs ``pip install trl`` (not a dependency of the project). Run by hand:
+``python bench/bench_vs_trl.py --steps 10``. Speed depends on the machine and on
+what else runs on it; run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
+              "prompt_style": "compact"}  # fmt: skip
+
+
+def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    run_dir = workdir / "telescope"
+    env_entry = json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}])
+    command = [
+        sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
+        "--environments", env_entry, "--evals", "[]", "--warm_start_steps", "0",
+        "--number_of_steps", str(args.steps), "--group_size", str(args.group_size),
+        "--prompts_batch_size_for_trainer", str(args.prompts), "--max_tokens", str(args.max_tokens),
+        "--learning_rate", str(args.learning_rate), "--discard_group_zero_advantage", "false",
+        "--max_async_rollout", str(args.max_async_rollout),
+    ]  # fmt: skip
+    start = time.perf_counter()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines() if line]
+    train_time = sum(m["timing_step_total"] for m in metrics)
+    tokens = sum(r["total_tokens"] for r in rollouts)
+    return {"samples": len(rollouts), "tokens": tokens, "train_s": train_time, "wall_s": wall}
+
+
+def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from telescope.models.tiny import resolve_model_path
+    from telescope_envs.countdown import CountdownEnvironment
+
+    start_wall = time.perf_counter()
+    model_path = resolve_model_path("tiny:small")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    environment = CountdownEnvironment(**ENV_KWARGS)  # type: ignore[arg-type]
+    samples = environment.load_dataset()[: args.steps * args.prompts]
+    by_prompt = {s.prompt: s for s in samples}
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": s.prompt}]} for s in samples])
+    counted = {"tokens": 0, "samples": 0}
+
+    def reward(prompts: list, completions: list, **_: object) -> list[float]:
+        out = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            sample = by_prompt[prompt[-1]["content"]]
+            text = completion[-1]["content"] if isinstance(completion, list) else completion
+            out.append(environment.compute_reward(text, sample).total_reward)
+            counted["samples"] += 1
+        return out
+
+    timing = {"train_s": 0.0}
+
+    class Timer(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, *a: object, **k: object) -> None:
+            timing["start"] = time.perf_counter()
+
+        def on_train_end(self, *a: object, **k: object) -> None:
+            timing["train_s"] = time.perf_counter() - timing["start"]
+
+        def on_log(self, _args: object, _state: object, _control: object, logs: dict | None = None, **k: object) -> None:
+            if logs and "completions/mean_length" in logs:
+                completions = args.prompts * args.group_size
+                prompt_tokens = 15  # the compact prompt with the chat template is ~15 tokens
+                counted["tokens"] += int(completions * (logs["completions/mean_length"] + prompt_tokens))
+
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl"), num_generations=args.group_size,
+        per_device_train_batch_size=args.prompts * args.group_size, max_completion_length=args.max_tokens,
+        learning_rate=args.learning_rate, max_steps=args.steps, use_cpu=True, logging_steps=1, report_to="none",
+        temperature=1.0, bf16=False, save_strategy="no", beta=0.0, loss_type="grpo", seed=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
+    trainer.train()
+    return {"samples": counted["samples"], "tokens": counted["tokens"], "train_s": timing["train_s"],
+            "wall_s": time.perf_counter() - start_wall}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--group-size", dest="group_size", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
+    parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=24)
+    parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=2e-4)
+    parser.add_argument("--max-async-rollout", dest="max_async_rollout", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
+    print(f"{args.steps} steps x {args.prompts} prompts x {args.group_size} samples, max_tokens {args.max_tokens}")
+    print(f"{'':<18}{'samples/s':>10}{'tokens/s':>10}{'train s':>9}{'wall s':>8}")
+    rates = {}
+    for name, r in results.items():
+        rates[name] = (r["samples"] / r["train_s"], r["tokens"] / r["train_s"])
+        print(f"{name:<18}{rates[name][0]:>10.1f}{rates[name][1]:>10.0f}{r['train_s']:>9.1f}{r['wall_s']:>8.1f}")
+    t, trl = rates["telescope"], rates["trl GRPOTrainer"]
+    print(f"{'ratio':<18}{t[0] / trl[0]:>10.2f}{t[1] / trl[1]:>10.2f}   (telescope / trl, training steps only)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""``telescope eval``: the run's evals on a saved checkpoint, without a trainer.
+
+Starts the configured inference backend's servers directly (no Ray, no trainer),
+with the checkpoint's weights (a checkpoint folder is a Hugging Face folder), and
+runs every entry of ``evals`` through the same :class:`~telescope.loop.evals.EvalRunner`
+as a training run, so the numbers are comparable. Results go to
+``<output>/evals.jsonl`` and are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from telescope.api.records import TrainingBatch
+from telescope.config.schema import TelescopeConfig
+from telescope.loop.services import SamplingSettings
+from telescope.orchestrator.rollout import Generation
+
+
+class EvalOnlyServices:
+    """Inference servers only; implements the generation part of ``Services``."""
+
+    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
+        from telescope.plugins.manager import get_plugin_manager
+        from telescope.plugins.registry import PluginKind
+
+        name = config.inference_backend
+        if name == "auto":
+            from telescope.inference import default_backend_name
+
+            name = default_backend_name()
+        backend = get_plugin_manager().registry.get(PluginKind.INFERENCE_BACKEND, name)(config)
+        count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
+        self.servers = [backend.start_server(i, run_dir) for i in range(count)]
+        from telescope.inference.client import InferenceClient
+
+        self.clients = [InferenceClient(s.address.base_url) for s in self.servers]
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.clients)
+
+    async def generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:  # fmt: skip
+        result = await self.clients[server].complete(
+            prompt_ids, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
+            priority=priority,
+        )  # fmt: skip
+        c = result.completions[0]
+        finish = "length" if c.finish_reason == "length" else "stop"
+        return Generation(c.token_ids, c.logprobs, finish, c.policy_version_start, c.policy_version_end)
+
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        raise NotImplementedError("telescope eval runs no trainer")
+
+    async def push_weights(self, version: int) -> dict[str, float]:
+        raise NotImplementedError("telescope eval runs no trainer")
+
+    async def save_checkpoint(self, step: int) -> None:
+        raise NotImplementedError("telescope eval runs no trainer")
+
+    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        raise NotImplementedError("telescope eval runs no trainer")
+
+    async def close(self) -> None:
+        for client in self.clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+
+
+def resolve_checkpoint_model(path: Path) -> Path:
+    """A checkpoint folder, a checkpoints root (its latest) or a run directory (its latest)."""
+    from telescope.trainer.checkpoint import resolve_checkpoint
+
+    for candidate in (path, path / "checkpoints"):
+        with contextlib.suppress(FileNotFoundError):
+            return resolve_checkpoint(candidate)
+    if (path / "config.json").exists():
+        return path  # a plain Hugging Face folder
+    raise FileNotFoundError(f"no checkpoint or model folder at {path}")
+
+
+def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[str, dict[str, float]]:
+    """Evaluate ``checkpoint`` with ``config.evals``; returns {eval name: metrics}."""
+    from transformers import AutoTokenizer
+
+    from telescope.loop.evals import EvalRunner
+    from telescope.orchestrator.chat import ChatRenderer
+    from telescope.plugins.manager import get_plugin_manager
+    from telescope.runstore.store import RunStore
+
+    if not config.evals:
+        raise ValueError("the config has no evals; add an `evals:` list (or pass --evals '[{name: ...}]')")
+    config = config.model_copy(deep=True)
+    config.model = str(resolve_checkpoint_model(checkpoint))
+    output.mkdir(parents=True, exist_ok=True)
+    services = EvalOnlyServices(config, output)
+    store = RunStore(output)
+    try:
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(config.model), config.chat_template, config.enable_thinking)
+        runner = EvalRunner(config, get_plugin_manager().registry, renderer, services, store)  # type: ignore[arg-type]
+        servers = list(range(services.num_servers))
+        return asyncio.run(runner.run_all(step=0, servers=servers, phase="standalone"))
+    finally:
+        asyncio.run(services.close())
+        store.close()

@@ -1,0 +1,103 @@
+"""`telescope run` for real: Ray, the embedded engine, the FSDP trainer, the run store.
+
+Short runs of the CPU quick-start config (fewer steps, a shorter warm start), driven
+through the command line in a subprocess as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from telescope.runstore.reader import RunReader
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
+FAST = [
+    "--warm_start_steps", "60", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
+    "--discard_group_zero_advantage", "false", "--inference_base_port", "8231",
+    "--evals", '[{name: countdown, num_samples: 8, separate_eval_samples: true, pass_k: {k: [1, 2], n: 2},'
+    ' kwargs: {dataset_name: generated, num_samples: 2000, num_numbers: 2, max_number: 9, seed: 0,'
+    ' prompt_style: compact}}]',
+]  # fmt: skip
+
+
+def telescope(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
+    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+               "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and "pytest" not in cmdline:
+                found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "3")
+    out, err = process.communicate(timeout=540)
+    assert process.returncode == 0, err[-3000:]
+    reader = RunReader(run_dir)
+    assert reader.status()["status"] == "completed"
+    metrics = reader.metrics()
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    required = [
+        "loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate",
+        "reward/mean", "reward/std", "reward/min", "reward/max", "reward/gini_mean",
+        "advantage/mean", "sample_metrics/correct/mean", "sample_metrics/correct/gini_mean",
+        "tokens/prompt/mean", "tokens/completion/max", "tokens/total/std", "stop_reason_length_pct",
+        "group_length_gini_mean", "group_length_max_median_ratio_mean", "discarded/zero_advantage/count",
+        "discarded/canceled/count", "discarded/max_async/count", "timing_step_total", "timing_step_active",
+        "timing_waiting_for_data", "timing_weight_sync_trainer_total", "timing_weight_sync_inference_total",
+    ]  # fmt: skip
+    for key in required:
+        assert key in metrics[-1], key
+    # the trainer saw the inference engine's log-probabilities of the same weights (step 0 is on-policy)
+    assert metrics[0]["kl_divergence_inference"] < 1e-3
+    rollouts = reader.rollouts()
+    assert len(rollouts) == 3 * 4 * 4
+    assert {"prompt", "completion", "reward", "advantage", "sample_metrics", "policy_version", "stop_reason"} <= set(
+        rollouts[0]
+    )
+    phases = [e["phase"] for e in reader.evals()]
+    assert phases == ["before", "after"]
+    assert "eval/countdown/pass@2" in reader.evals()[-1]["metrics"]
+    assert "step 3/3" in err or "train step 3/3" in err
+    assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "200")
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 480
+    while not (metrics_file.exists() and metrics_file.read_text().count("\n") >= 2):
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        assert time.monotonic() < deadline, "no training step finished in time"
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+    time.sleep(2)
+    assert processes_mentioning(str(run_dir)) == []
