@@ -52,7 +52,7 @@ def processes_mentioning(text: str) -> list[str]:
 @pytest.mark.slow
 def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    process = telescope(run_dir, "--number_of_steps", "3")
+    process = telescope(run_dir, "--number_of_steps", "3", "--checkpoint_every", "3")
     out, err = process.communicate(timeout=540)
     assert process.returncode == 0, err[-3000:]
     reader = RunReader(run_dir)
@@ -83,6 +83,19 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert "step 3/3" in err or "train step 3/3" in err
     assert processes_mentioning(str(run_dir)) == []
 
+    # `telescope eval` scores the saved checkpoint with the same evals, without a trainer
+    assert (run_dir / "checkpoints" / "step_00000003" / "model.safetensors").exists()
+    output = tmp_path / "standalone"
+    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+               "eval", str(QUICK_START), str(run_dir), "--output", str(output), *FAST]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "correct_rate" in result.stdout
+    [standalone] = RunReader(output).evals()
+    assert standalone["phase"] == "standalone"
+    assert set(standalone["metrics"]) == set(reader.evals()[-1]["metrics"])
+    assert processes_mentioning(str(output)) == []
+
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
@@ -100,4 +113,17 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     assert "interrupted" in err
     assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
     time.sleep(2)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.slow
+def test_workers_that_cannot_be_placed_fail_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--ray_trainer_cpus_per_worker", "64", "--ray_placement_timeout_s", "5",
+                        "--warm_start_steps", "0")  # fmt: skip
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2, err[-3000:]
+    assert "could not place 1 trainer workers" in err and "ray_trainer_cpus_per_worker" in err
+    assert "Traceback" not in err
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert processes_mentioning(str(run_dir)) == []
