@@ -58,7 +58,9 @@ def main() -> None:
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         print(f"{key:<15} mean {statistics.mean(values):.3f}  std {spread:.3f}")
     gains = [r["reward_after"] - r["reward_before"] for r in results]
-    print(f"reward gain     mean {statistics.mean(gains):.3f}  std {statistics.stdev(gains) if len(gains) > 1 else 0:.3f}")
+    print(
+        f"reward gain     mean {statistics.mean(gains):.3f}  std {statistics.stdev(gains) if len(gains) > 1 else 0:.3f}"
+    )
 
 
 if __name__ == "__main__":

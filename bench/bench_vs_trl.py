@@ -86,7 +86,9 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         def on_train_end(self, *a: object, **k: object) -> None:
             timing["train_s"] = time.perf_counter() - timing["start"]
 
-        def on_log(self, _args: object, _state: object, _control: object, logs: dict | None = None, **k: object) -> None:
+        def on_log(
+            self, _args: object, _state: object, _control: object, logs: dict | None = None, **k: object
+        ) -> None:
             if logs and "completions/mean_length" in logs:
                 completions = args.prompts * args.group_size
                 prompt_tokens = 15  # the compact prompt with the chat template is ~15 tokens

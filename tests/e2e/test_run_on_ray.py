@@ -53,7 +53,7 @@ def processes_mentioning(text: str) -> list[str]:
 def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(run_dir, "--number_of_steps", "3", "--checkpoint_every", "3")
-    out, err = process.communicate(timeout=540)
+    _, err = process.communicate(timeout=540)
     assert process.returncode == 0, err[-3000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"

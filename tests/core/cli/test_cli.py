@@ -124,3 +124,10 @@ def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monk
     monkeypatch.setattr(launch, "launch_run", lambda loaded: 130)
     code, _, _ = run_cli(capsys, "run", str(EXAMPLE))
     assert code == 130
+
+
+def test_eval_without_a_checkpoint_is_a_user_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a run directory's config is not a model
+    code, _, err = run_cli(capsys, "eval", str(EXAMPLE), str(tmp_path), "--evals", "[{name: countdown}]",
+                           "--inference_num_workers", "2")  # fmt: skip
+    assert code == 2 and err.startswith("error: no checkpoint at") and "Traceback" not in err

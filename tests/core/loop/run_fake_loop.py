@@ -11,17 +11,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakes import FakeServices, ParityEnvironment, loop_config  # noqa: E402
+from fakes import FakeServices, ParityEnvironment, loop_config
 
-from telescope.loop.assembly import build_training_run  # noqa: E402
-from telescope.models.tiny import PRESETS, build_tokenizer  # noqa: E402
-from telescope.plugins.registry import PluginKind, Registrar, Registry  # noqa: E402
-from telescope.runstore.store import RunStore  # noqa: E402
+from telescope.loop.assembly import build_training_run
+from telescope.models.tiny import PRESETS, build_tokenizer
+from telescope.plugins.registry import PluginKind, Registrar, Registry
+from telescope.runstore.store import RunStore
 
 
 def main() -> None:
-    run_dir, steps, every, resume, delay = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(
-        sys.argv[5]
+    run_dir, steps, every, resume, delay = (
+        Path(sys.argv[1]),
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        sys.argv[4],
+        float(sys.argv[5]),
     )
     config = loop_config(
         run_dir.parent, run_dir=str(run_dir), number_of_steps=steps, checkpoint_every=every,
@@ -32,7 +36,9 @@ def main() -> None:
     Registrar(registry, PluginKind.ALGORITHM, "t", "t", "0")("grpo", "telescope.algorithms.grpo:GRPO")
     services = FakeServices(delay_s=delay, checkpoint_root=run_dir / "checkpoints")
     store = RunStore(run_dir)
-    run = build_training_run(config, services, registry=registry, tokenizer=build_tokenizer(PRESETS["test"]), store=store)
+    run = build_training_run(
+        config, services, registry=registry, tokenizer=build_tokenizer(PRESETS["test"]), store=store
+    )
     try:
         asyncio.run(run.run())
     finally:

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import click
 
-from telescope.cli.commands_config import CONFIG_ARGS
+# Unlike run/config, eval has an option of its own (--output), accepted anywhere on the line;
+# every other --name value pair is a config override.
+EVAL_ARGS = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
-@click.command(name="eval", context_settings=CONFIG_ARGS)
+@click.command(name="eval", context_settings=EVAL_ARGS)
 @click.argument("config_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -17,17 +19,18 @@ from telescope.cli.commands_config import CONFIG_ARGS
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def eval_command(config_file: Path, checkpoint: Path, output: Path | None, overrides: tuple[str, ...]) -> None:
     """Run CONFIG_FILE's evals on CHECKPOINT (a checkpoint folder, a run directory or a model folder)."""
+    from telescope.cli.main import UserError
     from telescope.config.loader import load_config
     from telescope.loop.standalone_eval import run_evals
 
     loaded = load_config(config_file, overrides)
     if not checkpoint.exists():
-        raise click.ClickException(f"no such checkpoint: {checkpoint}")
+        raise UserError(f"no such checkpoint: {checkpoint}")
     target = output or checkpoint.resolve().parent / f"evals-{checkpoint.resolve().name}"
     try:
         results = run_evals(loaded.config, checkpoint, target)
     except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise UserError(str(exc)) from None
     for name, metrics in results.items():
         click.echo(f"{name}:")
         for key, value in metrics.items():

@@ -14,7 +14,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from telescope.api.records import TrainingBatch
+from telescope.api.records import FinishReason, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.loop.services import SamplingSettings
 from telescope.orchestrator.rollout import Generation
@@ -52,7 +52,7 @@ class EvalOnlyServices:
             priority=priority,
         )  # fmt: skip
         c = result.completions[0]
-        finish = "length" if c.finish_reason == "length" else "stop"
+        finish: FinishReason = "length" if c.finish_reason == "length" else "stop"
         return Generation(c.token_ids, c.logprobs, finish, c.policy_version_start, c.policy_version_end)
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
@@ -83,9 +83,13 @@ def resolve_checkpoint_model(path: Path) -> Path:
     for candidate in (path, path / "checkpoints"):
         with contextlib.suppress(FileNotFoundError):
             return resolve_checkpoint(candidate)
-    if (path / "config.json").exists():
+    has_weights = any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").exists()
+    if (path / "config.json").exists() and has_weights:
         return path  # a plain Hugging Face folder
-    raise FileNotFoundError(f"no checkpoint or model folder at {path}")
+    raise FileNotFoundError(
+        f"no checkpoint at {path}: expected a checkpoint folder (step_XXXXXXXX), a checkpoints folder or a run "
+        "directory with checkpoints (checkpoint_every > 0), or a Hugging Face model folder"
+    )
 
 
 def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[str, dict[str, float]]:
@@ -105,8 +109,10 @@ def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[s
     services = EvalOnlyServices(config, output)
     store = RunStore(output)
     try:
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(config.model), config.chat_template, config.enable_thinking)
-        runner = EvalRunner(config, get_plugin_manager().registry, renderer, services, store)  # type: ignore[arg-type]
+        renderer = ChatRenderer(
+            AutoTokenizer.from_pretrained(config.model), config.chat_template, config.enable_thinking
+        )
+        runner = EvalRunner(config, get_plugin_manager().registry, renderer, services, store)
         servers = list(range(services.num_servers))
         return asyncio.run(runner.run_all(step=0, servers=servers, phase="standalone"))
     finally:
