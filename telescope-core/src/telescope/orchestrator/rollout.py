@@ -34,7 +34,7 @@ class Generation:
     policy_version_end: int | None = None
 
 
-#: generate(prompt_token_ids, max_tokens, turn_index) -> Generation
+#: generate(token ids of the whole trajectory so far, max_tokens, turn_index) -> Generation
 GenerateFn = Callable[[list[int], int, int], Awaitable[Generation]]
 
 
@@ -87,7 +87,9 @@ async def run_rollout(
                     turns[-1].finish_reason = "length"
                 break
             dispatched_version = policy_version()
-            generation = await generate(input_ids, budget, len(turns))
+            # the server sees the whole trajectory so far: earlier turns' tokens exactly as they were
+            context = [tok for t in turns for tok in (*t.input_token_ids, *t.output_token_ids)]
+            generation = await generate(context + input_ids, budget, len(turns))
             text = renderer.decode(generation.token_ids)
             turns.append(
                 Turn(
