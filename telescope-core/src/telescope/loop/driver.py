@@ -36,7 +36,7 @@ from telescope.orchestrator.metrics import normalize_reward
 from telescope.orchestrator.prompts import PromptSource
 from telescope.orchestrator.rollout import Generation
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
-from telescope.orchestrator.step_metrics import StepRecorder
+from telescope.orchestrator.step_metrics import StepOutcome, StepRecorder
 
 
 @dataclass
@@ -163,7 +163,7 @@ class TrainingRun:
             "timing_weight_sync_total": sync_time,
             **{k: float(v) for k, v in sync.items()},
         }
-        self.recorder.record_step(step, ready, trainer_metrics, timing, stats, self.counters, policy_version=step)
+        self.recorder.record_step(StepOutcome(step, ready, trainer_metrics, timing, stats, self.counters, step))
 
     def build_batch(self, step: int, ready: list[ReadyGroup]) -> TrainingBatch:
         """Advantages for the step's groups, then the flat training samples."""

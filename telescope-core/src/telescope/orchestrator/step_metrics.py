@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from telescope.api.logger import Logger
@@ -29,6 +30,19 @@ class Counters(Protocol):
     groups_discarded: int
     rollouts_canceled: int
     rollouts_errored: int
+
+
+@dataclass
+class StepOutcome:
+    """What one training step produced, as the recorder needs it."""
+
+    step: int
+    ready: Sequence[ReadyGroup]
+    trainer_metrics: dict[str, float]
+    timing: dict[str, float]
+    stats: SchedulerStats
+    counters: Counters
+    policy_version: int
 
 
 class StepRecorder:
@@ -56,20 +70,12 @@ class StepRecorder:
     def restore(self, state: dict[str, Any]) -> None:
         """Nothing to restore beyond the counters the driver keeps (metrics are already on disk)."""
 
-    def step_metrics(
-        self,
-        step: int,
-        ready: Sequence[ReadyGroup],
-        trainer_metrics: dict[str, float],
-        timing: dict[str, float],
-        stats: SchedulerStats,
-        counters: Counters,
-        policy_version: int,
-    ) -> dict[str, float]:
-        groups = [g.group for g in ready]
+    def step_metrics(self, outcome: StepOutcome) -> dict[str, float]:
+        stats, counters, policy_version = outcome.stats, outcome.counters, outcome.policy_version
+        groups = [g.group for g in outcome.ready]
         rollouts = [r for g in groups for r in g.rollouts]
         staleness = [policy_version - r.oldest_policy_version for r in rollouts]
-        metrics: dict[str, float] = dict(trainer_metrics)
+        metrics: dict[str, float] = dict(outcome.trainer_metrics)
         metrics.update(rollout_step_metrics(groups, self.reward_ranges))
         metrics.update(
             discard_metrics(
@@ -79,7 +85,7 @@ class StepRecorder:
                 trained_rollouts=len(rollouts),
             )
         )
-        metrics.update(timing)
+        metrics.update(outcome.timing)
         metrics.update(
             {
                 "errors/reward_or_environment/count": float(len(stats.errored_rollouts)),
@@ -96,18 +102,10 @@ class StepRecorder:
         )
         return metrics
 
-    def record_step(
-        self,
-        step: int,
-        ready: Sequence[ReadyGroup],
-        trainer_metrics: dict[str, float],
-        timing: dict[str, float],
-        stats: SchedulerStats,
-        counters: Counters,
-        policy_version: int,
-    ) -> dict[str, float]:
-        metrics = self.step_metrics(step, ready, trainer_metrics, timing, stats, counters, policy_version)
-        records = group_records(step, [g.group for g in ready])
+    def record_step(self, outcome: StepOutcome) -> dict[str, float]:
+        step, timing = outcome.step, outcome.timing
+        metrics = self.step_metrics(outcome)
+        records = group_records(step, [g.group for g in outcome.ready])
         self.store.log_metrics(step, metrics)
         self.store.log_rollouts(step, records)
         for logger in list(self.loggers):
