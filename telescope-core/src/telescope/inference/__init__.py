@@ -11,8 +11,17 @@
 from __future__ import annotations
 
 
-def default_backend_name() -> str:
-    """``vllm`` when it is installed and a GPU is visible, else ``embedded`` (``inference_backend: auto``)."""
-    from telescope.inference.vllm_backend import VLLMBackend
+def default_backend_name(gpu: bool | None = None) -> str:
+    """``vllm`` when it is installed and a GPU is usable, else ``embedded`` (``inference_backend: auto``).
 
-    return "vllm" if VLLMBackend.is_available() else "embedded"
+    ``gpu`` says whether the workers will have GPUs (a Ray cluster's view); None checks this process.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "embedded"
+    if gpu is None:
+        from telescope.inference.vllm_backend import VLLMBackend
+
+        return "vllm" if VLLMBackend.is_available() else "embedded"
+    return "vllm" if gpu else "embedded"

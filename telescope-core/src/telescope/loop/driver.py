@@ -21,8 +21,9 @@ next step with the restored weights pushed to every server first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from telescope.api.algorithm import Algorithm
@@ -48,7 +49,6 @@ class RunCounters:
     groups_discarded: int = 0
     rollouts_canceled: int = 0
     rollouts_errored: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class TrainingRun:
@@ -104,7 +104,6 @@ class TrainingRun:
         self.start_step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])
         self.counters = RunCounters(**state.get("counters", {}))
-        self.recorder.restore(state.get("recorder", {}))
         await self.services.push_weights(self.start_step)
 
     # ------------------------------------------------------------------ loop
@@ -149,10 +148,10 @@ class TrainingRun:
         sync = await self.services.push_weights(step + 1)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
-        stats = scheduler.stats.reset()
+        stats = scheduler.take_stats()
         self.counters.samples_trained += len(batch.samples)
         self.counters.tokens_trained += batch.num_tokens
-        self.counters.groups_discarded += len(stats.zero_advantage_groups) + len(stats.stale_groups)
+        self.counters.groups_discarded += stats.discarded_groups
         self.counters.rollouts_canceled += stats.canceled_rollouts
         self.counters.rollouts_errored += len(stats.errored_rollouts)
         timing = {
@@ -190,8 +189,7 @@ class TrainingRun:
         state = {
             "step": step,
             "prompts": prompt_state,
-            "counters": self.counters.__dict__,
-            "recorder": self.recorder.state_dict(),
+            "counters": dataclasses.asdict(self.counters),
         }
         await self.checkpoints.save(step, self.services, state)
 
@@ -219,4 +217,4 @@ class TrainingRun:
         self._eval_tasks.clear()
 
     def summary(self) -> dict[str, Any]:
-        return {"start_step": self.start_step, **self.counters.__dict__}
+        return {"start_step": self.start_step, **dataclasses.asdict(self.counters)}

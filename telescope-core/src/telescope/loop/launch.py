@@ -33,15 +33,6 @@ class _Terminated(Exception):
     """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
 
 
-def _run_dir(config: TelescopeConfig) -> Path:
-    from telescope.runstore.store import resolve_run_dir_from_config
-
-    if config.resume_from_checkpoint is not False:
-        # resuming continues in the same directory
-        return Path(config.run_dir) if config.run_dir else Path("runs") / config.wandb_run_name
-    return resolve_run_dir_from_config(config)
-
-
 def _loggers(config: TelescopeConfig, run_dir: Path, registry: Any) -> list[Any]:
     from telescope.plugins.registry import PluginKind
 
@@ -122,10 +113,10 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.loop.ray_services import RayStartError, connect_ray
     from telescope.plugins.manager import get_plugin_manager
     from telescope.plugins.registry import PluginError
-    from telescope.runstore.store import RunStatus, RunStore
+    from telescope.runstore.store import RunStatus, RunStore, resolve_run_dir_from_config
 
     config = loaded.config.model_copy(deep=True)
-    run_dir = _run_dir(config)
+    run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
     config.run_dir = str(run_dir)
     store = RunStore(run_dir)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))

@@ -38,7 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from telescope.api.records import TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.loop.services import SamplingSettings
+from telescope.loop.services import SamplingSettings, complete_on
 from telescope.orchestrator.rollout import Generation
 
 log = logging.getLogger("telescope.run.workers")
@@ -125,7 +125,6 @@ class RayServices:
         self.server_pids: list[int] = []
         self.groups: list[PlacementGroup] = []
         self.transport_name = ""
-        self.sync_seconds: dict[str, float] = {}
 
     @property
     def num_servers(self) -> int:
@@ -133,20 +132,17 @@ class RayServices:
 
     # ----------------------------------------------------------------- start
 
-    def _choose(self, value: str, gpu: bool, preferred: str, fallback: str) -> str:
-        if value != "auto":
-            return value
-        return preferred if gpu else fallback
-
     def start(self) -> None:
+        from telescope.inference import default_backend_name
         from telescope.inference.client import InferenceClient
         from telescope.loop.workers import InferenceWorker, TrainerWorker
+        from telescope.transports import default_transport_name
 
         c = self.config
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         config_json = c.model_dump_json()
-        backend = self._choose(c.inference_backend, gpu and _vllm_installed(), "vllm", "embedded")
-        self.transport_name = self._choose(c.weight_transport, gpu, "nccl", "memory")
+        backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
+        self.transport_name = default_transport_name(gpu) if c.weight_transport == "auto" else c.weight_transport
         servers = c.inference_num_workers // c.inference_tensor_parallel_size
         tp = c.inference_tensor_parallel_size if gpu else 0
         inference_group = _reserve("inference", servers, c.ray_inference_cpus_per_worker, float(tp),
@@ -209,15 +205,9 @@ class RayServices:
         self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
         sampling: SamplingSettings,
     ) -> Generation:  # fmt: skip
-        result = await self.clients[server].complete(
-            prompt_ids, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            seed=seed, priority=priority if self.config.vllm_scheduling_policy == "priority" else 0,
-        )  # fmt: skip
-        completion = result.completions[0]
-        finish = completion.finish_reason if completion.finish_reason in ("stop", "length") else "stop"
-        return Generation(
-            completion.token_ids, completion.logprobs, finish,  # type: ignore[arg-type]
-            completion.policy_version_start, completion.policy_version_end,
+        return await complete_on(
+            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+            scheduling_policy=self.config.vllm_scheduling_policy,
         )  # fmt: skip
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
@@ -274,9 +264,3 @@ class RayServices:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
         self.servers, self.trainers, self.groups, self.server_pids = [], [], [], []
-
-
-def _vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from telescope.api.records import TrainingBatch
+from telescope.api.records import FinishReason, TrainingBatch
 from telescope.orchestrator.rollout import Generation
 
 
@@ -23,6 +23,32 @@ class SamplingSettings:
 
     temperature: float
     top_p: float | None
+
+
+async def complete_on(
+    client: Any,
+    prompt_ids: list[int],
+    max_tokens: int,
+    *,
+    seed: int,
+    priority: int,
+    sampling: SamplingSettings,
+    scheduling_policy: str,
+) -> Generation:
+    """One completion through an :class:`~telescope.inference.client.InferenceClient`, as a Generation.
+
+    ``priority`` is sent only under the ``priority`` scheduling policy (``fcfs`` ignores it).
+    """
+    result = await client.complete(
+        prompt_ids, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
+        priority=priority if scheduling_policy == "priority" else 0,
+    )  # fmt: skip
+    completion = result.completions[0]
+    finish: FinishReason = "length" if completion.finish_reason == "length" else "stop"
+    return Generation(
+        completion.token_ids, completion.logprobs, finish,
+        completion.policy_version_start, completion.policy_version_end,
+    )  # fmt: skip
 
 
 class Services(Protocol):

@@ -14,9 +14,9 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from telescope.api.records import FinishReason, TrainingBatch
+from telescope.api.records import TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.loop.services import SamplingSettings
+from telescope.loop.services import SamplingSettings, complete_on
 from telescope.orchestrator.rollout import Generation
 
 
@@ -33,6 +33,7 @@ class EvalOnlyServices:
 
             name = default_backend_name()
         backend = get_plugin_manager().registry.get(PluginKind.INFERENCE_BACKEND, name)(config)
+        self.scheduling_policy = config.vllm_scheduling_policy
         count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
         self.servers = [backend.start_server(i, run_dir) for i in range(count)]
         from telescope.inference.client import InferenceClient
@@ -47,13 +48,10 @@ class EvalOnlyServices:
         self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
         sampling: SamplingSettings,
     ) -> Generation:  # fmt: skip
-        result = await self.clients[server].complete(
-            prompt_ids, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
-            priority=priority,
+        return await complete_on(
+            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+            scheduling_policy=self.scheduling_policy,
         )  # fmt: skip
-        c = result.completions[0]
-        finish: FinishReason = "length" if c.finish_reason == "length" else "stop"
-        return Generation(c.token_ids, c.logprobs, finish, c.policy_version_start, c.policy_version_end)
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         raise NotImplementedError("telescope eval runs no trainer")

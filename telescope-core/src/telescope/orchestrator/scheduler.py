@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.metrics import DiscardLog
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
 from telescope.orchestrator.rollout import Generation, Lane, RolloutLimits, run_rollout
 
@@ -74,23 +75,23 @@ class ReadyGroup:
 
 @dataclass
 class SchedulerStats:
-    """Counters the step metrics read (and reset) after each batch."""
+    """What happened since the last batch: discards by reason, errors, dispatches.
 
-    canceled_rollouts: int = 0
-    stale_groups: list[Group] = field(default_factory=list)
-    zero_advantage_groups: list[Group] = field(default_factory=list)
+    Discarded and canceled rollouts go to a :class:`DiscardLog`, which also makes
+    their metrics. The driver takes the whole record after each batch
+    (:meth:`RolloutScheduler.take_stats`) and the scheduler starts a new one.
+    """
+
+    discards: DiscardLog = field(default_factory=DiscardLog)
     errored_rollouts: list[Rollout] = field(default_factory=list)
     groups_dispatched: int = 0
     failed_groups: int = 0
+    #: groups dropped as stale or zero-advantage (cancellations are counted per rollout)
+    discarded_groups: int = 0
 
-    def reset(self) -> SchedulerStats:
-        snapshot = SchedulerStats(
-            self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups, self.errored_rollouts,
-            self.groups_dispatched, self.failed_groups,
-        )  # fmt: skip
-        self.canceled_rollouts, self.stale_groups, self.zero_advantage_groups = 0, [], []
-        self.errored_rollouts, self.groups_dispatched, self.failed_groups = [], 0, 0
-        return snapshot
+    @property
+    def canceled_rollouts(self) -> int:
+        return self.discards.canceled
 
 
 def request_seed(seed: int, draw: int, index: int, turn: int) -> int:
@@ -176,7 +177,9 @@ class RolloutScheduler:
     # -------------------------------------------------------------- dispatch
 
     def _lanes_per_group(self) -> int:
-        return self.config.group_size if self.config.enable_individual_sample_lanes else 1
+        """Lanes a group holds: one per sample with individual lanes, else one (at most a server's all)."""
+        wanted = self.config.group_size if self.config.enable_individual_sample_lanes else 1
+        return min(wanted, self._lane_capacity)
 
     def _open_target(self) -> int | None:
         limit = self.policy_version + self.config.max_async_rollout
@@ -188,9 +191,8 @@ class RolloutScheduler:
         return None
 
     def _free_server(self) -> int | None:
-        need = self._lanes_per_group()
         best = max(self.servers, key=lambda s: self._lane_capacity - self._lane_use[s])
-        if self._lane_capacity - self._lane_use[best] >= min(need, self._lane_capacity):
+        if self._lane_capacity - self._lane_use[best] >= self._lanes_per_group():
             return best
         return None
 
@@ -207,7 +209,7 @@ class RolloutScheduler:
                     server = self._free_server()
                     assert target is not None and server is not None
                     self._quota[target] = self._quota.get(target, 0) + 1
-                    self._lane_use[server] += min(self._lanes_per_group(), self._lane_capacity)  # Lanes give back
+                    self._lane_use[server] += self._lanes_per_group()  # each Lane gives one back
                 async with self._draw_lock:
                     item = await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
@@ -239,7 +241,7 @@ class RolloutScheduler:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
         limits = RolloutLimits(self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts)
-        held = min(self._lanes_per_group(), self._lane_capacity)
+        held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
         lanes = [self._make_lane(scheduled.server) for _ in range(held)]
@@ -259,7 +261,7 @@ class RolloutScheduler:
         try:
             rollouts = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
         except asyncio.CancelledError:
-            self.stats.canceled_rollouts += self.config.group_size
+            self.stats.discards.add_canceled(self.config.group_size)
             self._in_flight.pop(group_id, None)
             self._settle(item)
             for lane in lanes:
@@ -302,7 +304,8 @@ class RolloutScheduler:
             if len(group.rollouts) < 2:
                 keep = False  # errors left too few samples to compare
             elif self.config.discard_group_zero_advantage and group.is_zero_advantage:
-                self.stats.zero_advantage_groups.append(group)
+                self.stats.discards.add_zero_advantage(group)
+                self.stats.discarded_groups += 1
                 keep = False
             if keep:
                 ready = ReadyGroup(group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item)
@@ -316,13 +319,18 @@ class RolloutScheduler:
         s = self.stats
         message = (
             f"step {step}: waiting for data, {accepted}/{self.batch_size} groups accepted; this step so far "
-            f"{s.groups_dispatched} dispatched, {len(s.zero_advantage_groups)} dropped (all rewards equal), "
+            f"{s.groups_dispatched} dispatched, {len(s.discards.zero_advantage_groups)} dropped (all rewards equal), "
             f"{len(s.errored_rollouts)} rollouts errored, {s.failed_groups} groups failed, "
             f"{len(self._in_flight)} in flight"
         )
         log.info(message)
         if self.on_waiting is not None:
             self.on_waiting(message)
+
+    def take_stats(self) -> SchedulerStats:
+        """The record since the last call; counting starts afresh."""
+        stats, self.stats = self.stats, SchedulerStats()
+        return stats
 
     # ---------------------------------------------------------------- ledger
 
@@ -362,7 +370,8 @@ class RolloutScheduler:
                          <= self.config.max_off_policy_steps]  # fmt: skip
                 if len(fresh) < len(ready):
                     for stale in (g for g in ready if g not in fresh):
-                        self.stats.stale_groups.append(stale.group)
+                        self.stats.discards.add_stale(stale.group.rollouts)
+                        self.stats.discarded_groups += 1
                         self._settle(stale.item)
                     self._quota[step] -= len(ready) - len(fresh)
                     self._ready[step] = ready = fresh

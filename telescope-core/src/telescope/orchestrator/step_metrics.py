@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from telescope.api.logger import Logger
-from telescope.orchestrator.metrics import discard_metrics, rollout_step_metrics
+from telescope.orchestrator.metrics import rollout_step_metrics
 from telescope.orchestrator.progress import StepProgress
 from telescope.orchestrator.scheduler import ReadyGroup, SchedulerStats
 from telescope.runstore.store import RunStore, group_records
@@ -64,12 +64,6 @@ class StepRecorder:
         self.progress = progress
         self.history: list[dict[str, float]] = []
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps_recorded": len(self.history)}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Nothing to restore beyond the counters the driver keeps (metrics are already on disk)."""
-
     def step_metrics(self, outcome: StepOutcome) -> dict[str, float]:
         stats, counters, policy_version = outcome.stats, outcome.counters, outcome.policy_version
         groups = [g.group for g in outcome.ready]
@@ -77,14 +71,8 @@ class StepRecorder:
         staleness = [policy_version - r.oldest_policy_version for r in rollouts]
         metrics: dict[str, float] = dict(outcome.trainer_metrics)
         metrics.update(rollout_step_metrics(groups, self.reward_ranges))
-        metrics.update(
-            discard_metrics(
-                stale_rollouts=[r for g in stats.stale_groups for r in g.rollouts],
-                zero_advantage_groups=stats.zero_advantage_groups,
-                canceled=stats.canceled_rollouts,
-                trained_rollouts=len(rollouts),
-            )
-        )
+        stats.discards.add_trained(len(rollouts))
+        metrics.update(stats.discards.metrics())
         metrics.update(outcome.timing)
         metrics.update(
             {
@@ -97,6 +85,7 @@ class StepRecorder:
                 "progress/tokens_trained": float(counters.tokens_trained),
                 "progress/groups_dispatched": float(stats.groups_dispatched),
                 "progress/rollouts_canceled_total": float(counters.rollouts_canceled),
+                "progress/groups_discarded_total": float(counters.groups_discarded),
                 "progress/rollouts_errored_total": float(counters.rollouts_errored),
             }
         )

@@ -15,11 +15,16 @@ if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig
 
 
-def default_transport_name() -> str:
-    """``nccl`` when CUDA is usable, else ``memory`` (what ``weight_transport: auto`` means)."""
-    import torch
+def default_transport_name(gpu: bool | None = None) -> str:
+    """``nccl`` when CUDA is usable, else ``memory`` (what ``weight_transport: auto`` means).
 
-    return "nccl" if torch.cuda.is_available() else "memory"
+    ``gpu`` says whether the workers will have GPUs (a Ray cluster's view); None checks this process.
+    """
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    return "nccl" if gpu else "memory"
 
 
 def create_transport(name: str, config: TelescopeConfig | None) -> WeightTransport:
