@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from telescope.config.loader import ConfigError, load_config, parse_overrides
+from telescope.config import ConfigError, load_config, parse_overrides
 from telescope.config.render import render_defaults, render_resolved, schema_defaults
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from telescope import hookspecs
-from telescope.config.loader import ConfigError, load_config
+from telescope.config import ConfigError, load_config
 from telescope.plugins.manager import (
     BUILTIN_PLUGINS,
     PluginImportWarning,

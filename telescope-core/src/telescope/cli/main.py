@@ -70,7 +70,7 @@ def build_cli() -> click.Group:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns (and, as a console script, exits with) the exit code."""
-    from telescope.config.loader import ConfigError
+    from telescope.config.errors import ConfigError
     from telescope.plugins.registry import PluginError
 
     warnings.showwarning = _show_warning
