@@ -120,7 +120,7 @@ def bench_generate(path: Path, device: str, dtype: str, batch: int, prompt_len: 
 
 def bench_sync(megabytes: int, repeats: int = 3) -> tuple[float, float]:
     """Seconds per GB: (memory transport publish + receive/load, plain copy_ bound)."""
-    from telescope.transports.loading import load_named_tensors
+    from telescope.inference.weight_updates import load_named_tensors
     from telescope.transports.memory import MemoryTransport
 
     numel = megabytes * (1 << 20) // 4 // 16

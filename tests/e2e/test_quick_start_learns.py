@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from telescope.runstore.reader import RunReader
+from telescope.recording.run_reader import RunReader
 
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.1  # eval reward (0..2) gained by the RL steps, at least

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from telescope.runstore.reader import RunReader
+from telescope.recording.run_reader import RunReader
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"

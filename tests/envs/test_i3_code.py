@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from telescope import events
 from telescope.api.records import Sample
+from telescope.recording import events
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from telescope import events
 from telescope.api.sandbox import SandboxError, SandboxLimits
+from telescope.recording import events
 from telescope_sandbox import SandboxPool, SandboxUsage, get_provider
 from telescope_sandbox.local import LocalProvider
 

@@ -119,7 +119,7 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
 
 def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupted run's 130 (or a failed run's 1) reaches the shell, not 0."""
-    import telescope.loop.launch as launch
+    import telescope.runtime.launch as launch
 
     monkeypatch.setattr(launch, "launch_run", lambda loaded: 130)
     code, _, _ = run_cli(capsys, "run", str(EXAMPLE))

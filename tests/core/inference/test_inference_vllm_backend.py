@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from telescope.config.schema import TelescopeConfig
-from telescope.inference import weight_sync
+from telescope.inference import weight_updates
 from telescope.inference.client import (
     InferenceClient,
     InferenceServerError,
@@ -156,7 +156,7 @@ def test_client_against_vllm_shaped_server() -> None:
         if request.url.path == "/v1/completions":
             return httpx.Response(200, json=VLLM_RESPONSE)
         if request.url.path == "/collective_rpc":
-            if body["method"] == weight_sync.UPDATE_METHOD:
+            if body["method"] == weight_updates.UPDATE_METHOD:
                 version = json.loads(body["args"][0])["version"]
                 return httpx.Response(200, json={"results": [{"policy_version": version}] * 2})
             return httpx.Response(200, json={"results": [{"rank": 1}, {"rank": 2}]})
@@ -182,7 +182,7 @@ def test_client_against_vllm_shaped_server() -> None:
     paths = [p for p, _ in seen]
     assert paths.index("/reset_prefix_cache") == paths.index("/collective_rpc", 1) + 1
     rpc = next(b for p, b in seen if p == "/collective_rpc")
-    assert rpc["method"] == weight_sync.INIT_METHOD and all(isinstance(a, str) for a in rpc["args"])
+    assert rpc["method"] == weight_updates.INIT_METHOD and all(isinstance(a, str) for a in rpc["args"])
 
 
 class _FakeModel:
@@ -209,12 +209,12 @@ def test_worker_extension_receives_and_loads_in_place() -> None:
     info = sender.prepare_sender(num_receivers=2)
     workers = [_FakeWorker(rank) for rank in (0, 1)]
     try:
-        payload = weight_sync.init_payload("memory", None, info, rank_offset=3)
+        payload = weight_updates.init_payload("memory", None, info, rank_offset=3)
         assert [w.telescope_init_weight_transfer(payload)["rank"] for w in workers] == [3, 4]
         weights = [("model.layers.0.mlp.up_proj.weight", torch.randn(4, 2)), ("lm_head.weight", torch.ones(3))]
         sender.send(weights, version=2)
         for worker in workers:
-            result = worker.telescope_update_weights(weight_sync.update_payload(2))
+            result = worker.telescope_update_weights(weight_updates.update_payload(2))
             assert result["policy_version"] == 2 and result["num_tensors"] == 2
             loaded = worker.model_runner.model.loaded
             assert torch.equal(loaded["model.layers.0.mlp.up_proj.weight"], weights[0][1])
@@ -222,4 +222,4 @@ def test_worker_extension_receives_and_loads_in_place() -> None:
     finally:
         sender.close()
     with pytest.raises(RuntimeError, match="before"):
-        _FakeWorker(0).telescope_update_weights(weight_sync.update_payload(1))
+        _FakeWorker(0).telescope_update_weights(weight_updates.update_payload(1))

@@ -134,7 +134,7 @@ def test_disable_plugins_blocks_entry_points_and_builtins(
     make_distribution: MakeDist, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_distribution("extra-dist", "extra_plugin", ENV_PLUGIN.format(name="extra_env", module="extra_plugin"))
-    monkeypatch.setenv("TELESCOPE_DISABLE_PLUGINS", "extra_plugin, telescope.loggers.plugin,telescope-sandbox")
+    monkeypatch.setenv("TELESCOPE_DISABLE_PLUGINS", "extra_plugin, telescope.recording.plugin,telescope-sandbox")
     registry = TelescopePluginManager().registry
     assert not registry.has(PluginKind.ENVIRONMENT, "extra_env")
     assert not registry.has(PluginKind.LOGGER, "wandb")

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from telescope.transports.loading import load_named_tensors
+from telescope.inference.weight_updates import load_named_tensors
 from telescope.transports.memory import MemoryTransport
 
 

@@ -21,7 +21,7 @@ def eval_command(config_file: Path, checkpoint: Path, output: Path | None, overr
     """Run CONFIG_FILE's evals on CHECKPOINT (a checkpoint folder, a run directory or a model folder)."""
     from telescope.cli.main import UserError
     from telescope.config.loader import load_config
-    from telescope.loop.standalone_eval import run_evals
+    from telescope.runtime.standalone_eval import run_evals
 
     loaded = load_config(config_file, overrides)
     if not checkpoint.exists():

@@ -18,7 +18,7 @@ def run_command(config_file: Path | None, overrides: tuple[str, ...]) -> None:
 
     loaded = load_config(config_file, overrides)
     try:
-        from telescope.loop.launch import launch_run
+        from telescope.runtime.launch import launch_run
     except ImportError as exc:
         raise click.ClickException(f"the config is valid, but the training loop could not be imported: {exc}") from None
     exit_code = launch_run(loaded)

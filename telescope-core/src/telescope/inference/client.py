@@ -12,7 +12,7 @@ One :class:`InferenceClient` per server, over one ``httpx.AsyncClient``:
   :meth:`~InferenceClient.abort` additionally aborts by id on the embedded server;
 - weight updates: :meth:`~InferenceClient.init_weight_transfer` once and
   :meth:`~InferenceClient.update_weights` per step, through ``/collective_rpc``
-  (see :mod:`telescope.inference.weight_sync`), then ``/reset_prefix_cache`` so
+  (see :mod:`telescope.inference.weight_updates`), then ``/reset_prefix_cache`` so
   vLLM does not reuse prompt KV computed with the old weights;
 - :meth:`~InferenceClient.health`, :meth:`~InferenceClient.wait_until_healthy`,
   :meth:`~InferenceClient.metrics` (Prometheus text parsed to a dict).
@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from telescope.inference import weight_sync
+from telescope.inference import weight_updates
 from telescope.inference.protocol import CompletionResponse, new_request_id
 
 
@@ -292,16 +292,16 @@ class InferenceClient:
         self, transport: str, init_info: dict[str, Any], rank_offset: int, config: dict[str, Any] | None = None
     ) -> list[Any]:
         """Connect every worker of the server as a receiver (ranks ``rank_offset + local rank``)."""
-        payload = weight_sync.init_payload(transport, config, init_info, rank_offset)
-        return await self.collective_rpc(weight_sync.INIT_METHOD, payload)
+        payload = weight_updates.init_payload(transport, config, init_info, rank_offset)
+        return await self.collective_rpc(weight_updates.INIT_METHOD, payload)
 
     async def update_weights(self, version: int) -> list[Any]:
         """Receive and load weights ``version`` (run concurrently with the sender), then drop stale prefix KV."""
-        results = await self.collective_rpc(weight_sync.UPDATE_METHOD, weight_sync.update_payload(version))
+        results = await self.collective_rpc(weight_updates.UPDATE_METHOD, weight_updates.update_payload(version))
         self.policy_version = version
         await self._request("POST", "/reset_prefix_cache", retry=False)
         return results
 
     async def get_policy_version(self) -> int:
-        results = await self.collective_rpc(weight_sync.VERSION_METHOD)
+        results = await self.collective_rpc(weight_updates.VERSION_METHOD)
         return int(results[0]["policy_version"]) if results else self.policy_version

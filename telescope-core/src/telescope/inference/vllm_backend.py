@@ -69,8 +69,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
-from telescope.inference import weight_sync
-from telescope.inference.process import ProcessServer, connect_host, log_path, spawn
+from telescope.inference import weight_updates
+from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig
@@ -207,7 +207,7 @@ class TelescopeWorkerExtension:
     Arguments arrive as JSON strings; results are JSON-able dicts.
     """
 
-    _telescope_receiver: weight_sync.WeightReceiver | None = None
+    _telescope_receiver: weight_updates.WeightReceiver | None = None
     _telescope_version: int = 0
 
     def _telescope_model(self) -> Any:
@@ -216,14 +216,14 @@ class TelescopeWorkerExtension:
         return model if model is not None else runner.get_model()
 
     def telescope_init_weight_transfer(self, payload: str) -> dict[str, Any]:
-        receiver = weight_sync.WeightReceiver(device=str(getattr(self, "device", "cuda")))
+        receiver = weight_updates.WeightReceiver(device=str(getattr(self, "device", "cuda")))
         result = receiver.init(payload, local_rank=int(getattr(self, "rank", 0)))
         self._telescope_receiver = receiver
         return result
 
     def telescope_update_weights(self, payload: str) -> dict[str, Any]:
         if self._telescope_receiver is None:
-            raise RuntimeError(f"call {weight_sync.INIT_METHOD} before {weight_sync.UPDATE_METHOD}")
+            raise RuntimeError(f"call {weight_updates.INIT_METHOD} before {weight_updates.UPDATE_METHOD}")
         start = time.perf_counter()
         version, tensors = self._telescope_receiver.receive(payload)
         counted: list[int] = [0]

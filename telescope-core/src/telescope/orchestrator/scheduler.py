@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.metrics import DiscardLog
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
-from telescope.orchestrator.rollout import Generation, Lane, RolloutLimits, run_rollout
+from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, run_rollout
+from telescope.recording.rollout_metrics import DiscardLog
 
 log = logging.getLogger("telescope.orchestrator")
 

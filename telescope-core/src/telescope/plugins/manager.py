@@ -46,7 +46,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "telescope.trainer.plugin",
     "telescope.inference.plugin",
     "telescope.transports.plugin",
-    "telescope.loggers.plugin",
+    "telescope.recording.plugin",
     "telescope.cli.builtin_commands",
 )
 

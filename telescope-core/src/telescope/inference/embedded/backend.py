@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
-from telescope.inference.process import ProcessServer, connect_host, log_path, spawn
+from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import SchedulingPolicy, WaitingQueue
-from telescope.transports.loading import load_named_tensors
+from telescope.inference.weight_updates import load_named_tensors
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig

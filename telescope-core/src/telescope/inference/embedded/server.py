@@ -13,7 +13,7 @@ Routes (vLLM-compatible unless marked):
   ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_total``, plus
   ``telescope:policy_version``).
 - ``POST /collective_rpc`` with the weight-sync methods of
-  :mod:`telescope.inference.weight_sync` (vLLM's dev-mode route; only those
+  :mod:`telescope.inference.weight_updates` (vLLM's dev-mode route; only those
   methods are accepted), ``POST /reset_prefix_cache`` (a no-op here: the engine
   keeps no prefix cache).
 - ``POST /abort_requests`` (extension): abort by request id.
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from telescope.inference import weight_sync
+from telescope.inference import weight_updates
 from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
 from telescope.inference.protocol import (
     NEG_INF_LOGPROB,
@@ -183,7 +183,7 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     model_name = served_model_name or engine.settings.served_model_name or engine.settings.model_path
     registry = CollectorRegistry()
     registry.register(_MetricsCollector(engine, model_name))
-    receiver = weight_sync.WeightReceiver(device=str(engine.device))
+    receiver = weight_updates.WeightReceiver(device=str(engine.device))
     app = FastAPI(title="Telescope embedded inference engine")
     app.state.engine = engine
 
@@ -250,17 +250,17 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     async def collective_rpc(body: CollectiveRpcRequest) -> dict[str, Any] | JSONResponse:
         arg = body.args[0] if body.args else "{}"
         try:
-            if body.method == weight_sync.INIT_METHOD:
+            if body.method == weight_updates.INIT_METHOD:
                 result = await asyncio.to_thread(receiver.init, arg, 0)
-            elif body.method == weight_sync.UPDATE_METHOD:
+            elif body.method == weight_updates.UPDATE_METHOD:
                 start = time.perf_counter()
                 version, tensors = receiver.receive(arg)
                 count = await asyncio.to_thread(engine.update_weights, tensors, version)
                 result = {"policy_version": version, "num_tensors": count, "seconds": time.perf_counter() - start}
-            elif body.method == weight_sync.VERSION_METHOD:
+            elif body.method == weight_updates.VERSION_METHOD:
                 result = {"policy_version": engine.policy_version}
             else:
-                return _error(400, f"unknown method {body.method!r}; allowed: {', '.join(weight_sync.METHODS)}")
+                return _error(400, f"unknown method {body.method!r}; allowed: {', '.join(weight_updates.METHODS)}")
         except (KeyError, ValueError, RuntimeError, TimeoutError) as exc:
             log.exception("collective_rpc %s failed", body.method)
             return _error(500, f"{body.method} failed: {exc}", "InternalServerError")

@@ -1,1 +1,0 @@
-"""Evaluation helpers: the unbiased pass@k / pass^k estimators."""

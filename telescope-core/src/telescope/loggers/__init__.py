@@ -1,1 +1,0 @@
-"""Loggers on top of the local run store (W&B)."""

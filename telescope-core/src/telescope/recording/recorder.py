@@ -1,0 +1,142 @@
+"""One step's record: every metric of the step, sent everywhere it goes.
+
+Per step, :class:`StepRecorder` merges the trainer's metrics (rank-averaged by the
+backend), the rollout metrics of the trained groups (reward, advantage, sample
+metrics, Gini coefficients, token lengths, stop reasons), the discarded and
+canceled counts by reason, timings and run totals, then writes them to the run
+store (``metrics.jsonl``, and every trained rollout to ``rollouts.jsonl``), to each
+enabled logger, to the ``telescope_step_end`` hook, and to the progress bar.
+
+A logger or hook that raises is reported once and dropped; it never stops a run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from telescope.api.logger import Logger
+from telescope.orchestrator.scheduler import ReadyGroup, SchedulerStats
+from telescope.recording.progress import StepProgress
+from telescope.recording.rollout_metrics import rollout_step_metrics
+from telescope.recording.run_store import RunStore, group_records
+
+
+class Counters(Protocol):
+    samples_trained: int
+    tokens_trained: int
+    groups_discarded: int
+    rollouts_canceled: int
+    rollouts_errored: int
+
+
+@dataclass
+class StepOutcome:
+    """What one training step produced, as the recorder needs it."""
+
+    step: int
+    ready: Sequence[ReadyGroup]
+    trainer_metrics: dict[str, float]
+    timing: dict[str, float]
+    stats: SchedulerStats
+    counters: Counters
+    policy_version: int
+
+
+class StepRecorder:
+    """Assembles and distributes each step's metrics."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        *,
+        reward_ranges: dict[str, tuple[float | None, float | None]],
+        loggers: Sequence[Logger] = (),
+        hook: Any = None,
+        progress: StepProgress | None = None,
+    ) -> None:
+        self.store = store
+        self.reward_ranges = reward_ranges
+        self.loggers = list(loggers)
+        self.hook = hook
+        self.progress = progress
+        self.history: list[dict[str, float]] = []
+
+    def step_metrics(self, outcome: StepOutcome) -> dict[str, float]:
+        stats, counters, policy_version = outcome.stats, outcome.counters, outcome.policy_version
+        groups = [g.group for g in outcome.ready]
+        rollouts = [r for g in groups for r in g.rollouts]
+        staleness = [policy_version - r.oldest_policy_version for r in rollouts]
+        metrics: dict[str, float] = dict(outcome.trainer_metrics)
+        metrics.update(rollout_step_metrics(groups, self.reward_ranges))
+        stats.discards.add_trained(len(rollouts))
+        metrics.update(stats.discards.metrics())
+        metrics.update(outcome.timing)
+        metrics.update(
+            {
+                "errors/reward_or_environment/count": float(len(stats.errored_rollouts)),
+                "errors/failed_groups/count": float(stats.failed_groups),
+                "policy/version": float(policy_version),
+                "policy/staleness/mean": sum(staleness) / max(len(staleness), 1),
+                "policy/staleness/max": float(max(staleness, default=0)),
+                "progress/samples_trained": float(counters.samples_trained),
+                "progress/tokens_trained": float(counters.tokens_trained),
+                "progress/groups_dispatched": float(stats.groups_dispatched),
+                "progress/rollouts_canceled_total": float(counters.rollouts_canceled),
+                "progress/groups_discarded_total": float(counters.groups_discarded),
+                "progress/rollouts_errored_total": float(counters.rollouts_errored),
+            }
+        )
+        return metrics
+
+    def record_step(self, outcome: StepOutcome) -> dict[str, float]:
+        step, timing = outcome.step, outcome.timing
+        metrics = self.step_metrics(outcome)
+        records = group_records(step, [g.group for g in outcome.ready])
+        self.store.log_metrics(step, metrics)
+        self.store.log_rollouts(step, records)
+        for logger in list(self.loggers):
+            try:
+                logger.log_step(step, metrics)
+                logger.log_rollouts(step, records)
+            except Exception as exc:  # a logger never stops a run
+                self._drop_logger(logger, exc)
+        if self.hook is not None:
+            try:
+                self.hook.telescope_step_end(step=step, metrics=metrics)
+            except Exception as exc:  # a lifecycle plugin never stops a run
+                print(f"warning: a telescope_step_end hook failed: {exc}", file=sys.stderr)
+        if self.progress is not None:
+            self.progress.update(
+                step + 1,
+                num_samples=len(records),
+                num_tokens=int(sum(r["total_tokens"] for r in records)),
+                reward_mean=metrics.get("reward/mean"),
+                step_time_s=timing.get("timing_step_total"),
+            )
+        self.history.append(metrics)
+        return metrics
+
+    def note(self, message: str) -> None:
+        """A status line for the user (the progress bar's, else stderr)."""
+        if self.progress is not None:
+            self.progress.write(message)
+        else:
+            print(message, file=sys.stderr)
+
+    def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None:
+        self.store.log_eval(name, step, metrics, **extra)
+        for logger in list(self.loggers):
+            try:
+                logger.log_step(step, metrics)
+            except Exception as exc:
+                self._drop_logger(logger, exc)
+        if self.progress is not None:
+            summary = ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items() if isinstance(v, float))
+            self.progress.write(f"eval {name} ({extra.get('phase', '')}, step {step}): {summary}")
+
+    def _drop_logger(self, logger: Logger, exc: Exception) -> None:
+        print(f"warning: logger {logger.name or type(logger).__name__} failed and is disabled: {exc}", file=sys.stderr)
+        self.loggers.remove(logger)

@@ -1,0 +1,179 @@
+"""``telescope run``: from a validated config to a finished (or cleanly stopped) run.
+
+Order: run directory and store (resolved config, status) -> lifecycle hook
+``telescope_run_start`` -> loggers -> Ray (attach or start) -> workers -> initial
+weights -> the training loop -> evals -> shutdown. Whatever happens, the status
+file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
+every actor and server is stopped, and a local Ray cluster this run started is shut
+down. Exit codes: 0 completed, 1 failed (the message and the path of the full
+traceback are printed), 2 a user error found at start (bad kwargs, missing
+checkpoint, workers that cannot be placed), 130 interrupted (Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from telescope.config.loader import LoadedConfig
+from telescope.config.render import render_resolved
+from telescope.config.schema import TelescopeConfig
+
+log = logging.getLogger("telescope.run")
+
+
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
+
+
+def _loggers(config: TelescopeConfig, run_dir: Path, registry: Any) -> list[Any]:
+    from telescope.plugins.registry import PluginKind
+
+    loggers = []
+    for name in registry.names(PluginKind.LOGGER):
+        try:
+            cls = registry.get(PluginKind.LOGGER, name)
+            if cls.enabled(config):
+                loggers.append(cls(config, run_dir))
+        except Exception as exc:  # a logger never stops a run
+            print(f"warning: logger {name!r} is disabled: {exc}", file=sys.stderr)
+    return loggers
+
+
+def _setup_file_logging(run_dir: Path) -> logging.Handler:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / "orchestrator.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("telescope")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
+    return handler
+
+
+def _prepare_model(config: TelescopeConfig, run_dir: Path) -> None:
+    """Resolve ``tiny:`` models and run the supervised warm start, before any worker starts."""
+    from telescope.models.tiny import resolve_model_path
+
+    config.model = resolve_model_path(config.model)
+    if config.warm_start_steps <= 0:
+        return
+    folder = run_dir / "warm_start"
+    if not (folder / "config.json").exists():
+        if config.resume_from_checkpoint is not False:
+            return  # the checkpoint's weights replace the initial model anyway
+        from telescope.orchestrator.assembly import build_slots
+        from telescope.orchestrator.warm_start import warm_start
+        from telescope.plugins.manager import get_plugin_manager
+
+        print(f"telescope: warm start ({config.warm_start_steps} supervised steps)", file=sys.stderr)
+        warm_start(config, build_slots(config, get_plugin_manager().registry), folder)
+    config.model = str(folder)
+
+
+async def _train(config: TelescopeConfig, run_dir: Path, store: Any, loggers: list[Any], hook: Any) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from telescope.orchestrator.assembly import build_training_run
+    from telescope.plugins.manager import get_plugin_manager
+    from telescope.recording.progress import StepProgress
+    from telescope.runtime.ray_services import RayServices
+
+    services = RayServices(config, run_dir)
+    progress = StepProgress(config.number_of_steps)
+    try:
+        await asyncio.to_thread(services.start)
+        await services.connect_weights()
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        run = build_training_run(
+            config, services, registry=get_plugin_manager().registry, tokenizer=tokenizer, store=store,
+            loggers=loggers, hook=hook, progress=progress,
+        )  # fmt: skip
+        try:
+            await run.run()
+        finally:
+            run.prompts.close()
+        return run.summary()
+    finally:
+        progress.close()
+        await services.close()
+
+
+def launch_run(loaded: LoadedConfig) -> int:
+    """Run training for a validated config; returns the process exit code."""
+    import ray
+
+    from telescope.orchestrator.run_checkpoints import RunCheckpointError
+    from telescope.plugins.manager import get_plugin_manager
+    from telescope.plugins.registry import PluginError
+    from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
+    from telescope.runtime.ray_services import RayStartError, connect_ray
+
+    config = loaded.config.model_copy(deep=True)
+    run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
+    config.run_dir = str(run_dir)
+    store = RunStore(run_dir)
+    store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
+    store.set_status("running", pid=os.getpid(), step=0)
+    handler = _setup_file_logging(run_dir)
+    unsubscribe = store.capture_events()
+    manager = get_plugin_manager()
+    hook = manager.hook
+    loggers = _loggers(config, run_dir, manager.registry)
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated()
+
+    status: RunStatus = "completed"
+    code = 0
+    error: BaseException | None = None
+    started_ray = False
+    print(f"telescope: run directory {run_dir}", file=sys.stderr)
+    try:
+        _prepare_model(config, run_dir)
+        hook.telescope_run_start(config=config, run_dir=run_dir)
+        started_ray = connect_ray(config, run_dir)
+        signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
+        summary = asyncio.run(_train(config, run_dir, store, loggers, hook))
+        log.info("run completed: %s", summary)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        status, code, error = "interrupted", 130, exc
+        print("telescope: interrupted; workers stopped, the run directory is intact", file=sys.stderr)
+    except (RunCheckpointError, RayStartError, PluginError, ValueError, FileNotFoundError) as exc:
+        status, code, error = "failed", 2, exc
+        print(f"error: {exc}", file=sys.stderr)
+        log.error("run failed:\n%s", traceback.format_exc())
+    except Exception as exc:
+        status, code, error = "failed", 1, exc
+        log.error("run failed:\n%s", traceback.format_exc())
+        print(
+            f"error: the run failed: {type(exc).__name__}: {exc}\n"
+            f"(full traceback in {run_dir / 'logs' / 'orchestrator.log'})",
+            file=sys.stderr,
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        store.set_status(status, error=str(error) if error else None)
+        try:
+            hook.telescope_run_end(run_dir=run_dir, status=status, error=error)
+        except Exception as exc:  # a lifecycle plugin never changes how the run ended
+            print(f"warning: a telescope_run_end hook failed: {exc}", file=sys.stderr)
+        for logger in loggers:
+            try:
+                logger.close()
+            except Exception as exc:
+                print(f"warning: logger {getattr(logger, 'name', logger)} failed to close: {exc}", file=sys.stderr)
+        unsubscribe()
+        store.close()
+        logging.getLogger("telescope").removeHandler(handler)
+        handler.close()
+        if ray.is_initialized() and (started_ray or config.ray_shutdown_on_exit):
+            ray.shutdown()
+    return code

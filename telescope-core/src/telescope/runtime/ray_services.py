@@ -1,0 +1,266 @@
+"""The run's workers on Ray: placement, actors, the inference clients, weight sync.
+
+Ray is the only distributed engine. :func:`connect_ray` attaches to ``ray_address``
+or, when none answers and ``ray_auto_start_local`` is set, starts a local cluster
+(the laptop and CI case); the ``ray_*`` options map onto ``ray.init`` and the
+runtime environment. :class:`RayServices` then
+
+- reserves a placement group per pool (``ray_*_placement_strategy``,
+  ``ray_*_cpus_per_worker``, a GPU per worker when the cluster has GPUs, within
+  ``ray_placement_timeout_s``), and places one actor per bundle;
+- starts ``inference_num_workers / inference_tensor_parallel_size`` inference
+  servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
+  rank 0's address);
+- connects the weight transport (rank 0 sends, every server receives) and pushes
+  the initial weights as version 0, so servers and trainer start identical;
+- implements :class:`telescope.orchestrator.services.Services` for the driver.
+
+Shutdown stops every server, kills every actor and removes the placement groups;
+servers are also killed by process group from the driver (same machine), so a
+crashed actor leaves no stray process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from telescope.api.records import TrainingBatch
+from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.services import SamplingSettings, complete_on
+
+log = logging.getLogger("telescope.run.workers")
+
+
+class RayStartError(RuntimeError):
+    """Ray could not start or place the workers; the message says what to change."""
+
+
+def runtime_env(config: TelescopeConfig, run_dir: Path) -> dict[str, Any]:
+    env: dict[str, Any] = dict(config.ray_runtime_env or {})
+    env_vars: dict[str, str] = dict(env.get("env_vars", {}))
+    if config.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
+        env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
+        env_vars.setdefault("PATH", os.environ.get("PATH", ""))
+    if config.ray_propagate_run_dir:
+        env_vars.setdefault("TELESCOPE_RUN_DIR", str(run_dir))
+    for name in ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TELESCOPE_CACHE", "TOKENIZERS_PARALLELISM"):
+        if name in os.environ:
+            env_vars.setdefault(name, os.environ[name])
+    if env_vars:
+        env["env_vars"] = env_vars
+    if config.ray_pin_py_executable:
+        env.setdefault("py_executable", sys.executable)
+    return env
+
+
+def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
+    """Attach to or start Ray; returns True when this call started a local cluster."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if config.ray_disable_runtime_env_hook:
+        os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+    common: dict[str, Any] = {
+        "namespace": config.ray_namespace,
+        "log_to_driver": config.ray_log_to_driver,
+        "runtime_env": runtime_env(config, run_dir),
+        "configure_logging": True,
+        "logging_level": "WARNING",
+    }
+    if ray.is_initialized():
+        return False
+    address = None if config.ray_address in ("", "local") else config.ray_address
+    if address is not None:
+        try:
+            ray.init(address=address, **common)
+            return False
+        except ConnectionError as exc:
+            if not config.ray_auto_start_local:
+                raise RayStartError(
+                    f"no Ray cluster at ray_address={config.ray_address!r} ({exc}); start one "
+                    "(`ray start --head`) or set ray_auto_start_local: true"
+                ) from None
+    ray.init(include_dashboard=False, **common)
+    return True
+
+
+def _reserve(name: str, workers: int, cpus: float, gpus: float, strategy: str, timeout_s: int) -> PlacementGroup:
+    bundle: dict[str, float] = {"CPU": cpus}
+    if gpus:
+        bundle["GPU"] = gpus
+    group = placement_group([dict(bundle) for _ in range(workers)], strategy=strategy, name=name)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        available = ray.available_resources()
+        raise RayStartError(
+            f"could not place {workers} {name} workers with {bundle} each ({strategy}) within {timeout_s} s; "
+            f"the cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free. "
+            f"Lower ray_{name}_cpus_per_worker or the number of workers, or add nodes."
+        ) from None
+    return group
+
+
+class RayServices:
+    """Trainer ranks and inference servers as Ray actors (see the module docstring)."""
+
+    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.trainers: list[Any] = []
+        self.servers: list[Any] = []
+        self.clients: list[Any] = []
+        self.server_pids: list[int] = []
+        self.groups: list[PlacementGroup] = []
+        self.transport_name = ""
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.clients)
+
+    # ----------------------------------------------------------------- start
+
+    def start(self) -> None:
+        from telescope.inference import default_backend_name
+        from telescope.inference.client import InferenceClient
+        from telescope.runtime.workers import InferenceWorker, TrainerWorker
+        from telescope.transports import default_transport_name
+
+        c = self.config
+        gpu = ray.cluster_resources().get("GPU", 0) > 0
+        config_json = c.model_dump_json()
+        backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
+        self.transport_name = default_transport_name(gpu) if c.weight_transport == "auto" else c.weight_transport
+        servers = c.inference_num_workers // c.inference_tensor_parallel_size
+        tp = c.inference_tensor_parallel_size if gpu else 0
+        inference_group = _reserve("inference", servers, c.ray_inference_cpus_per_worker, float(tp),
+                                   c.ray_inference_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
+        self.groups.append(inference_group)
+        trainer_group = _reserve("trainer", c.trainer_num_workers, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0,
+                                 c.ray_trainer_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
+        self.groups.append(trainer_group)
+
+        def placed(group: PlacementGroup, index: int, cpus: float, gpus: float) -> dict[str, Any]:
+            return {
+                "num_cpus": cpus,
+                "num_gpus": gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+            }
+
+        inference_actor: Any = InferenceWorker  # a Ray actor class (its .options is added by @ray.remote)
+        trainer_actor: Any = TrainerWorker
+        self.servers = [
+            inference_actor.options(**placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))).remote(
+                config_json, backend, i, str(self.run_dir), c.ray_inference_cpus_per_worker
+            )
+            for i in range(servers)
+        ]
+        self.trainers = [
+            trainer_actor.options(
+                **placed(trainer_group, r, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0)
+            ).remote(config_json, r, c.trainer_num_workers, c.ray_trainer_cpus_per_worker)
+            for r in range(c.trainer_num_workers)
+        ]
+        log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
+        master_addr, master_port = ray.get(self.trainers[0].rendezvous_address.remote())
+        setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
+        urls = ray.get([s.base_url.remote() for s in self.servers])
+        self.server_pids = [p for p in ray.get([s.pid.remote() for s in self.servers]) if p]
+        ray.get(setups)
+        log.info("servers up at %s; trainer ranks set up", urls)
+        self.clients = [InferenceClient(url, model=None) for url in urls]
+        self._init_info = ray.get(
+            self.trainers[0].prepare_sender.remote(
+                self.transport_name, servers * max(1, c.inference_tensor_parallel_size)
+            )
+        )
+
+    async def connect_weights(self) -> None:
+        """Connect every server to the transport and load the trainer's weights as version 0."""
+        tp = max(1, self.config.inference_tensor_parallel_size)
+        await asyncio.gather(
+            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * tp,
+                                          self.config.model_dump(mode="json"))
+              for i, client in enumerate(self.clients))
+        )  # fmt: skip
+        log.info("weight transport %s connected; pushing version 0", self.transport_name)
+        await self.push_weights(0)
+        log.info("initial weights loaded on every server")
+
+    # -------------------------------------------------------------- services
+
+    async def generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:  # fmt: skip
+        return await complete_on(
+            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+            scheduling_policy=self.config.vllm_scheduling_policy,
+        )  # fmt: skip
+
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        results = await asyncio.gather(*(t.train_step.remote(batch) for t in self.trainers))
+        metrics: dict[str, float] = results[0]  # the backend already averages over ranks
+        return metrics
+
+    async def push_weights(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        sending = asyncio.gather(*(t.push_weights.remote(version) for t in self.trainers))
+        receiving = asyncio.gather(*(client.update_weights(version) for client in self.clients))
+        sent, received = await asyncio.gather(sending, receiving)
+        inference_seconds = max(
+            (float(r.get("seconds", 0.0)) for per_server in received for r in per_server if isinstance(r, dict)),
+            default=0.0,
+        )
+        return {
+            "timing_weight_sync_trainer_total": float(sent[0]),
+            "timing_weight_sync_inference_total": inference_seconds,
+            "timing_weight_sync_wall": time.perf_counter() - start,
+        }
+
+    async def save_checkpoint(self, step: int) -> None:
+        await asyncio.gather(*(t.save_checkpoint.remote(step) for t in self.trainers))
+
+    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        metas = await asyncio.gather(*(t.load_checkpoint.remote(str(path)) for t in self.trainers))
+        return dict(metas[0])
+
+    # -------------------------------------------------------------- shutdown
+
+    async def close(self) -> None:
+        for client in self.clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        self.clients = []
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop servers, kill actors, free placement groups (safe to call twice)."""
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                ray.get(server.stop.remote(), timeout=30)
+        for trainer in self.trainers:
+            with contextlib.suppress(Exception):
+                ray.get(trainer.close.remote(), timeout=30)
+        for actor in [*self.servers, *self.trainers]:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        for pid in self.server_pids:  # a server whose actor died without stopping it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for group in self.groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+        self.servers, self.trainers, self.groups, self.server_pids = [], [], [], []

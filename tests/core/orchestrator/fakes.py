@@ -1,0 +1,134 @@
+"""In-process fakes for the loop: services without Ray or a model, a scripted environment.
+
+The fake inference server "generates" tokens from a seeded RNG (so a request's
+output depends only on its seed), can be slowed down, and records every request,
+cancellation and weight version; the fake trainer records every batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from telescope.api.environment import BaseEnvironment
+from telescope.api.records import RewardResult, Sample, TrainingBatch
+from telescope.config.loader import load_config
+from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.services import SamplingSettings
+from telescope.trainer import checkpoint as trainer_ckpt
+
+
+class ParityEnvironment(BaseEnvironment):
+    """Reward 1 when the completion has an even number of characters, else 0 (varied rewards)."""
+
+    name = "parity"
+
+    def __init__(self, size: int = 40, fail_on: str | None = None) -> None:
+        self.size = size
+        self.fail_on = fail_on
+
+    def load_dataset(self) -> list[Sample]:
+        return [Sample(prompt=f"question {i}", answer=i, sample_id=f"q{i}") for i in range(self.size)]
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        if self.fail_on is not None and sample.sample_id == self.fail_on:
+            raise RuntimeError("reward function exploded")
+        even = float(len(completion) % 2 == 0)
+        return RewardResult(total_reward=even, sample_metrics={"length": float(len(completion)), "correct": even})
+
+
+@dataclass
+class FakeServices:
+    """Services over a fake engine and a fake trainer."""
+
+    servers: int = 2
+    delay_s: float = 0.0
+    vocab: list[int] = field(default_factory=lambda: list(range(30, 120)))
+    eos_token_id: int = 2
+    version: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: int = 0
+    batches: list[TrainingBatch] = field(default_factory=list)
+    pushed: list[int] = field(default_factory=list)
+    checkpoint_root: Path | None = None
+    trained_step: int = 0
+
+    @property
+    def num_servers(self) -> int:
+        return self.servers
+
+    async def generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:  # fmt: skip
+        self.requests.append({"server": server, "seed": seed, "version": self.version, "priority": priority})
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        rng = random.Random(seed)
+        length = rng.randint(1, max(1, min(max_tokens, 8)) - 1) if max_tokens > 1 else 0
+        tokens = [rng.choice(self.vocab) for _ in range(length)] + [self.eos_token_id]
+        return Generation(tokens, [-1.0] * len(tokens), "stop", self.version, self.version)
+
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        self.batches.append(batch)
+        self.trained_step = batch.step + 1
+        return {"loss": 0.0, "grad_norm": 1.0, "learning_rate": 1e-6}
+
+    async def push_weights(self, version: int) -> dict[str, float]:
+        self.version = version
+        self.pushed.append(version)
+        return {"timing_weight_sync_trainer_total": 0.0, "timing_weight_sync_inference_total": 0.0}
+
+    async def save_checkpoint(self, step: int) -> None:
+        assert self.checkpoint_root is not None
+        manager = trainer_ckpt.CheckpointManager(self.checkpoint_root, every=1)
+        manager.save(_FakeBackend(step), step)
+
+    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        meta: dict[str, Any] = json.loads((path / trainer_ckpt.META).read_text())
+        self.trained_step = int(meta["step"])
+        return meta
+
+    async def close(self) -> None:
+        pass
+
+
+class _FakeBackend:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / trainer_ckpt.META).write_text(json.dumps({"step": self.step}))
+
+
+def loop_config(tmp_path: Path, **overrides: Any) -> TelescopeConfig:
+    values: dict[str, Any] = {
+        "environments": [{"name": "parity"}],
+        "group_size": 4,
+        "prompts_batch_size_for_trainer": 3,
+        "number_of_steps": 4,
+        "max_tokens": 16,
+        "max_model_len": 128,
+        "seq_len": 128,
+        "pad_to_multiple_of": 16,
+        "max_async_rollout": 0,
+        "inference_num_workers": 2,
+        "max_concurrent_prompts_per_server": 8,
+        "use_wandb": False,
+        "eval_before_training": False,
+        "eval_after_training": False,
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+    }
+    values.update(overrides)
+    return load_config(None, values, check_plugins=False).config

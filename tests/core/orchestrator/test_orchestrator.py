@@ -1,0 +1,203 @@
+"""The orchestration logic end to end over fake services (no Ray, no model).
+
+Asserts the loop's guarantees: synchronous mode trains only on current weights;
+asynchronous mode bounds staleness; stale work is cancelled and counted; zero
+advantage groups are dropped and counted; a failing reward function is contained;
+the same seed gives the same metrics; eval items never reach training; a resumed
+run neither skips nor repeats a prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.models.tiny import PRESETS, build_tokenizer
+from telescope.orchestrator.assembly import build_training_run
+from telescope.plugins.registry import PluginKind, Registrar, Registry
+from telescope.recording.run_reader import RunReader
+from telescope.recording.run_store import RunStore
+
+from .fakes import FakeServices, ParityEnvironment, loop_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer(PRESETS["test"])
+
+
+def registry_with_parity(**kwargs: Any) -> Registry:
+    registry = Registry()
+
+    class Parity(ParityEnvironment):
+        def __init__(self, **extra: Any) -> None:
+            super().__init__(**{**kwargs, **extra})
+
+    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", Parity)
+    Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
+    return registry
+
+
+def run_loop(tmp_path: Path, tokenizer: Any, services: FakeServices | None = None, registry: Registry | None = None,
+             **overrides: Any) -> tuple[FakeServices, RunReader]:  # fmt: skip
+    overrides.setdefault("advantage_norm", "group")
+    config = loop_config(tmp_path, **overrides)
+    services = services or FakeServices()
+    services.checkpoint_root = Path(config.run_dir or "") / "checkpoints"
+    store = RunStore(Path(config.run_dir or ""))
+    run = build_training_run(
+        config, services, registry=registry or registry_with_parity(), tokenizer=tokenizer, store=store
+    )
+    try:
+        asyncio.run(run.run())
+    finally:
+        run.prompts.close()
+        store.close()
+    return services, RunReader(Path(config.run_dir or ""))
+
+
+def trained_versions(services: FakeServices) -> list[tuple[int, int]]:
+    return [(batch.step, s.policy_version) for batch in services.batches for s in batch.samples]
+
+
+def test_synchronous_mode_trains_only_on_current_weights(tmp_path: Path, tokenizer: Any) -> None:
+    services, reader = run_loop(tmp_path, tokenizer, max_async_rollout=0)
+    assert [b.step for b in services.batches] == [0, 1, 2, 3]
+    assert all(version == step for step, version in trained_versions(services))
+    assert services.pushed == [1, 2, 3, 4]
+    metrics = reader.metrics()
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    for key in ("reward/mean", "advantage/std", "tokens/completion/mean", "stop_reason_length_pct",
+                "group_length_gini_mean", "discarded/zero_advantage/count", "timing_step_total",
+                "timing_waiting_for_data", "loss"):  # fmt: skip
+        assert key in metrics[0], key
+    assert len(reader.rollouts()) == 4 * 3 * 4
+
+
+def test_asynchronous_mode_bounds_staleness(tmp_path: Path, tokenizer: Any) -> None:
+    services = FakeServices(delay_s=0.01)
+    services, _ = run_loop(tmp_path, tokenizer, services, max_async_rollout=2, number_of_steps=6)
+    lags = [step - version for step, version in trained_versions(services)]
+    assert max(lags) <= 2
+    assert max(lags) > 0, "with max_async_rollout=2 some samples should come from older weights"
+
+
+def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, tokenizer: Any) -> None:
+    """Requests that never finish are cancelled once the policy moves past max_off_policy_steps."""
+    from telescope.orchestrator.assembly import build_prompt_source, build_slots
+    from telescope.orchestrator.chat import ChatRenderer
+    from telescope.orchestrator.scheduler import RolloutScheduler
+
+    config = loop_config(
+        tmp_path,
+        advantage_norm="group",
+        max_async_rollout=2,
+        max_off_policy_steps=1,
+        max_concurrent_prompts_per_server=32,
+    )
+    renderer = ChatRenderer(tokenizer)
+    prompts = build_prompt_source(config, build_slots(config, registry_with_parity()), renderer)
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def never_finishes(server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int) -> Any:
+        started.append(seed)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(seed)
+            raise
+
+    async def scenario() -> tuple[int, int]:
+        scheduler = RolloutScheduler(config, prompts, renderer, never_finishes, [0, 1])
+        scheduler.start()
+        while len(started) < 3 * 3 * 4:  # steps 0..2 (max_async_rollout=2), 3 groups of 4 each
+            await asyncio.sleep(0.01)
+        await scheduler.set_policy_version(1)  # dispatched at 0 >= 1 - 1: still allowed
+        await asyncio.sleep(0.05)
+        assert scheduler.stats.canceled_rollouts == 0
+        await scheduler.set_policy_version(2)  # 0 < 2 - 1: every in-flight group is stale
+        while scheduler.stats.canceled_rollouts < 36:
+            await asyncio.sleep(0.01)
+        canceled = scheduler.stats.canceled_rollouts
+        await scheduler.close()
+        return canceled, len(scheduler._in_flight)
+
+    try:
+        canceled, in_flight = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        prompts.close()
+    assert canceled == 36  # counted per rollout, whole groups
+    assert len(cancelled) >= 36  # the requests themselves were cancelled (the client aborts them)
+    assert in_flight == 0
+
+
+def test_zero_advantage_groups_are_discarded_and_counted(tmp_path: Path, tokenizer: Any) -> None:
+    services = FakeServices(vocab=[40])  # every token decodes alike: equal lengths per group are likely
+    services, reader = run_loop(tmp_path, tokenizer, services)
+    discarded = sum(m["discarded/zero_advantage/groups"] for m in reader.metrics())
+    assert discarded > 0
+    for batch in services.batches:
+        by_group: dict[int, set[float]] = {}
+        for s in batch.samples:
+            by_group.setdefault(s.group_index, set()).add(s.advantage)
+        assert all(len(v) > 1 for v in by_group.values())
+
+
+def test_a_failing_reward_function_is_contained_and_counted(tmp_path: Path, tokenizer: Any) -> None:
+    registry = registry_with_parity(fail_on="q1")
+    services, reader = run_loop(tmp_path, tokenizer, registry=registry, number_of_steps=6)
+    assert sum(m["errors/reward_or_environment/count"] for m in reader.metrics()) > 0
+    assert len(services.batches) == 6
+    errored = [r for r in reader.rollouts() if r["error"]]
+    assert errored == []  # errored rollouts are counted, not trained
+
+
+def test_same_seed_same_metrics_in_synchronous_mode(tmp_path: Path, tokenizer: Any) -> None:
+    def metric_values(path: Path) -> list[dict[str, float]]:
+        _, reader = run_loop(path, tokenizer)
+        return [{k: v for k, v in m.items() if not k.startswith("timing") and k not in ("time",)}
+                for m in reader.metrics()]  # fmt: skip
+
+    assert metric_values(tmp_path / "a") == metric_values(tmp_path / "b")
+
+
+def test_eval_items_never_reach_training(tmp_path: Path, tokenizer: Any) -> None:
+    evals = [{"name": "parity", "num_samples": 10, "separate_eval_samples": True, "eval_every": 2}]
+    services, reader = run_loop(
+        tmp_path, tokenizer, evals=evals, eval_num_servers=1, number_of_steps=6, eval_before_training=True,
+        eval_after_training=True,
+    )  # fmt: skip
+    trained_ids = {r["sample_id"] for r in reader.rollouts()}
+    assert trained_ids and not trained_ids & {f"q{i}" for i in range(10)}
+    phases = [e["phase"] for e in reader.evals()]
+    assert phases[0] == "before" and phases[-1] == "after" and "periodic" in phases
+    # periodic evals ran on the reserved server only; training used the other one
+    training_servers = {r["server"] for r in services.requests if r["priority"] == 0}
+    assert training_servers == {0, 1}
+
+
+def test_resume_neither_skips_nor_repeats_prompts(tmp_path: Path, tokenizer: Any) -> None:
+    _, straight = run_loop(tmp_path / "straight", tokenizer, number_of_steps=6)
+    run_loop(tmp_path / "resumed", tokenizer, number_of_steps=3, checkpoint_every=3)
+    second, resumed = run_loop(
+        tmp_path / "resumed", tokenizer, number_of_steps=6, checkpoint_every=3, resume_from_checkpoint=True
+    )
+    assert [b.step for b in second.batches] == [3, 4, 5]
+    assert second.pushed[0] == 3  # the restored weights went to the servers first
+
+    def prompts_by_step(reader: RunReader) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for r in reader.rollouts():
+            out.setdefault(r["step"], []).append(r["sample_id"])
+        return out
+
+    assert prompts_by_step(resumed) == prompts_by_step(straight)
+    state = json.loads(next((tmp_path / "resumed" / "run" / "checkpoints").glob("*.orchestrator.json")).read_text())
+    assert state["step"] in (3, 6)

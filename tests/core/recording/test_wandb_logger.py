@@ -1,0 +1,222 @@
+"""The W&B logger: an offline run records history, code and logs; failures disable it quietly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.config.schema import TelescopeConfig
+from telescope.recording.wandb_logger import (
+    INSTALL_HINT,
+    WandbLogger,
+    code_files,
+    log_files,
+    wandb_mode,
+)
+
+
+def make_config(run_dir: Path, **overrides: Any) -> TelescopeConfig:
+    values: dict[str, Any] = {
+        "environments": [{"name": "countdown"}],
+        "run_dir": str(run_dir),
+        "wandb_project": "telescope-test",
+        "wandb_run_name": "unit",
+        "wandb_tags": ["test"],
+        "system_metrics_collection_interval_seconds": 30.0,
+    }
+    values.update(overrides)
+    return TelescopeConfig.model_validate(values)
+
+
+@pytest.fixture
+def wandb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep W&B's caches and settings inside the test's folder."""
+    home = tmp_path / "wandb-home"
+    for variable in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(variable, str(home / variable.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return home
+
+
+def read_wandb_records(run_file: Path) -> list[Any]:
+    """Decode a ``run-*.wandb`` file: a 7-byte header, then LevelDB-log records of protobufs."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    block, position, pending, records = 32768, 7, b"", []
+    while position < len(data):
+        if block - position % block < 7:  # block trailer
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        position += 7
+        if length == 0 and kind == 0:
+            break
+        pending += data[position : position + length]
+        position += length
+        if kind in (1, 4):  # full or last fragment
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_offline_run_records_history_code_and_logs(
+    tmp_path: Path, wandb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "small.py").write_text("x = 1\n")
+    (project / "pkg" / "big.py").write_text("#" * 3000)  # over the 0.002 MB limit
+    (project / "skipme").mkdir()
+    (project / "skipme" / "hidden.py").write_text("y = 2\n")
+    monkeypatch.chdir(project)
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "trainer.log").write_text("trainer says hi\n")
+    config = make_config(run_dir, wandb_code_max_file_size_mb=0.002, wandb_code_exclude_patterns=["skipme", "*.pyc"])
+
+    logger = WandbLogger(config, run_dir)
+    assert logger.active, logger.failure
+    for step in range(3):
+        logger.log_step(step, {"reward/mean": 0.25 * step, "skipped": None})
+    records = [{"step": 2, "prompt": [{"role": "user", "content": "2+2?"}], "completion": "4" * 10_000, "reward": 1.0}]
+    logger.log_rollouts(2, records * 100)
+    logger.close()
+    logger.close()  # idempotent
+    assert logger.failure is None
+
+    run_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 1
+    decoded = read_wandb_records(run_files[0])
+    history = [
+        {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in r.history.item}
+        for r in decoded
+        if r.WhichOneof("record_type") == "history"
+    ]
+    kinds = [r.WhichOneof("record_type") for r in decoded]
+    assert [(h["_step"], h["reward/mean"]) for h in history] == [(0, 0.0), (1, 0.25), (2, 0.5)], (kinds, history)
+    assert "skipped" not in history[0]
+    assert history[2]["rollouts_table/nrows"] == WandbLogger.max_table_rows  # bounded
+    run_record = next(r.run for r in decoded if r.WhichOneof("record_type") == "run")
+    assert run_record.project == "telescope-test" and run_record.display_name == "unit"
+    assert list(run_record.tags) == ["test"]
+    artifacts = {r.artifact.type: r.artifact for r in decoded if r.WhichOneof("record_type") == "artifact"}
+    assert [entry.path for entry in artifacts["code"].manifest.contents] == ["pkg/small.py"]
+    assert [entry.path for entry in artifacts["logs"].manifest.contents] == ["logs.tar.gz"]
+    assert not list(run_dir.glob(".logs-*"))  # the temporary archive is removed
+    table_files = list((run_dir / "wandb").glob("offline-run-*/files/media/table/*.table.json"))
+    table = json.loads(table_files[0].read_text())
+    assert table["data"][0][4] == "user: 2+2?"
+    assert len(table["data"][0][5]) < 4100  # completion clipped
+
+
+def test_file_selection(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a")
+    (tmp_path / "notes.bin").write_text("b")
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "site.py").write_text("c")
+    (tmp_path / "src" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "src" / "__pycache__" / "m.py").write_text("d")
+    (tmp_path / "src" / "m.py").write_text("e")
+    (tmp_path / "src" / "huge.py").write_text("f" * 2000)
+    found = code_files(tmp_path, 0.001, [".venv", "__pycache__"], max_files=100)
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["a.py", "src/m.py"]
+    assert len(code_files(tmp_path, 1.0, [], max_files=1)) == 1
+
+    logs = tmp_path / "logs"
+    for name in ("main.log", "detailed/d.log", "stdout/s.log"):
+        (logs / name).parent.mkdir(parents=True, exist_ok=True)
+        (logs / name).write_text(name)
+    names = [p.relative_to(logs).as_posix() for p in log_files(logs, detailed=False, stdout=False)]
+    assert names == ["main.log"]
+    names = [p.relative_to(logs).as_posix() for p in log_files(logs, detailed=True, stdout=True)]
+    assert names == ["detailed/d.log", "main.log", "stdout/s.log"]
+    assert log_files(tmp_path / "none", detailed=True, stdout=True) == []
+
+
+def test_mode_selection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "Disabled")
+    assert wandb_mode() == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(ValueError, match="WANDB_MODE"):
+        wandb_mode()
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    netrc_file = tmp_path / "netrc"
+    netrc_file.write_text("machine example.com login a password b\n")
+    netrc_file.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc_file))
+    assert wandb_mode() == "offline"  # no credentials: never prompt
+    netrc_file.write_text("machine api.wandb.ai login user password not-a-real-key\n")
+    assert wandb_mode() == "online"
+    netrc_file.write_text("")
+    monkeypatch.setenv("WANDB_API_KEY", "not-a-real-key")
+    assert wandb_mode() == "online"
+
+
+def test_enabled_follows_use_wandb(tmp_path: Path) -> None:
+    assert WandbLogger.enabled(make_config(tmp_path, use_wandb=True))
+    assert not WandbLogger.enabled(make_config(tmp_path, use_wandb=False))
+
+
+def test_missing_wandb_gives_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with caplog.at_level(logging.WARNING, logger="telescope.loggers.wandb"):
+        logger = WandbLogger(make_config(tmp_path), tmp_path)
+        logger.log_step(1, {"x": 1.0})
+        logger.log_rollouts(1, [{"prompt": "p"}])
+        logger.close()
+    assert logger.failure is not None and INSTALL_HINT in logger.failure
+    assert not logger.active
+    assert len([r for r in caplog.records if r.name == "telescope.loggers.wandb"]) == 1
+
+
+def test_wandb_errors_disable_the_logger_once(
+    tmp_path: Path, wandb_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import wandb
+
+    def broken_init(**kwargs: Any) -> Any:
+        raise RuntimeError("network is down")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    with caplog.at_level(logging.WARNING, logger="telescope.loggers.wandb"):
+        logger = WandbLogger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
+        logger.log_step(1, {"x": 1.0})
+        logger.close()
+    assert logger.failure == "could not start a W&B run: RuntimeError: network is down"
+    assert len([r for r in caplog.records if r.name == "telescope.loggers.wandb"]) == 1
+    monkeypatch.undo()
+
+    # a failure after a good start: reported once, then every call is a no-op
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    caplog.clear()
+    logger = WandbLogger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
+    assert logger.active, logger.failure
+    calls: list[int] = []
+
+    def broken_log(values: dict[str, Any], step: int | None = None) -> None:
+        calls.append(step or 0)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(logger._run, "log", broken_log)
+    with caplog.at_level(logging.WARNING, logger="telescope.loggers.wandb"):
+        logger.log_step(1, {"x": 1.0})
+        logger.log_step(2, {"x": 2.0})
+        logger.log_rollouts(2, [{"prompt": "p"}])
+        logger.close()
+    assert calls == [1]
+    assert logger.failure == "W&B log failed: OSError: disk full"
+    assert len([r for r in caplog.records if r.name == "telescope.loggers.wandb"]) == 1
