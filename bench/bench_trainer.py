@@ -93,9 +93,8 @@ def main() -> None:
 
     import torch
 
-    from telescope.algorithms.factory import build_algorithm
+    from telescope.plugins.facade import get_plugins
     from telescope.testing.trainer import synthetic_batch, tiny_trainer_config
-    from telescope.trainer.fsdp import FSDPBackend
 
     seq_len = args.seq_len or (4096 if args.device == "cuda" else 512)
     bf16 = args.device == "cuda"
@@ -107,7 +106,7 @@ def main() -> None:
             mixed_precision_dtype="bfloat16" if bf16 else None,
             gradient_checkpointing=args.gradient_checkpointing, learning_rate=1e-6,
         )  # fmt: skip
-        backend = FSDPBackend(config, build_algorithm(config))
+        backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
         backend.setup(device=args.device)
         params = sum(p.numel() for p in backend.model.parameters())
         vocab = int(backend.model.config.vocab_size)
@@ -124,7 +123,7 @@ def main() -> None:
                 rows.append((metrics, batch.num_tokens))
         backend.close()
 
-    step_time = sum(m["timing/step/total"] for m, _ in rows) / len(rows)
+    step_time = sum(m["timing_trainer_step_total"] for m, _ in rows) / len(rows)
     tokens = sum(n for _, n in rows) / len(rows)
     result = {
         "device": args.device,

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telescope.algorithms.cispo import CISPO
-from telescope.algorithms.common import compute_advantages
 from telescope.algorithms.dr_grpo import DrGRPO
 from telescope.algorithms.grpo import GRPO
 from telescope.algorithms.gspo import GSPO
@@ -23,28 +22,26 @@ BATCH = AlgorithmConfig(advantage_norm="batch")
 @pytest.mark.parametrize("cls", [GRPO, CISPO, GSPO, SAPO])
 def test_group_normalised(cls: type) -> None:
     # [1, 2, 3]: mean 2, std sqrt(2/3) = 0.816497 -> (r - 2) / 0.816497 = [-1.224745, 0, 1.224745]
-    assert compute_advantages(cls(GROUP), [[1.0, 2.0, 3.0]]) == [pytest.approx([-1.224745, 0.0, 1.224745], rel=1e-5)]
+    assert cls(GROUP).advantages([[1.0, 2.0, 3.0]]) == [pytest.approx([-1.224745, 0.0, 1.224745], rel=1e-5)]
     # [0, 1, 1, 0]: mean 0.5, std 0.5 -> [-1, 1, 1, -1]
-    assert compute_advantages(cls(GROUP), [[0.0, 1.0, 1.0, 0.0]]) == [pytest.approx([-1, 1, 1, -1], rel=1e-5)]
+    assert cls(GROUP).advantages([[0.0, 1.0, 1.0, 0.0]]) == [pytest.approx([-1, 1, 1, -1], rel=1e-5)]
 
 
 def test_rloo_leave_one_out() -> None:
     # [1, 2, 3, 6]: 1 - (2+3+6)/3 = -2.666667; 2 - 10/3 = -1.333333; 3 - 9/3 = 0; 6 - 6/3 = 4
-    assert compute_advantages(RLOO(GROUP), [[1.0, 2.0, 3.0, 6.0]]) == [
-        pytest.approx([-8 / 3, -4 / 3, 0.0, 4.0], abs=1e-12)
-    ]
+    assert RLOO(GROUP).advantages([[1.0, 2.0, 3.0, 6.0]]) == [pytest.approx([-8 / 3, -4 / 3, 0.0, 4.0], abs=1e-12)]
 
 
 def test_dr_grpo_centred_only() -> None:
     # [1, 2, 3, 6]: mean 3 -> [-2, -1, 0, 3]
-    assert compute_advantages(DrGRPO(GROUP), [[1.0, 2.0, 3.0, 6.0]]) == [[-2.0, -1.0, 0.0, 3.0]]
+    assert DrGRPO(GROUP).advantages([[1.0, 2.0, 3.0, 6.0]]) == [[-2.0, -1.0, 0.0, 3.0]]
 
 
 @pytest.mark.parametrize("cls", [ReinforcePP, GRPO, DrGRPO])
 def test_batch_normalisation(cls: type) -> None:
     # groups [1, 3] and [0, 0, 6] centred: [-1, 1], [-2, -2, 4]; batch mean 0,
     # batch var (1 + 1 + 4 + 4 + 16) / 5 = 5.2, std 2.280351 -> divide.
-    out = compute_advantages(cls(BATCH), [[1.0, 3.0], [0.0, 0.0, 6.0]])
+    out = cls(BATCH).advantages([[1.0, 3.0], [0.0, 0.0, 6.0]])
     assert out[0] == pytest.approx([-0.438529, 0.438529], rel=1e-5)
     assert out[1] == pytest.approx([-0.877058, -0.877058, 1.754116], rel=1e-5)
 
@@ -55,19 +52,19 @@ def test_reinforce_pp_default_is_batch() -> None:
 
 
 def test_single_sample_group_has_no_signal() -> None:
-    assert compute_advantages(RLOO(GROUP), [[5.0]]) == [[0.0]]
-    assert compute_advantages(GRPO(GROUP), [[5.0], [1.0, 3.0]])[0] == [0.0]
+    assert RLOO(GROUP).advantages([[5.0]]) == [[0.0]]
+    assert GRPO(GROUP).advantages([[5.0], [1.0, 3.0]])[0] == [0.0]
 
 
 def test_zero_variance_group_is_zero() -> None:
     for cls in (GRPO, RLOO, DrGRPO, CISPO, GSPO, SAPO):
-        assert compute_advantages(cls(GROUP), [[2.0, 2.0, 2.0]]) == [[0.0, 0.0, 0.0]]
+        assert cls(GROUP).advantages([[2.0, 2.0, 2.0]]) == [[0.0, 0.0, 0.0]]
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(-100, 100, allow_nan=False), min_size=2, max_size=12))
 def test_rloo_property_reward_minus_mean_of_others(rewards: list[float]) -> None:
-    out = compute_advantages(RLOO(GROUP), [rewards])[0]
+    out = RLOO(GROUP).advantages([rewards])[0]
     n = len(rewards)
     for i, r in enumerate(rewards):
         others = (sum(rewards) - r) / (n - 1)

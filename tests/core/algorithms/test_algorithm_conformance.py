@@ -50,11 +50,11 @@ class TestSAPO(AlgorithmConformance):
 
 def test_factory_builds_registered_algorithms() -> None:
     from telescope.algorithms import TARGETS
-    from telescope.algorithms.factory import build_algorithm
-    from telescope.config.schema import TelescopeConfig
+    from telescope.config.composition import config_from_dict
+    from telescope.plugins.facade import get_plugins
 
     for name in TARGETS:
-        config = TelescopeConfig.model_validate({"environments": [{"name": "x"}], "algorithm": name})
-        algorithm = build_algorithm(config)
+        config = config_from_dict({"environments": [{"name": "x"}], "algorithm": name})
+        algorithm = get_plugins().create_algorithm(config)
         assert algorithm.name == name
         assert algorithm.config.advantage_norm == algorithm.capabilities.default_advantage_norm

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from telescope.api.environment import BaseEnvironment
-from telescope.api.records import RewardResult, Sample, TrainingBatch
+from telescope.api.records import RewardResult, Sample, SupervisedExample, TrainingBatch
 from telescope.config.loader import load_config
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.services import SamplingSettings
+from telescope.plugins.facade import Plugins
+from telescope.plugins.manager import TelescopePluginManager
+from telescope.plugins.registry import Registry
 from telescope.trainer import checkpoint as trainer_ckpt
 
 
@@ -54,6 +57,7 @@ class FakeServices:
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     batches: list[TrainingBatch] = field(default_factory=list)
+    supervised: list[list[SupervisedExample]] = field(default_factory=list)
     pushed: list[int] = field(default_factory=list)
     checkpoint_root: Path | None = None
     trained_step: int = 0
@@ -83,6 +87,10 @@ class FakeServices:
         self.trained_step = batch.step + 1
         return {"loss": 0.0, "grad_norm": 1.0, "learning_rate": 1e-6}
 
+    async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        self.supervised.append(list(examples))
+        return {"loss": 1.0 / len(self.supervised), "grad_norm": 1.0}
+
     async def push_weights(self, version: int) -> dict[str, float]:
         self.version = version
         self.pushed.append(version)
@@ -90,16 +98,13 @@ class FakeServices:
 
     async def save_checkpoint(self, step: int) -> None:
         assert self.checkpoint_root is not None
-        manager = trainer_ckpt.CheckpointManager(self.checkpoint_root, every=1)
+        manager = trainer_ckpt.TrainerCheckpoints(self.checkpoint_root, every=1)
         manager.save(_FakeBackend(step), step)
 
     async def load_checkpoint(self, path: Path) -> dict[str, Any]:
         meta: dict[str, Any] = json.loads((path / trainer_ckpt.META).read_text())
         self.trained_step = int(meta["step"])
         return meta
-
-    async def close(self) -> None:
-        pass
 
 
 class _FakeBackend:
@@ -132,3 +137,8 @@ def loop_config(tmp_path: Path, **overrides: Any) -> TelescopeConfig:
     }
     values.update(overrides)
     return load_config(None, values, check_plugins=False).config
+
+
+def plugins_for(registry: Registry) -> Plugins:
+    """The typed facade over a hand-made registry (no entry points loaded)."""
+    return Plugins(TelescopePluginManager(builtins=(), load_entry_points=False), registry)

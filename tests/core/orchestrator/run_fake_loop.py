@@ -11,10 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakes import FakeServices, ParityEnvironment, loop_config
+from fakes import FakeServices, ParityEnvironment, loop_config, plugins_for
 
 from telescope.models.tiny import PRESETS, build_tokenizer
-from telescope.orchestrator.assembly import build_training_run
+from telescope.orchestrator.assembly import build_orchestrator
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.recording.run_store import RunStore
 
@@ -36,8 +36,13 @@ def main() -> None:
     Registrar(registry, PluginKind.ALGORITHM, "t", "t", "0")("grpo", "telescope.algorithms.grpo:GRPO")
     services = FakeServices(delay_s=delay, checkpoint_root=run_dir / "checkpoints")
     store = RunStore(run_dir)
-    run = build_training_run(
-        config, services, registry=registry, tokenizer=build_tokenizer(PRESETS["test"]), store=store
+    run = build_orchestrator(
+        config,
+        services,
+        services,
+        plugins=plugins_for(registry),
+        tokenizer=build_tokenizer(PRESETS["test"]),
+        store=store,
     )
     try:
         asyncio.run(run.run())

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from telescope.models.tiny import PRESETS, build_tokenizer
-from telescope.orchestrator.assembly import build_training_run
+from telescope.orchestrator.assembly import build_orchestrator
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
 
-from .fakes import FakeServices, ParityEnvironment, loop_config
+from .fakes import FakeServices, ParityEnvironment, loop_config, plugins_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,8 +51,13 @@ def run_loop(tmp_path: Path, tokenizer: Any, services: FakeServices | None = Non
     services = services or FakeServices()
     services.checkpoint_root = Path(config.run_dir or "") / "checkpoints"
     store = RunStore(Path(config.run_dir or ""))
-    run = build_training_run(
-        config, services, registry=registry or registry_with_parity(), tokenizer=tokenizer, store=store
+    run = build_orchestrator(
+        config,
+        services,
+        services,
+        plugins=plugins_for(registry or registry_with_parity()),
+        tokenizer=tokenizer,
+        store=store,
     )
     try:
         asyncio.run(run.run())
@@ -70,7 +75,7 @@ def test_synchronous_mode_trains_only_on_current_weights(tmp_path: Path, tokeniz
     services, reader = run_loop(tmp_path, tokenizer, max_async_rollout=0)
     assert [b.step for b in services.batches] == [0, 1, 2, 3]
     assert all(version == step for step, version in trained_versions(services))
-    assert services.pushed == [1, 2, 3, 4]
+    assert services.pushed == [0, 1, 2, 3, 4]  # the trainer's initial weights first, then each step's
     metrics = reader.metrics()
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     for key in ("reward/mean", "advantage/std", "tokens/completion/mean", "stop_reason_length_pct",
@@ -102,7 +107,7 @@ def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, toke
         max_concurrent_prompts_per_server=32,
     )
     renderer = ChatRenderer(tokenizer)
-    prompts = build_prompt_source(config, build_slots(config, registry_with_parity()), renderer)
+    prompts = build_prompt_source(config, build_slots(config, plugins_for(registry_with_parity())), renderer)
     started: list[int] = []
     cancelled: list[int] = []
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from telescope.algorithms.factory import build_algorithm
+from telescope.plugins.facade import get_plugins
 from telescope.testing.trainer import synthetic_batch, tiny_trainer_config, weights_snapshot
 from telescope.trainer import checkpoint as ckpt
-from telescope.trainer.checkpoint import CheckpointManager, checkpoints_to_delete
+from telescope.trainer.checkpoint import TrainerCheckpoints, checkpoints_to_delete
 from telescope.trainer.fsdp import FSDPBackend
 
 
@@ -18,7 +18,7 @@ def started(model: Path, **overrides: object) -> FSDPBackend:
     config = tiny_trainer_config(
         model, lr_scheduler="cosine", warmup_steps=1, number_of_steps=4, weight_decay=0.1, **overrides
     )
-    backend = FSDPBackend(config, build_algorithm(config))
+    backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
     backend.setup()
     return backend
 
@@ -33,7 +33,7 @@ def test_resume_equals_straight_run(tiny_model: Path, tmp_path: Path) -> None:
         straight.close()
 
     first = started(tiny_model)
-    manager = CheckpointManager(tmp_path / "ckpts", every=2)
+    manager = TrainerCheckpoints(tmp_path / "ckpts", every=2)
     try:
         lrs = [first.train_step(b)["learning_rate"] for b in batches[:2]]
         assert manager.maybe_save(first, first.step) is not None
@@ -57,7 +57,7 @@ def test_crash_during_save_keeps_last_good_checkpoint(
     tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = started(tiny_model)
-    manager = CheckpointManager(tmp_path, every=1)
+    manager = TrainerCheckpoints(tmp_path, every=1)
     try:
         backend.train_step(synthetic_batch())
         good = manager.save(backend, 1)
@@ -101,7 +101,7 @@ def test_retention_rule() -> None:
 
 def test_manager_applies_retention_with_weights_only(tiny_model: Path, tmp_path: Path) -> None:
     backend = started(tiny_model)
-    manager = CheckpointManager(tmp_path, every=1, keep_last=1, keep_every=2, training_state=False)
+    manager = TrainerCheckpoints(tmp_path, every=1, keep_last=1, keep_every=2, training_state=False)
     try:
         for step in (1, 2, 3):
             manager.save(backend, step)
@@ -113,7 +113,7 @@ def test_manager_applies_retention_with_weights_only(tiny_model: Path, tmp_path:
 
 def test_manager_from_config(tmp_path: Path) -> None:
     config = tiny_trainer_config("unused", checkpoint_dir=str(tmp_path), checkpoint_every=5, checkpoint_keep_last=2)
-    manager = CheckpointManager.from_config(config)
+    manager = TrainerCheckpoints.from_config(config)
     assert manager.root == tmp_path and manager.keep_last == 2
     assert [manager.should_save(s) for s in (0, 4, 5, 10)] == [False, False, True, True]
     with pytest.raises(FileNotFoundError):
@@ -130,7 +130,7 @@ def test_convert_checkpoint_loads_with_identical_logits(tiny_model: Path, tmp_pa
     try:
         backend.train_step(synthetic_batch())
         weights = weights_snapshot(backend)
-        CheckpointManager(tmp_path / "ckpts").save(backend, 1)
+        TrainerCheckpoints(tmp_path / "ckpts").save(backend, 1)
     finally:
         backend.close()
     result = CliRunner().invoke(build_cli(), ["convert-checkpoint", str(tmp_path / "ckpts"), str(tmp_path / "hf")])

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from telescope.algorithms.factory import build_algorithm
+from telescope.api.context import TrainerContext
+from telescope.plugins.facade import get_plugins
 from telescope.testing.trainer import (
     TrainerBackendConformance,
     synthetic_batch,
@@ -15,6 +16,7 @@ from telescope.testing.trainer import (
     weights_snapshot,
 )
 from telescope.trainer.fsdp import FSDPBackend
+from telescope.trainer.plugin import FSDPSettings
 
 
 class TestFSDPBackend(TrainerBackendConformance):
@@ -23,7 +25,7 @@ class TestFSDPBackend(TrainerBackendConformance):
 
 def started(model: Path, **overrides: object) -> FSDPBackend:
     config = tiny_trainer_config(model, **overrides)
-    backend = FSDPBackend(config, build_algorithm(config))
+    backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
     backend.setup()
     return backend
 
@@ -60,7 +62,9 @@ def test_custom_backend_adds_metrics(tiny_model: Path) -> None:
             return metrics
 
     config = tiny_trainer_config(tiny_model)
-    backend = MyBackend(config, build_algorithm(config))
+    backend = MyBackend(
+        TrainerContext.from_config(config), get_plugins().create_algorithm(config), config.settings(FSDPSettings)
+    )
     backend.setup()
     try:
         assert backend.train_step(synthetic_batch())["custom/my_metric"] == 1.0

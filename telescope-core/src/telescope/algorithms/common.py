@@ -7,11 +7,9 @@ two rewards ``[0, 1]`` gets advantages ``[-1, 1]`` under group normalisation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from telescope.api.algorithm import Algorithm, AlgorithmConfig, LossInputs
+from telescope.api.algorithm import AlgorithmConfig, LossInputs
 
 
 def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -34,35 +32,6 @@ def group_normalised(rewards: torch.Tensor, config: AlgorithmConfig) -> torch.Te
     if config.advantage_norm == "batch":
         return centred
     return centred / (rewards.std(unbiased=False) + config.eps)
-
-
-def batch_normalised(advantages: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(A - mean_B(A)) / (std_B(A) + eps)`` over every sample of the training batch."""
-    if advantages.numel() == 0:
-        return advantages
-    return (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)
-
-
-def compute_advantages(algorithm: Algorithm, groups_rewards: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Advantages for a list of groups (the orchestrator's entry point).
-
-    Each group's rewards go through :meth:`Algorithm.group_advantages`; with
-    ``advantage_norm: batch`` the result is then normalised across all the groups
-    given (the whole training batch). A group of one sample (no baseline) or of
-    equal rewards (no signal) gets exactly 0. Groups the orchestrator drops (zero advantage) should be
-    dropped *before* this call so that they do not dilute the batch statistics.
-    """
-    per_group: list[torch.Tensor] = []
-    for rewards in groups_rewards:
-        tensor = torch.tensor(list(rewards), dtype=torch.float64)
-        if tensor.numel() < 2 or bool((tensor == tensor[0]).all()):
-            per_group.append(torch.zeros_like(tensor))  # no baseline / no signal: exactly 0
-        else:
-            per_group.append(algorithm.group_advantages(tensor).to(torch.float64))
-    if algorithm.config.advantage_norm == "batch" and per_group:
-        flat = batch_normalised(torch.cat(per_group), algorithm.config.eps)
-        per_group = list(torch.split(flat, [t.numel() for t in per_group]))
-    return [[float(x) for x in t] for t in per_group]
 
 
 def log_ratio(inputs: LossInputs) -> torch.Tensor:

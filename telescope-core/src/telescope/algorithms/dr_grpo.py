@@ -13,12 +13,17 @@ import torch
 
 from telescope.algorithms import CAPABILITIES
 from telescope.algorithms.common import group_centred, policy_gradient_loss
-from telescope.api.algorithm import Algorithm, LossCounts, LossInputs
+from telescope.algorithms.plugin import DrGrpoSettings
+from telescope.api.algorithm import Algorithm, AlgorithmConfig, LossCounts, LossInputs
 
 
 class DrGRPO(Algorithm):
     name = "dr_grpo"
     capabilities = CAPABILITIES["dr_grpo"]
+
+    def __init__(self, config: AlgorithmConfig, settings: DrGrpoSettings | None = None) -> None:
+        super().__init__(config, settings)
+        self.aggregation = (settings or DrGrpoSettings()).dr_grpo_loss_agg_mode
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return group_centred(rewards)
@@ -27,6 +32,6 @@ class DrGRPO(Algorithm):
         return policy_gradient_loss(inputs, self.config)
 
     def loss_denominator(self, counts: LossCounts) -> float:
-        if self.config.dr_grpo_loss_agg_mode == "token_sum_norm":
+        if self.aggregation == "token_sum_norm":
             return float(max(counts.samples, 1) * self.config.max_tokens)
         return super().loss_denominator(counts)

@@ -2,7 +2,7 @@
 
 Advantage ``r_i - mean(r)`` per group, then ``(A - mean_B(A)) / (std_B(A) + eps)``
 over the whole training batch (``advantage_norm: batch``, its only and default
-normalisation, applied by :func:`~telescope.algorithms.common.compute_advantages`).
+normalisation, applied by :meth:`~telescope.api.algorithm.Algorithm.advantages`).
 """
 
 from __future__ import annotations

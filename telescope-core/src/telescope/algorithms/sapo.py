@@ -12,12 +12,17 @@ import torch
 
 from telescope.algorithms import CAPABILITIES
 from telescope.algorithms.common import group_normalised, log_ratio
-from telescope.api.algorithm import Algorithm, LossInputs
+from telescope.algorithms.plugin import SapoSettings
+from telescope.api.algorithm import Algorithm, AlgorithmConfig, LossInputs
 
 
 class SAPO(Algorithm):
     name = "sapo"
     capabilities = CAPABILITIES["sapo"]
+
+    def __init__(self, config: AlgorithmConfig, settings: SapoSettings | None = None) -> None:
+        super().__init__(config, settings)
+        self.sapo = settings or SapoSettings()
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return group_normalised(rewards, self.config)
@@ -26,7 +31,7 @@ class SAPO(Algorithm):
         ratio = torch.exp(log_ratio(inputs))
         tau = torch.where(
             inputs.advantages > 0,
-            torch.full_like(ratio, self.config.sapo_tau_pos),
-            torch.full_like(ratio, self.config.sapo_tau_neg),
+            torch.full_like(ratio, self.sapo.sapo_tau_pos),
+            torch.full_like(ratio, self.sapo.sapo_tau_neg),
         )
         return -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * inputs.advantages

@@ -22,19 +22,20 @@ Conventions shared by every algorithm:
   micro-batch (padding included, masked out by ``loss_mask``).
 - Advantages: :meth:`Algorithm.group_advantages` gives one group's advantages; with
   ``advantage_norm: batch`` it returns the group-*centred* values and
-  :func:`telescope.algorithms.common.compute_advantages` normalises them across the
-  whole training batch.
+  :meth:`Algorithm.advantages` normalises them across the whole training batch.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     import torch
 
+    from telescope.api.settings import PluginSettings
     from telescope.config.schema import TelescopeConfig
 
 AdvantageNorm = Literal["group", "batch"]
@@ -69,16 +70,18 @@ class AlgorithmCapabilities:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """The slice of the run config that the math reads."""
+    """The core's fields that every algorithm's math may read.
+
+    A field that one algorithm alone reads is that algorithm's own setting
+    (``sapo_tau_pos``, ``dr_grpo_loss_agg_mode``), declared at its registration and
+    passed to the constructor as ``settings``.
+    """
 
     advantage_norm: AdvantageNorm = "group"
     use_ppo_clip: bool = False
     ppo_clip_ref_logprobs: Literal["rollout", "batch"] = "rollout"
     clip_low: float = 0.4
     clip_high: float = 0.5
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = "token_mean"
     use_tis: bool = False
     tis_cap: float = 2.0
     tis_logprob_clamp: float = 20.0
@@ -136,8 +139,9 @@ class Algorithm(ABC):
     name: ClassVar[str] = ""
     capabilities: ClassVar[AlgorithmCapabilities] = AlgorithmCapabilities()
 
-    def __init__(self, config: AlgorithmConfig) -> None:
+    def __init__(self, config: AlgorithmConfig, settings: PluginSettings | None = None) -> None:
         self.config = config
+        self.settings = settings
 
     @abstractmethod
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -164,3 +168,29 @@ class Algorithm(ABC):
     def loss_denominator(self, counts: LossCounts) -> float:
         """What the summed loss terms are divided by: the global loss-token count by default."""
         return float(max(counts.loss_tokens, 1))
+
+    def advantages(self, groups_rewards: Sequence[Sequence[float]]) -> list[list[float]]:
+        """Advantages for the groups of one training batch (what the orchestrator calls).
+
+        Each group's rewards go through :meth:`group_advantages`; with
+        ``advantage_norm: batch`` the result is then normalised across all the groups
+        given (the whole training batch). A group of one sample (no baseline) or of
+        equal rewards (no signal) gets exactly 0. Groups the orchestrator drops (zero
+        advantage) are dropped *before* this call so that they do not dilute the
+        batch statistics.
+        """
+        import torch
+
+        per_group: list[torch.Tensor] = []
+        for rewards in groups_rewards:
+            tensor = torch.tensor(list(rewards), dtype=torch.float64)
+            if tensor.numel() < 2 or bool((tensor == tensor[0]).all()):
+                per_group.append(torch.zeros_like(tensor))  # no baseline / no signal: exactly 0
+            else:
+                per_group.append(self.group_advantages(tensor).to(torch.float64))
+        if self.config.advantage_norm == "batch" and per_group:
+            flat = torch.cat(per_group)
+            if flat.numel():
+                flat = (flat - flat.mean()) / (flat.std(unbiased=False) + self.config.eps)
+            per_group = list(torch.split(flat, [t.numel() for t in per_group]))
+        return [[float(x) for x in t] for t in per_group]

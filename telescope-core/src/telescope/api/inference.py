@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import InferenceContext
+    from telescope.api.settings import PluginSettings
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class InferenceBackend(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, config: TelescopeConfig) -> None:
-        self.config = config
+    def __init__(self, context: InferenceContext, settings: PluginSettings | None = None) -> None:
+        self.context = context
+        self.settings = settings
 
     @classmethod
     def is_available(cls) -> bool:
@@ -65,7 +67,7 @@ class InferenceBackend(ABC):
     def receivers_per_server(self) -> int:
         """Weight-transport receivers one server holds (its ranks are ``rank_offset + 0 .. n - 1``).
 
-        1 for the embedded engine; ``inference_tensor_parallel_size`` for vLLM, whose
+        1 for the embedded engine; the tensor-parallel size for vLLM, whose
         every TP worker receives the full weights and shards them itself.
         """
         return 1

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import LoggerContext
+    from telescope.api.settings import PluginSettings
 
 
 class Logger(ABC):
@@ -20,13 +21,14 @@ class Logger(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
-        self.config = config
-        self.run_dir = run_dir
+    def __init__(self, context: LoggerContext, settings: PluginSettings | None = None) -> None:
+        self.context = context
+        self.settings = settings
+        self.run_dir = Path(context.run_dir)
 
     @classmethod
-    def enabled(cls, config: TelescopeConfig) -> bool:
-        """Whether the config asks for this logger."""
+    def enabled(cls, settings: PluginSettings | None) -> bool:
+        """Whether the logger's own settings ask for it (e.g. ``use_wandb``)."""
         return False
 
     @abstractmethod

@@ -1,16 +1,26 @@
 """Typed records that flow through the loop: samples, rollouts, groups, batches.
 
-Design: plain dataclasses of Python values (no tensors), so that records cross
-process boundaries (Ray) cheaply, are written to the run store as JSON, and are
-built in tests without torch. The trainer turns a :class:`TrainingBatch` into
+Design: plain frozen dataclasses of Python values (no tensors), so that records
+cross process boundaries (Ray) cheaply, are written to the run store as JSON, and
+are built in tests without torch. The trainer turns a :class:`TrainingBatch` into
 tensors itself.
+
+Records are immutable once made; each stage makes the next record: generation
+makes :class:`Turn` and an unscored :class:`Rollout`, scoring makes the scored
+rollout (``dataclasses.replace``), the orchestrator makes a :class:`Group`, and
+batching makes a :class:`TrainingSample` per rollout, which is where the
+advantage lives (a rollout has a reward, not an advantage).
 
 A rollout is a list of :class:`Turn` records. Each turn holds the tokens the
 environment or the prompt added (not trained on) and the tokens the model
-generated (trained on), with the policy version of the weights that the turn was
-*dispatched* with. The flat token view (``token_ids``, ``loss_mask``,
-``inference_logprobs``, ``policy_versions``) is derived from the turns, so
-multi-turn token ids are reused exactly across turns and never re-tokenized.
+generated (trained on). Policy versions: ``policy_version`` is the weights
+version the turn was *dispatched* with; ``output_policy_versions`` has one entry
+per generated token, the version the server reports produced it (the embedded
+engine reports every token's; vLLM reports none, and the client fills in the
+version it knew at dispatch). Staleness is measured on the output versions. The
+flat token view (``token_ids``, ``loss_mask``, ``inference_logprobs``,
+``policy_versions``) is derived from the turns, so multi-turn token ids are
+reused exactly across turns and never re-tokenized.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardResult:
     """What an environment's reward function returns.
 
@@ -56,15 +66,17 @@ class RewardResult:
     error: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Turn:
     """One exchange: tokens added before generation, then the tokens generated.
 
     ``input_token_ids``: the prompt (first turn) or the environment's reply
     (later turns), including chat-template tokens; never trained on.
     ``output_token_ids`` / ``output_logprobs``: what the inference engine sampled and
-    the log-probabilities it reported (of the temperature-scaled distribution).
+    the log-probabilities it reported.
     ``policy_version``: the weights version when this turn was dispatched.
+    ``output_policy_versions``: per generated token, the version the server says
+    produced it (empty means: all at ``policy_version``).
     """
 
     input_token_ids: list[int]
@@ -73,6 +85,7 @@ class Turn:
     policy_version: int
     finish_reason: FinishReason = "stop"
     output_text: str = ""
+    output_policy_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.output_token_ids) != len(self.output_logprobs):
@@ -80,17 +93,31 @@ class Turn:
                 f"a turn has {len(self.output_token_ids)} generated tokens but "
                 f"{len(self.output_logprobs)} log-probabilities; they must match one to one"
             )
+        if self.output_policy_versions and len(self.output_policy_versions) != len(self.output_token_ids):
+            raise ValueError(
+                f"a turn has {len(self.output_token_ids)} generated tokens but "
+                f"{len(self.output_policy_versions)} policy versions; they must match one to one"
+            )
+
+    @property
+    def token_versions(self) -> list[int]:
+        """The version of each generated token (the dispatch version where the server reported none)."""
+        return list(self.output_policy_versions) or [self.policy_version] * len(self.output_token_ids)
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weights that produced a token of this turn (the dispatch version if none)."""
+        return min(self.output_policy_versions, default=self.policy_version)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
-    """One sampled trajectory for a sample: its turns, its reward, its messages."""
+    """One sampled trajectory for a sample: its turns, its messages and, once scored, its reward."""
 
     sample: Sample
     turns: list[Turn]
     messages: list[Message] = field(default_factory=list)
     reward: RewardResult | None = None
-    advantage: float | None = None
     error: str | None = None
 
     @property
@@ -120,15 +147,17 @@ class Rollout:
 
     @property
     def policy_versions(self) -> list[int]:
-        """Per-token dispatch policy version (of the turn each token belongs to)."""
+        """Per-token policy version: the server-reported one for generated tokens, the dispatch one otherwise."""
         out: list[int] = []
         for turn in self.turns:
-            out.extend([turn.policy_version] * (len(turn.input_token_ids) + len(turn.output_token_ids)))
+            out.extend([turn.policy_version] * len(turn.input_token_ids))
+            out.extend(turn.token_versions)
         return out
 
     @property
     def oldest_policy_version(self) -> int:
-        return min(turn.policy_version for turn in self.turns)
+        """The oldest weights that produced any generated token (what staleness is measured on)."""
+        return min(turn.oldest_version for turn in self.turns)
 
     @property
     def prompt_length(self) -> int:
@@ -148,7 +177,7 @@ class Rollout:
         return "".join(t.output_text for t in self.turns)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Group:
     """All rollouts sampled for one prompt (``group_size`` of them)."""
 
@@ -166,9 +195,9 @@ class Group:
         return len(set(rewards)) <= 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingSample:
-    """One rollout as the trainer sees it: flat tokens, mask, logprobs, advantage."""
+    """One rollout as the trainer sees it: flat tokens, mask, logprobs, and its advantage."""
 
     token_ids: list[int]
     loss_mask: list[bool]
@@ -176,6 +205,7 @@ class TrainingSample:
     advantage: float
     policy_version: int = 0
     group_index: int = 0
+    rollout_index: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -186,16 +216,17 @@ class TrainingSample:
             )
 
     @classmethod
-    def from_rollout(cls, rollout: Rollout, group_index: int = 0) -> TrainingSample:
-        if rollout.advantage is None:
-            raise ValueError("a rollout needs an advantage before it becomes a training sample")
+    def from_rollout(
+        cls, rollout: Rollout, advantage: float, group_index: int = 0, rollout_index: int = 0
+    ) -> TrainingSample:
         return cls(
             token_ids=rollout.token_ids,
             loss_mask=rollout.loss_mask,
             inference_logprobs=rollout.inference_logprobs,
-            advantage=rollout.advantage,
+            advantage=float(advantage),
             policy_version=rollout.oldest_policy_version,
             group_index=group_index,
+            rollout_index=rollout_index,
         )
 
     @property
@@ -203,7 +234,21 @@ class TrainingSample:
         return sum(self.loss_mask)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SupervisedExample:
+    """A demonstration for supervised steps (the warm start): prompt tokens, then the target completion."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+    def as_training_sample(self) -> TrainingSample:
+        """Tokens with the loss on the completion only (advantage and log-probabilities unused)."""
+        ids = [*self.prompt_ids, *self.completion_ids]
+        mask = [False] * len(self.prompt_ids) + [True] * len(self.completion_ids)
+        return TrainingSample(ids, mask, [0.0] * len(ids), advantage=0.0)
+
+
+@dataclass(frozen=True)
 class TrainingBatch:
     """What one trainer step consumes: the training samples of one rollout batch.
 

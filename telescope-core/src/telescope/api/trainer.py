@@ -5,7 +5,7 @@ setup (FSDP, Megatron, ...). It is algorithm-blind: it receives the
 :class:`~telescope.api.algorithm.Algorithm` and asks it for per-token losses.
 
 ``train_step`` returns step metrics named with the section/group/metric
-convention (``entropy``, ``grad_norm``, ``timing/forward/total``, ...). A custom
+convention (``entropy``, ``grad_norm``, ``timing_forward_total``, ...). A custom
 backend adds keys by overriding it::
 
     def train_step(self, batch):
@@ -15,6 +15,9 @@ backend adds keys by overriding it::
 
 Contract details every backend follows (``telescope.testing.trainer`` checks them):
 
+- the constructor receives the run's :class:`~telescope.api.context.TrainerContext`
+  (model, optimizer, schedule, packing), the algorithm, and the backend's own
+  settings (the fields it declared at registration), never the whole config;
 - one instance per rank; ``setup(rank, world_size, device=None)`` joins the
   process group (``MASTER_ADDR``/``MASTER_PORT`` for more than one rank);
 - every rank receives the *same* full :class:`TrainingBatch`; the backend shards it;
@@ -36,8 +39,9 @@ if TYPE_CHECKING:
     import torch
 
     from telescope.api.algorithm import Algorithm
-    from telescope.api.records import TrainingBatch
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import TrainerContext
+    from telescope.api.records import SupervisedExample, TrainingBatch
+    from telescope.api.settings import PluginSettings
 
 
 class TrainerBackend(ABC):
@@ -45,9 +49,10 @@ class TrainerBackend(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, config: TelescopeConfig, algorithm: Algorithm) -> None:
-        self.config = config
+    def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: PluginSettings | None = None) -> None:
+        self.context = context
         self.algorithm = algorithm
+        self.settings = settings
         self.step = 0
 
     @abstractmethod
@@ -57,6 +62,16 @@ class TrainerBackend(ABC):
     @abstractmethod
     def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """One rollout batch: ``number_of_minibatches`` optimizer steps; returns metrics."""
+
+    @abstractmethod
+    def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        """One supervised step: cross-entropy on the completion tokens of ``examples`` (the warm start).
+
+        Collective like ``train_step``; every rank receives the same examples. It uses
+        an optimizer of its own at ``learning_rate`` (the RL optimizer's state and LR
+        schedule are untouched) and returns at least ``loss`` (mean token
+        cross-entropy) and ``grad_norm``.
+        """
 
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -8,10 +8,10 @@ worker process, the default on GPU).
 
 Protocol (the same for every transport, so the orchestrator needs no special case)::
 
-    sender = Transport(config)                       # trainer rank 0
+    sender = Transport(context, settings)            # trainer rank 0
     info = sender.prepare_sender(num_receivers)      # JSON-able, e.g. a rendezvous address
     # each inference process (server or vLLM worker), once:
-    receiver = Transport(config); receiver.connect_receiver(info, rank, device)
+    receiver = Transport(context, settings); receiver.connect_receiver(info, rank, device)
     # every update, concurrently on both sides:
     sender.send(named_weights, version)              # returns when the data is out
     for name, tensor in receiver.receive(version):   # yields as data arrives
@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import TransportContext
+    from telescope.api.settings import PluginSettings
 
 
 class WeightTransport(ABC):
@@ -43,8 +44,11 @@ class WeightTransport(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, config: TelescopeConfig) -> None:
-        self.config = config
+    def __init__(self, context: TransportContext | None = None, settings: PluginSettings | None = None) -> None:
+        from telescope.api.context import TransportContext
+
+        self.context = context if context is not None else TransportContext()
+        self.settings = settings
 
     def prepare_sender(self, num_receivers: int) -> dict[str, Any]:
         """Trainer side, once: set up and return what receivers need to connect (JSON-able)."""

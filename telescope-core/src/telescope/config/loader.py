@@ -20,6 +20,7 @@ YAML (file, line and column), unknown plugin names.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +51,27 @@ def _closest(name: str, options: Sequence[str]) -> str:
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _entry_model(loc: tuple[Any, ...]) -> type[BaseModel]:
+def _entry_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseModel]:
     if loc and loc[0] == "environments":
         return EnvironmentEntry
     if loc and loc[0] == "evals":
         return EvalEntry
-    return TelescopeConfig
+    return schema
+
+
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def locate(problem: str, provenance: dict[str, str], fields: Sequence[str] = ()) -> str:
+    """``problem`` followed by the file and line (or ``cli``) of the fields it is about.
+
+    The fields are ``fields`` when the rule named them, else the config field names
+    the message mentions, in order; at most three places are given.
+    """
+    names = list(fields) or [n for n in dict.fromkeys(_FIELD_NAME.findall(problem)) if n in provenance]
+    places = [provenance[n] for n in names if provenance.get(n, "default") != "default"]
+    places = list(dict.fromkeys(p for p in places if not p.startswith("derived")))[:3]
+    return f"{problem} ({', '.join(places)})" if places and not problem.endswith(")") else problem
 
 
 def _loc_text(loc: tuple[Any, ...]) -> str:
@@ -65,7 +81,7 @@ def _loc_text(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _translate(exc: ValidationError, provenance: dict[str, str]) -> list[str]:
+def _translate(exc: ValidationError, provenance: dict[str, str], schema: type[BaseModel]) -> list[str]:
     problems: list[str] = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -76,9 +92,9 @@ def _translate(exc: ValidationError, provenance: dict[str, str]) -> list[str]:
         where = f" ({source})" if source and source != "default" else ""
         kind = err["type"]
         if kind == "extra_forbidden":
-            model = _entry_model(loc)
+            model = _entry_model(loc, schema)
             valid = list(model.model_fields)
-            scope = "" if model is TelescopeConfig else f" of {loc[0]} entries"
+            scope = "" if model is schema else f" of {loc[0]} entries"
             problems.append(
                 f"unknown key {path!r}{where}{_closest(str(loc[-1]), valid)} "
                 f"(see `telescope config show` for the valid keys{scope})"
@@ -126,30 +142,33 @@ def load_config(
         data[key] = value
         provenance[key] = "cli"
 
+    from telescope.config.composition import composed_schema
+    from telescope.plugins.facade import get_plugins
+
+    plugins = get_plugins()
+    schema = composed_schema(plugins)
     try:
-        config = TelescopeConfig.model_validate(data, context={"defer_cross_field_rules": True})
+        config = schema.model.model_validate(data, context={"defer_cross_field_rules": True})
     except ValidationError as exc:
-        raise ConfigError(_translate(exc, provenance), source) from None
+        raise ConfigError(_translate(exc, provenance, schema.model), source) from None
 
     derived: dict[str, str] = {}
     lanes_off = not config.enable_individual_sample_lanes
     if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
         derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
 
-    problems = cross_field_problems(config)
+    problems = [locate(p, provenance) for p in cross_field_problems(config)]
+    problems += [locate(message, provenance, fields) for message, fields in schema.settings_problems(config)]
     if check_plugins:
         from telescope.config.rules import registry_problems
-        from telescope.plugins.manager import get_plugin_manager
 
-        manager = get_plugin_manager()
-        problems += registry_problems(config, manager.registry, derived)
+        problems += [locate(p, provenance) for p in registry_problems(config, plugins, derived)]
         if not problems:
-            for result in manager.hook.telescope_validate_config(config=config):
-                problems.extend(result or [])
+            problems += [locate(p, provenance) for p in plugins.validate_config(config)]
     if problems:
         raise ConfigError(problems, source)
 
-    for name in TelescopeConfig.model_fields:
+    for name in schema.model.model_fields:
         if name in derived:
             provenance[name] = f"derived: {derived[name]}"
         provenance.setdefault(name, "default")

@@ -1,7 +1,9 @@
 """Render configs as YAML: the defaults file and ``telescope config show``.
 
-Both group fields by section in the order of the reference documentation. The
-defaults file carries each field's description as a comment; ``config show``
+Both follow what is installed: the composed schema (the core's fields and every
+installed plugin's), grouped by section in the order of the reference
+documentation. The defaults file carries each field's description as a comment
+and, for a plugin's field, the distribution that declares it; ``config show``
 carries the layer that set each value.
 """
 
@@ -11,22 +13,14 @@ from typing import Any
 
 import yaml
 
-from telescope.config.schema import SECTIONS, TelescopeConfig
+from telescope.config.composition import ComposedSchema, composed_schema
+from telescope.config.schema import TelescopeConfig
 
 
-def schema_defaults() -> dict[str, Any]:
+def schema_defaults(schema: ComposedSchema | None = None) -> dict[str, Any]:
     """Every field's default, as plain YAML-ready values."""
-    out: dict[str, Any] = {}
-    for name, info in TelescopeConfig.model_fields.items():
-        out[name] = info.get_default(call_default_factory=True)
-    return out
-
-
-def _ordered_sections() -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    for name in TelescopeConfig.model_fields:
-        sections.setdefault(SECTIONS.get(name, "other"), []).append(name)
-    return sections
+    model = (schema or composed_schema()).model
+    return {name: info.get_default(call_default_factory=True) for name, info in model.model_fields.items()}
 
 
 def _field_yaml(name: str, value: Any) -> list[str]:
@@ -34,30 +28,34 @@ def _field_yaml(name: str, value: Any) -> list[str]:
     return text.rstrip("\n").splitlines()
 
 
-def render_defaults() -> str:
-    """The text of ``configs/defaults/default_train.yaml``."""
-    values = schema_defaults()
+def render_defaults(schema: ComposedSchema | None = None) -> str:
+    """The text of ``configs/defaults/default_train.yaml`` for what is installed."""
+    schema = schema or composed_schema()
+    values = schema_defaults(schema)
     lines = [
         "# Telescope default configuration: every parameter with its default.",
-        "# Generated from the schema (telescope/config/schema.py) by",
+        "# Generated from the core's schema (telescope/config/schema.py) and the settings every",
+        "# installed plugin declares, by",
         "#   telescope config defaults --write configs/defaults/default_train.yaml",
         "# A run config only needs the fields it changes.",
     ]
-    for section, names in _ordered_sections().items():
+    for section, names in schema.sections().items():
         lines += ["", f"# ---- {section}"]
         for name in names:
-            description = TelescopeConfig.model_fields[name].description or ""
-            lines.append(f"# {description}")
+            description = schema.model.model_fields[name].description or ""
+            owner = schema.owner_label(name)
+            lines.append(f"# {description}" + ("" if owner == "telescope-core" else f" [{owner}]"))
             lines += _field_yaml(name, values[name])
     return "\n".join(lines) + "\n"
 
 
-def render_resolved(config: TelescopeConfig, provenance: dict[str, str]) -> str:
+def render_resolved(config: TelescopeConfig, provenance: dict[str, str], schema: ComposedSchema | None = None) -> str:
     """A resolved config as YAML, each top-level value followed by the layer that set it."""
+    schema = schema or composed_schema()
     values = config.model_dump(mode="json")
     lines: list[str] = []
     width = 48
-    for section, names in _ordered_sections().items():
+    for section, names in schema.sections().items():
         lines += [f"# ---- {section}"]
         for name in names:
             field_lines = _field_yaml(name, values[name])

@@ -11,9 +11,14 @@ telescope-sandbox for environments that run no code.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.schema import TelescopeConfig
-from telescope.plugins.registry import PluginKind, Registry
+from telescope.plugins.registry import PluginError, PluginKind, Registry
+
+if TYPE_CHECKING:
+    from telescope.plugins.facade import Plugins
 
 #: Values of plugin-chosen fields that are resolved at run time, not registered names.
 AUTO = "auto"
@@ -33,18 +38,21 @@ def _check_name(
 ) -> bool:
     if allow_auto and value == AUTO:
         return True
-    if registry.has(kind, value):
-        return True
-    problems.append(f"{field}: {registry.unknown_name_message(kind, value)}")
-    return False
+    try:
+        registry.entry(kind, value)  # an unknown name, or one that two packages register
+    except PluginError as exc:
+        problems.append(f"{field}: {exc}")
+        return False
+    return True
 
 
-def registry_problems(config: TelescopeConfig, registry: Registry, derived: dict[str, str]) -> list[str]:
+def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[str, str]) -> list[str]:
     """Check names and capabilities; resolve capability-dependent defaults.
 
     Fills ``derived`` with {field: reason} for each value resolved here (shown by
     ``telescope config show``) and updates ``config`` in place.
     """
+    registry = plugins.registry
     problems: list[str] = []
     for i, env in enumerate(config.environments):
         _check_name(registry, PluginKind.ENVIRONMENT, env.name, f"environments[{i}].name", problems)

@@ -1,8 +1,11 @@
 """The run configuration: one flat, pydantic-validated schema.
 
-Every field name is globally unique and says what it is; the defaults live here
-and are written out, field for field, in ``configs/defaults/default_train.yaml``
-(``telescope config defaults`` regenerates it; a test keeps the two equal). Unknown
+Every field name is globally unique and says what it is. This module holds the
+fields the core itself reads; every plugin declares the fields it reads
+(:mod:`telescope.api.settings`) and the loader composes the two
+(:mod:`telescope.config.composition`). The defaults of both are written out,
+field for field, in ``configs/defaults/default_train.yaml`` (``telescope config
+defaults`` regenerates it from what is installed; a test keeps the two equal). Unknown
 keys are rejected (``extra="forbid"``). Rules that involve several fields and need
 no plugin are checked here (:meth:`TelescopeConfig._cross_field_rules`); rules that
 need the plugin registry (names, algorithm capabilities) are in
@@ -15,12 +18,13 @@ strings checked against the registry, so that an installed package can add names
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from telescope.config.entries import EnvironmentEntry, EvalEntry
 
+S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -35,9 +39,28 @@ def _section(name: str, fields: list[str]) -> None:
 
 
 class TelescopeConfig(BaseModel):
-    """Every parameter of a Telescope run."""
+    """The core's parameters of a Telescope run.
+
+    The schema a run validates against is this class extended with the fields
+    every installed plugin declares (:func:`telescope.config.composition.composed_schema`);
+    code reads plugin fields through :meth:`settings`, typed by the plugin's model.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=False)
+
+    def settings(self, model: type[S]) -> S:
+        """This config's values of ``model``'s fields, as an instance of ``model`` (a typed slice).
+
+        ``model`` is a plugin's :class:`~telescope.api.settings.PluginSettings` (or any
+        model whose field names are fields of this config).
+        """
+        missing = [name for name in model.model_fields if name not in type(self).model_fields]
+        if missing:
+            raise KeyError(
+                f"the config has no field(s) {', '.join(missing)} of {model.__name__}: it was loaded without "
+                "the plugin that declares them (load it with telescope.config.load_config)"
+            )
+        return model.model_validate({name: getattr(self, name) for name in model.model_fields})
 
     # ------------------------------------------------------------------ general
     debug: bool = Field(False, description="Enable debug mode")
@@ -47,10 +70,6 @@ class TelescopeConfig(BaseModel):
     # -------------------------------------------------------------------- model
     model: str = Field("Qwen/Qwen2.5-3B", description="HuggingFace model identifier or local path")
     model_dtype: Dtype = Field("float32", description="Model weight precision")
-    mixed_precision_dtype: Dtype | None = Field(
-        "bfloat16", description="FSDP mixed precision compute dtype. null to disable"
-    )
-    gradient_checkpointing: bool = Field(True, description="FSDP activation recomputation (saves memory)")
     warm_start_steps: int = Field(
         0, ge=0, description="Supervised steps on the environments' demonstrations before RL (0 = none)"
     )
@@ -123,11 +142,6 @@ class TelescopeConfig(BaseModel):
     )
     clip_low: float = Field(0.4, ge=0, le=1, description="Ratio lower bound is 1 - clip_low")
     clip_high: float = Field(0.5, ge=0, description="Ratio upper bound is 1 + clip_high")
-    sapo_tau_pos: float = Field(1.0, gt=0, description="SAPO sigmoid sharpness for positive advantages")
-    sapo_tau_neg: float = Field(1.05, gt=0, description="SAPO sigmoid sharpness for negative advantages")
-    dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = Field(
-        "token_mean", description='DR-GRPO loss aggregation. "token_sum_norm" removes response-level length bias'
-    )
     use_tis: bool = Field(False, description="Truncated importance sampling for inference/trainer logprob mismatch")
     tis_cap: float = Field(2.0, gt=0, description="Max importance weight for TIS")
     tis_logprob_clamp: float = Field(20.0, gt=0, description="Logprob-difference clamp for TIS")
@@ -153,7 +167,6 @@ class TelescopeConfig(BaseModel):
     )
     inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory allocated to vLLM")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
     vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description='"priority" = turn-aware scheduling for multi-turn; "fcfs" = first-come-first-served'
@@ -186,28 +199,7 @@ class TelescopeConfig(BaseModel):
     evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
 
     # ------------------------------------------------------------------ logging
-    use_wandb: bool = Field(True, description="Enable Weights & Biases logging")
-    wandb_project: str = Field("telescope", description="W&B project name")
     wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
-    wandb_tags: list[str] = Field(default_factory=lambda: ["telescope"], description="W&B tags")
-    wandb_upload_code: bool = Field(True, description="Upload source code to W&B")
-    wandb_upload_logs: bool = Field(True, description="Upload trainer/inference logs to W&B")
-    wandb_upload_logs_detailed: bool = Field(False, description="Include detailed logs in W&B upload")
-    wandb_upload_logs_stdout: bool = Field(False, description="Include stdout logs in W&B upload")
-    wandb_code_max_file_size_mb: float = Field(2.0, gt=0, description="Max file size for code upload")
-    wandb_code_exclude_patterns: list[str] = Field(
-        default_factory=lambda: [
-            ".git",
-            ".venv",
-            "__pycache__",
-            "*.pyc",
-            "runs",
-            "wandb",
-            "checkpoints",
-            "node_modules",
-        ],
-        description="Glob patterns to exclude from code upload",
-    )
     system_metrics_collection_interval_seconds: float = Field(1.0, gt=0, description="System metrics interval")
     torch_memory_sample_interval_seconds: float = Field(0.1, gt=0, description="PyTorch memory sampling interval")
     event_tail_window_seconds: int = Field(60, ge=1, description="Tail window for event aggregation")
@@ -243,12 +235,6 @@ class TelescopeConfig(BaseModel):
     weight_transport: str = Field(
         "auto", description='Weight transport ("memory", "nccl" or a plugin). "auto" = nccl on GPU, memory on CPU'
     )
-    weight_broadcast_mode: Literal["flattened_bucket", "per_tensor"] = Field(
-        "flattened_bucket", description="Broadcast weights in flattened buckets or tensor by tensor"
-    )
-    weight_broadcast_bucket_mb: int = Field(256, ge=1, description="Bucket size in MB for flattened broadcast")
-    weight_broadcast_cpu_staging: bool = Field(False, description="Use a CPU staging buffer for weight transfers")
-    weight_broadcast_pin_memory: bool = Field(True, description="Use pinned CPU memory for faster H2D transfers")
     weight_broadcast_free_grad_buffers: bool = Field(
         True, description="Free Megatron gradient buffers during broadcast"
     )
@@ -283,10 +269,6 @@ class TelescopeConfig(BaseModel):
     megatron_overlap_grad_reduce: bool = Field(False, description="Overlap gradient allreduce with backward compute")
     megatron_use_transformer_engine: bool = Field(False, description="Use the TransformerEngine layer spec")
     megatron_fp8: bool = Field(False, description="FP8 compute (requires TransformerEngine and a Hopper GPU)")
-
-    # ----------------------------------------------------------- vLLM tracing
-    enable_vllm_tracing: bool = Field(True, description="Enable OpenTelemetry tracing for vLLM")
-    otlp_receiver_port: int = Field(4318, ge=1, le=65535, description="OTLP HTTP receiver port")
 
     # ---------------------------------------------------------------- validators
 
@@ -395,8 +377,6 @@ _section(
     [
         "model",
         "model_dtype",
-        "mixed_precision_dtype",
-        "gradient_checkpointing",
         "warm_start_steps",
         "warm_start_learning_rate",
         "warm_start_batch_size",
@@ -415,13 +395,13 @@ _section("trainer", [
 ])  # fmt: skip
 _section("algorithm", [
     "algorithm", "number_of_minibatches", "advantage_norm", "use_ppo_clip", "ppo_clip_ref_logprobs",
-    "clip_low", "clip_high", "sapo_tau_pos", "sapo_tau_neg", "dr_grpo_loss_agg_mode", "use_tis",
+    "clip_low", "clip_high", "use_tis",
     "tis_cap", "tis_logprob_clamp", "entropy_chunk_size",
 ])  # fmt: skip
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
 _section("inference server", [
-    "inference_backend", "inference_host", "inference_base_port", "gpu_memory_utilization", "max_model_len",
+    "inference_backend", "inference_host", "inference_base_port", "max_model_len",
     "vllm_scheduling_policy", "enable_thinking", "chat_template",
 ])  # fmt: skip
 _section("sandboxes", ["sandbox_provider"])
@@ -444,4 +424,3 @@ _section(
     ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")],
 )
 _section("megatron", [n for n in TelescopeConfig.model_fields if n.startswith("megatron_")])
-_section("vllm tracing", ["enable_vllm_tracing", "otlp_receiver_port"])

@@ -289,10 +289,19 @@ class InferenceClient:
         return list(response.json().get("results", []))
 
     async def init_weight_transfer(
-        self, transport: str, init_info: dict[str, Any], rank_offset: int, config: dict[str, Any] | None = None
+        self,
+        transport: str,
+        init_info: dict[str, Any],
+        rank_offset: int,
+        settings: dict[str, Any] | None = None,
+        context: dict[str, Any] | None = None,
     ) -> list[Any]:
-        """Connect every worker of the server as a receiver (ranks ``rank_offset + local rank``)."""
-        payload = weight_updates.init_payload(transport, config, init_info, rank_offset)
+        """Connect every worker of the server as a receiver (ranks ``rank_offset + local rank``).
+
+        ``settings`` and ``context`` are the transport's own settings and its
+        :class:`~telescope.api.context.TransportContext`, as JSON-able dicts.
+        """
+        payload = weight_updates.init_payload(transport, init_info, rank_offset, settings, context)
         return await self.collective_rpc(weight_updates.INIT_METHOD, payload)
 
     async def update_weights(self, version: int) -> list[Any]:

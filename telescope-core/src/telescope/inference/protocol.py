@@ -152,7 +152,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class CollectiveRpcRequest(BaseModel):
+class CollectiveRpcRequest(BaseModel):  # type: ignore[no-redef]  # its field "kwargs" (vLLM's name) meets the plugin's **kwargs
     """``POST /collective_rpc`` body, as vLLM's dev-mode route takes it.
 
     vLLM passes only strings to the worker method (the method decodes them);

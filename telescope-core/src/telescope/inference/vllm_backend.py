@@ -73,7 +73,8 @@ from telescope.inference import weight_updates
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import InferenceContext
+    from telescope.inference.plugin import VLLMSettings
 
 EXTENSION_CLASS = "telescope.inference.vllm_backend.TelescopeWorkerExtension"
 
@@ -85,39 +86,41 @@ def vllm_executable() -> str:
 
 
 def serve_command(
-    config: TelescopeConfig,
+    context: InferenceContext,
     worker_index: int,
+    settings: VLLMSettings | None = None,
     *,
     model_path: str,
     chat_template_file: str | None = None,
     executable: str | None = None,
 ) -> list[str]:
     """The ``vllm serve`` command line of inference worker ``worker_index``."""
-    port = config.inference_base_port + worker_index
+    settings = settings or _default_settings()
+    port = context.base_port + worker_index
     command = [
         executable or vllm_executable(),
         "serve",
         model_path,
         "--host",
-        config.inference_host,
+        context.host,
         "--port",
         str(port),
         "--served-model-name",
-        config.model,
+        context.model,
         "--tensor-parallel-size",
-        str(config.inference_tensor_parallel_size),
+        str(context.tensor_parallel_size),
         "--gpu-memory-utilization",
-        str(config.gpu_memory_utilization),
+        str(settings.gpu_memory_utilization),
         "--max-model-len",
-        str(config.max_model_len),
+        str(context.max_model_len),
         "--max-num-seqs",
-        str(max(1, min(1024, config.max_concurrent_prompts_per_server * config.group_size))),
+        str(max(1, min(1024, context.max_concurrent_sequences))),
         "--scheduling-policy",
-        config.vllm_scheduling_policy,
+        context.scheduling_policy,
         "--dtype",
-        config.model_dtype,
+        context.model_dtype,
         "--seed",
-        str(config.seed + worker_index),
+        str(context.seed + worker_index),
         "--logprobs-mode",
         "processed_logprobs",
         "--generation-config",
@@ -127,20 +130,26 @@ def serve_command(
     ]
     if chat_template_file is not None:
         command += ["--chat-template", chat_template_file]
-    if config.enable_thinking:
+    if context.enable_thinking:
         command += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": True})]
-    if config.enable_vllm_tracing:
-        command += ["--otlp-traces-endpoint", f"http://127.0.0.1:{config.otlp_receiver_port}/v1/traces"]
+    if settings.enable_vllm_tracing:
+        command += ["--otlp-traces-endpoint", f"http://127.0.0.1:{settings.otlp_receiver_port}/v1/traces"]
     return command
 
 
-def serve_env(config: TelescopeConfig, worker_index: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def _default_settings() -> VLLMSettings:
+    from telescope.inference.plugin import VLLMSettings
+
+    return VLLMSettings()
+
+
+def serve_env(context: InferenceContext, worker_index: int, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of the ``vllm serve`` process (dev-mode routes, its GPUs)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if env.get("TELESCOPE_VLLM_KEEP_DEVICES") != "1":
-        tp = config.inference_tensor_parallel_size
+        tp = context.tensor_parallel_size
         visible = env.get("CUDA_VISIBLE_DEVICES")
         devices = [d for d in visible.split(",") if d] if visible else None
         wanted = range(worker_index * tp, (worker_index + 1) * tp)
@@ -162,6 +171,10 @@ class VLLMBackend(InferenceBackend):
     name = "vllm"
     health_timeout_s: float = 1800.0
 
+    def __init__(self, context: InferenceContext, settings: VLLMSettings | None = None) -> None:
+        super().__init__(context, settings)
+        self.vllm = settings or _default_settings()
+
     @classmethod
     def is_available(cls) -> bool:
         if importlib.util.find_spec("vllm") is None:
@@ -171,12 +184,12 @@ class VLLMBackend(InferenceBackend):
         return bool(torch.cuda.is_available())
 
     def receivers_per_server(self) -> int:
-        return self.config.inference_tensor_parallel_size
+        return self.context.tensor_parallel_size
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
         from telescope.models.tiny import resolve_model_path
 
-        config = self.config
+        context = self.context
         if not self.is_available():
             raise RuntimeError(
                 "inference_backend 'vllm' needs vLLM and a CUDA GPU: pip install 'telescope-core[vllm]' "
@@ -184,18 +197,22 @@ class VLLMBackend(InferenceBackend):
             )
         cleanup: list[Path] = []
         template_file = None
-        if config.chat_template is not None:
+        if context.chat_template is not None:
             handle, name = tempfile.mkstemp(prefix="telescope-chat-template-", suffix=".jinja")
             os.close(handle)
-            Path(name).write_text(config.chat_template, encoding="utf-8")
+            Path(name).write_text(context.chat_template, encoding="utf-8")
             template_file = name
             cleanup.append(Path(name))
         command = serve_command(
-            config, worker_index, model_path=resolve_model_path(config.model), chat_template_file=template_file
+            context,
+            worker_index,
+            self.vllm,
+            model_path=resolve_model_path(context.model),
+            chat_template_file=template_file,
         )
         log_file = log_path(run_dir, worker_index, self.name)
-        process = spawn(command, serve_env(config, worker_index), log_file)
-        address = ServerAddress(connect_host(config.inference_host), config.inference_base_port + worker_index)
+        process = spawn(command, serve_env(context, worker_index), log_file)
+        address = ServerAddress(connect_host(context.host), context.base_port + worker_index)
         return ProcessServer(process, address, log_file, cleanup).wait_until_healthy(self.health_timeout_s)
 
 

@@ -8,7 +8,7 @@ orchestrator's one client drives both: ``POST /collective_rpc`` with
 calls the method on every worker through the worker extension; the embedded
 server implements the same route for its one "worker"):
 
-- :data:`INIT_METHOD` (once): ``{"transport", "config", "init_info", "rank_offset"}``
+- :data:`INIT_METHOD` (once): ``{"transport", "settings", "context", "init_info", "rank_offset"}``
   creates the named transport and connects it as receiver ``rank_offset + local
   rank`` (the TP rank in a vLLM server, 0 in the embedded one);
 - :data:`UPDATE_METHOD` (every step): ``{"version"}`` receives that version and
@@ -35,8 +35,18 @@ VERSION_METHOD = "telescope_policy_version"
 METHODS = (INIT_METHOD, UPDATE_METHOD, VERSION_METHOD)
 
 
-def init_payload(transport: str, config: dict[str, Any] | None, init_info: dict[str, Any], rank_offset: int) -> str:
-    return json.dumps({"transport": transport, "config": config, "init_info": init_info, "rank_offset": rank_offset})
+def init_payload(
+    transport: str,
+    init_info: dict[str, Any],
+    rank_offset: int,
+    settings: dict[str, Any] | None = None,
+    context: dict[str, Any] | None = None,
+) -> str:
+    """The init call's argument: the transport's name, its own settings and context (JSON), where to connect."""
+    return json.dumps(
+        {"transport": transport, "settings": settings, "context": context, "init_info": init_info,
+         "rank_offset": rank_offset}
+    )  # fmt: skip
 
 
 def update_payload(version: int) -> str:
@@ -59,15 +69,19 @@ class WeightReceiver:
         self.rank: int | None = None
 
     def init(self, payload: str | dict[str, Any], local_rank: int = 0) -> dict[str, Any]:
-        from telescope.config.schema import TelescopeConfig
-        from telescope.transports import create_transport
+        from telescope.api.context import TransportContext
+        from telescope.plugins.facade import get_plugins
+        from telescope.plugins.registry import PluginKind
 
         data = decode(payload)
-        raw_config = data.get("config")
-        config = TelescopeConfig.model_validate(raw_config) if raw_config else None
+        name = str(data["transport"])
+        plugins = get_plugins()
+        model = plugins.settings_model(PluginKind.WEIGHT_TRANSPORT, name)
+        settings = model.model_validate(data.get("settings") or {}) if model is not None else None
+        context = TransportContext.from_dict(data.get("context") or {})
         if self.transport is not None:
             self.transport.close()
-        self.transport = create_transport(str(data["transport"]), config)
+        self.transport = plugins.weight_transport(name)(context, settings)
         self.rank = int(data.get("rank_offset", 1)) + local_rank
         self.transport.connect_receiver(dict(data.get("init_info") or {}), self.rank, self.device)
         return {"rank": self.rank, "transport": self.transport.name}

@@ -12,22 +12,22 @@ from typing import Any
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner, reserved_eval_ids
-from telescope.orchestrator.orchestrator import TrainingRun
+from telescope.orchestrator.orchestrator import Orchestrator
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptSource
-from telescope.orchestrator.run_checkpoints import CheckpointManager
-from telescope.orchestrator.services import Services
-from telescope.plugins.registry import PluginKind, Registry
+from telescope.orchestrator.run_checkpoints import RunCheckpoints
+from telescope.orchestrator.services import GenerationService, TrainingService
+from telescope.plugins.facade import Plugins
 from telescope.recording.progress import StepProgress
 from telescope.recording.recorder import StepRecorder
 from telescope.recording.run_store import RunStore
 
 
-def build_slots(config: TelescopeConfig, registry: Registry) -> list[EnvironmentSlot]:
+def build_slots(config: TelescopeConfig, plugins: Plugins) -> list[EnvironmentSlot]:
     """Instantiate each training environment and load its dataset (eval items excluded)."""
-    reserved = reserved_eval_ids(config, registry)
+    reserved = reserved_eval_ids(config, plugins)
     slots: list[EnvironmentSlot] = []
     for index, entry in enumerate(config.environments):
-        environment_class = registry.get(PluginKind.ENVIRONMENT, entry.name)
+        environment_class = plugins.environment(entry.name)
         try:
             environment = environment_class(**entry.kwargs)
         except TypeError as exc:
@@ -64,37 +64,36 @@ def build_prompt_source(config: TelescopeConfig, slots: list[EnvironmentSlot], r
     )
 
 
-def build_training_run(
+def build_orchestrator(
     config: TelescopeConfig,
-    services: Services,
+    generation: GenerationService,
+    training: TrainingService,
     *,
-    registry: Registry,
+    plugins: Plugins,
     tokenizer: Any,
     store: RunStore,
     loggers: list[Any] | None = None,
-    hook: Any = None,
     progress: StepProgress | None = None,
-) -> TrainingRun:
-    from telescope.algorithms.factory import build_algorithm
-
+) -> Orchestrator:
     renderer = ChatRenderer(tokenizer, config.chat_template, config.enable_thinking)
-    slots = build_slots(config, registry)
+    slots = build_slots(config, plugins)
     prompts = build_prompt_source(config, slots, renderer)
     recorder = StepRecorder(
         store,
         reward_ranges={s.name: (s.reward_min, s.reward_max) for s in slots},
         loggers=loggers or [],
-        hook=hook,
+        plugins=plugins,
         progress=progress,
     )
-    evals = EvalRunner(config, registry, renderer, services, recorder) if config.evals else None
-    return TrainingRun(
+    evals = EvalRunner(config, plugins, renderer, generation, recorder) if config.evals else None
+    return Orchestrator(
         config,
-        services,
+        generation,
+        training,
         prompts,
         renderer,
-        build_algorithm(config),
+        plugins.create_algorithm(config),
         recorder,
-        CheckpointManager(config),
+        RunCheckpoints(config),
         evals,
     )

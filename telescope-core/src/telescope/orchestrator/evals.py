@@ -25,15 +25,15 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from telescope.api.environment import EnvironmentBase
-from telescope.api.evals import EvalSpec
 from telescope.api.records import Rollout, Sample
 from telescope.config.entries import EvalEntry
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
 from telescope.orchestrator.scheduler import request_seed
-from telescope.orchestrator.services import SamplingSettings, Services
-from telescope.plugins.registry import PluginKind, Registry
+from telescope.orchestrator.services import GenerationService, SamplingSettings
+from telescope.plugins.facade import Plugins
+from telescope.plugins.registry import PluginKind
 
 # ------------------------------------------------------------ pass@k / pass^k
 # Unbiased pass@k and pass^k estimators (Chen et al. 2021, "Evaluating Large Language Models
@@ -111,16 +111,11 @@ class EvalSink(Protocol):
     def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None: ...
 
 
-def build_eval_environment(registry: Registry, entry: EvalEntry) -> EnvironmentBase:
+def build_eval_environment(plugins: Plugins, entry: EvalEntry) -> EnvironmentBase:
     """The environment that serves an eval entry (a dedicated eval or an environment)."""
-    if registry.has(PluginKind.EVAL, entry.name):
-        spec = registry.get(PluginKind.EVAL, entry.name)
-        if not isinstance(spec, EvalSpec):
-            raise TypeError(f"eval {entry.name!r} is registered as {type(spec).__name__}, not an EvalSpec")
-        return spec.build(**entry.kwargs)
-    environment_class = registry.get(PluginKind.ENVIRONMENT, entry.name)
-    environment: EnvironmentBase = environment_class(**entry.kwargs)
-    return environment
+    if plugins.registry.has(PluginKind.EVAL, entry.name):
+        return plugins.eval_spec(entry.name).build(**entry.kwargs)
+    return plugins.environment(entry.name)(**entry.kwargs)
 
 
 def eval_items(environment: EnvironmentBase, entry: EvalEntry) -> list[Sample]:
@@ -128,13 +123,13 @@ def eval_items(environment: EnvironmentBase, entry: EvalEntry) -> list[Sample]:
     return samples if entry.num_samples < 0 else samples[: entry.num_samples]
 
 
-def reserved_eval_ids(config: TelescopeConfig, registry: Registry) -> dict[str, frozenset[str]]:
+def reserved_eval_ids(config: TelescopeConfig, plugins: Plugins) -> dict[str, frozenset[str]]:
     """Sample ids that evals with ``separate_eval_samples`` reserve, per environment name."""
     training_names = {e.name for e in config.environments}
     reserved: dict[str, set[str]] = {}
     for entry in config.evals:
         if entry.separate_eval_samples and entry.name in training_names:
-            environment = build_eval_environment(registry, entry)
+            environment = build_eval_environment(plugins, entry)
             reserved.setdefault(entry.name, set()).update(s.sample_id for s in eval_items(environment, entry))
     return {name: frozenset(ids) for name, ids in reserved.items()}
 
@@ -154,21 +149,21 @@ class EvalRunner:
     def __init__(
         self,
         config: TelescopeConfig,
-        registry: Registry,
+        plugins: Plugins,
         renderer: ChatRenderer,
-        services: Services,
+        generation: GenerationService,
         sink: EvalSink,
     ) -> None:
         self.config = config
-        self.registry = registry
+        self.plugins = plugins
         self.renderer = renderer
-        self.services = services
+        self.generation = generation
         self.sink = sink
         self._environments: dict[int, tuple[EnvironmentBase, list[Sample]]] = {}
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
         if index not in self._environments:
-            environment = build_eval_environment(self.registry, entry)
+            environment = build_eval_environment(self.plugins, entry)
             self._environments[index] = (environment, eval_items(environment, entry))
         return self._environments[index]
 
@@ -204,7 +199,7 @@ class EvalRunner:
 
             async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
                 seed = request_seed(self.config.seed + 7919 * (index + 1), item_index, draw, turn)
-                return await self.services.generate(
+                return await self.generation.generate(
                     server, prompt_ids, max_tokens, seed=seed, priority=turn, sampling=sampling
                 )
 

@@ -1,21 +1,32 @@
-"""The training loop: batches in, steps out, weights back to inference, every step recorded.
+"""The Orchestrator: the run's loop, from prompts to trained steps and back to the servers.
 
-Reads as the loop it runs (:meth:`TrainingRun.run`)::
+Reads as the loop it runs (:meth:`Orchestrator.run`)::
 
+    restore (resume) or warm start (supervised steps on demonstrations)
+    publish the trainer's weights to every server
     evaluate (before training)
     for step in steps:
-        groups  = await scheduler.next_batch(step)     # inference keeps generating meanwhile
-        batch   = advantages(groups)                   # algorithm + per-environment reward scaling
-        metrics = await services.train_step(batch)
-        await services.push_weights(step + 1)          # in place, no restart
-        await scheduler.set_policy_version(step + 1)   # unlocks dispatch, cancels stale work
-        record(step, metrics)                          # run store, loggers, hooks, progress bar
+        groups  = await scheduler.next_batch(step)          # inference keeps generating meanwhile
+        batch   = build_training_batch(step, groups, ...)   # reward scaling + the algorithm's advantages
+        metrics = await training.train_step(batch)
+        await training.push_weights(step + 1)               # in place, no restart
+        await scheduler.set_policy_version(step + 1)        # unlocks dispatch, cancels stale work
+        record(step, metrics)                               # run store, loggers, hooks, progress bar
         checkpoint / periodic evals when due
     evaluate (after training)
 
+It talks to the workers through two handles, :class:`~telescope.orchestrator.services.GenerationService`
+and :class:`~telescope.orchestrator.services.TrainingService`.
+
 Resume: a checkpoint holds the trainer state (weights, optimizer, LR schedule, RNG)
-and a sidecar with the orchestrator's state (step, prompt position, counters); the run continues at the
-next step with the restored weights pushed to every server first.
+and a sidecar with the orchestrator's state (step, prompt position, counters); the run
+continues at the next step with the restored weights pushed to every server first.
+
+Warm start: with ``warm_start_steps > 0`` (and no checkpoint to resume), the
+trainer takes that many supervised steps on the environments' demonstrations
+through :meth:`~telescope.api.trainer.TrainerBackend.supervised_step` before the
+first weights are published, so "before training" evals measure the warm-started
+model and RL starts from it.
 """
 
 from __future__ import annotations
@@ -27,17 +38,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from telescope.api.algorithm import Algorithm
-from telescope.api.records import TrainingBatch, TrainingSample
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner
 from telescope.orchestrator.prompts import PromptSource
 from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.run_checkpoints import CheckpointManager
-from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
-from telescope.orchestrator.services import SamplingSettings, Services
+from telescope.orchestrator.run_checkpoints import RunCheckpoints
+from telescope.orchestrator.scheduler import RolloutScheduler
+from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.orchestrator.warm_start import demonstration_examples
 from telescope.recording.recorder import StepOutcome, StepRecorder
-from telescope.recording.rollout_metrics import normalize_reward
 
 
 @dataclass
@@ -51,22 +62,24 @@ class RunCounters:
     rollouts_errored: int = 0
 
 
-class TrainingRun:
-    """Drives one run over a set of :class:`Services`."""
+class Orchestrator:
+    """Drives one run over a generation and a training service (see the module docstring)."""
 
     def __init__(
         self,
         config: TelescopeConfig,
-        services: Services,
+        generation: GenerationService,
+        training: TrainingService,
         prompts: PromptSource,
         renderer: ChatRenderer,
         algorithm: Algorithm,
         recorder: StepRecorder,
-        checkpoints: CheckpointManager,
+        checkpoints: RunCheckpoints,
         evals: EvalRunner | None = None,
     ) -> None:
         self.config = config
-        self.services = services
+        self.generation = generation
+        self.training = training
         self.prompts = prompts
         self.renderer = renderer
         self.algorithm = algorithm
@@ -82,7 +95,7 @@ class TrainingRun:
     # ----------------------------------------------------------------- setup
 
     def _split_servers(self) -> tuple[list[int], list[int]]:
-        n = self.services.num_servers
+        n = self.generation.num_servers
         reserve = self.config.eval_num_servers if self.config.evals else 0
         reserve = min(reserve, n - 1)
         return list(range(n - reserve)), list(range(n - reserve, n))
@@ -90,26 +103,44 @@ class TrainingRun:
     async def _generate(
         self, server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int
     ) -> Generation:
-        return await self.services.generate(
+        return await self.generation.generate(
             server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=self.training_sampling
         )
 
-    async def restore(self) -> None:
-        """Resume from ``resume_from_checkpoint`` if set (no-op otherwise)."""
+    async def restore(self) -> bool:
+        """Resume from ``resume_from_checkpoint`` if set; returns whether it did."""
         path = self.checkpoints.resume_path()
         if path is None:
-            return
-        await self.services.load_checkpoint(path)
+            return False
+        await self.training.load_checkpoint(path)
         state = self.checkpoints.read_state(path)
         self.start_step = int(state["step"])
         self.prompts.load_state_dict(state["prompts"])
         self.counters = RunCounters(**state.get("counters", {}))
-        await self.services.push_weights(self.start_step)
+        return True
+
+    async def warm_start(self) -> None:
+        """``warm_start_steps`` supervised steps on demonstrations, through the trainer backend."""
+        import random
+
+        c = self.config
+        examples = demonstration_examples(
+            self.prompts.slots, self.renderer, c.warm_start_batch_size * c.warm_start_steps, c.seed
+        )
+        rng = random.Random(c.seed)
+        for step in range(c.warm_start_steps):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(c.warm_start_batch_size)]
+            metrics = await self.training.supervised_step(batch, c.warm_start_learning_rate)
+            if step % 20 == 0 or step == c.warm_start_steps - 1:
+                self.recorder.note(f"warm start step {step + 1}/{c.warm_start_steps}: loss {metrics['loss']:.4f}")
 
     # ------------------------------------------------------------------ loop
 
     async def run(self) -> None:
-        await self.restore()
+        resumed = await self.restore()
+        if not resumed and self.config.warm_start_steps > 0:
+            await self.warm_start()
+        await self.training.push_weights(self.start_step)
         scheduler = RolloutScheduler(
             self.config, self.prompts, self.renderer, self._generate, self.train_servers,
             start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
@@ -140,12 +171,12 @@ class TrainingRun:
         step_start = time.perf_counter()
         ready = await scheduler.next_batch(step)
         waited = time.perf_counter() - step_start
-        batch = self.build_batch(step, ready)
+        batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
         train_start = time.perf_counter()
-        trainer_metrics = await self.services.train_step(batch)
+        trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
         sync_start = time.perf_counter()
-        sync = await self.services.push_weights(step + 1)
+        sync = await self.training.push_weights(step + 1)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
         stats = scheduler.take_stats()
@@ -162,25 +193,11 @@ class TrainingRun:
             "timing_weight_sync_total": sync_time,
             **{k: float(v) for k, v in sync.items()},
         }
-        self.recorder.record_step(StepOutcome(step, ready, trainer_metrics, timing, stats, self.counters, step))
+        self.recorder.record_step(StepOutcome(step, ready, batch, trainer_metrics, timing, stats, self.counters, step))
 
-    def build_batch(self, step: int, ready: list[ReadyGroup]) -> TrainingBatch:
-        """Advantages for the step's groups, then the flat training samples."""
-        from telescope.algorithms.common import compute_advantages
-
-        slots = self.prompts.slots
-        rewards = [
-            [normalize_reward(r.reward.total_reward if r.reward else 0.0, slots[g.slot].reward_min,
-                              slots[g.slot].reward_max) for r in g.group.rollouts]
-            for g in ready
-        ]  # fmt: skip
-        advantages = compute_advantages(self.algorithm, rewards)
-        samples: list[TrainingSample] = []
-        for group_index, (g, group_advantages) in enumerate(zip(ready, advantages, strict=True)):
-            for rollout, advantage in zip(g.group.rollouts, group_advantages, strict=True):
-                rollout.advantage = float(advantage)
-                samples.append(TrainingSample.from_rollout(rollout, group_index))
-        return TrainingBatch(samples=samples, step=step, policy_version=step)
+    @property
+    def reward_ranges(self) -> dict[str, tuple[float | None, float | None]]:
+        return {s.name: (s.reward_min, s.reward_max) for s in self.prompts.slots}
 
     # ----------------------------------------------------------- checkpoints
 
@@ -191,13 +208,13 @@ class TrainingRun:
             "prompts": prompt_state,
             "counters": dataclasses.asdict(self.counters),
         }
-        await self.checkpoints.save(step, self.services, state)
+        await self.checkpoints.save(step, self.training, state)
 
     # ----------------------------------------------------------------- evals
 
     def _start_end_servers(self) -> list[int]:
         if self.config.eval_start_end_use_all_servers or not self.eval_servers:
-            return list(range(self.services.num_servers))
+            return list(range(self.generation.num_servers))
         return self.eval_servers
 
     def _maybe_periodic_evals(self, step: int) -> None:

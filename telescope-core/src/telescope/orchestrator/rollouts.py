@@ -1,7 +1,11 @@
 """One rollout: generate (turn by turn for multi-turn environments), then score.
 
 - Every turn records the policy version of the weights when it was *dispatched*
-  (the upstream stamped it at completion, and only for the first turn).
+  (the upstream stamped it at completion, and only for the first turn) and, per
+  generated token, the version the server reports produced it; staleness is
+  measured on the latter.
+- Records are made once: the turns as generation ends, the rollout after
+  scoring (an unscored rollout is scored, then replaced by the scored one).
 - Environment code (rewards, environment replies, tools) runs in worker threads:
   a slow reward never blocks generation, and an exception marks this rollout as
   errored (``rollout.error``, a zero reward, counted in the metrics) instead of
@@ -15,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -32,6 +37,7 @@ class Generation:
     finish_reason: FinishReason
     policy_version_start: int | None = None
     policy_version_end: int | None = None
+    token_policy_versions: list[int] | None = None
 
 
 #: generate(token ids of the whole trajectory so far, max_tokens, turn_index) -> Generation
@@ -84,7 +90,7 @@ async def run_rollout(
             budget = min(limits.max_tokens, limits.max_model_len - used)
             if budget <= 0:
                 if turns:
-                    turns[-1].finish_reason = "length"
+                    turns[-1] = dataclasses.replace(turns[-1], finish_reason="length")
                 break
             dispatched_version = policy_version()
             # the server sees the whole trajectory so far: earlier turns' tokens exactly as they were
@@ -99,6 +105,7 @@ async def run_rollout(
                     policy_version=dispatched_version,
                     finish_reason=generation.finish_reason,
                     output_text=text,
+                    output_policy_versions=_token_versions(generation),
                 )
             )
             reply: Message = {"role": "assistant", "content": text}
@@ -131,17 +138,24 @@ async def run_rollout(
         if lane is not None and free_lane_after_generation:
             lane.release()
 
-    rollout = Rollout(sample=sample, turns=turns, messages=conversation, error=error)
+    unscored = Rollout(sample=sample, turns=turns, messages=conversation, error=error)
     if error is None and turns:
-        rollout.reward = await _score(environment, rollout, renderer, state)
-        if rollout.reward.error:
-            rollout.error = rollout.reward.error
+        reward = await _score(environment, unscored, renderer, state)
     else:
-        rollout.reward = RewardResult(total_reward=0.0, error=error or "no turn was generated")
-        rollout.error = rollout.reward.error
+        reward = RewardResult(total_reward=0.0, error=error or "no turn was generated")
     if lane is not None:
         lane.release()
-    return rollout
+    return dataclasses.replace(unscored, reward=reward, error=reward.error)
+
+
+def _token_versions(generation: Generation) -> list[int]:
+    """Per generated token, the version the server reports (its start version for all if it gave none)."""
+    versions = generation.token_policy_versions
+    if versions is not None and len(versions) == len(generation.token_ids):
+        return list(versions)
+    if generation.policy_version_start is not None:
+        return [generation.policy_version_start] * len(generation.token_ids)
+    return []
 
 
 async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object) -> RewardResult:

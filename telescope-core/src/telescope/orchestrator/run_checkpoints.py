@@ -1,7 +1,7 @@
 """Whole-run checkpoints: the trainer's checkpoint plus the orchestrator's state.
 
 The trainer side (weights, optimizer, LR schedule, RNG; atomic folder, ``latest``
-pointer, retention) is :class:`telescope.trainer.checkpoint.CheckpointManager`, run
+pointer, retention) is :class:`telescope.trainer.checkpoint.TrainerCheckpoints`, run
 on every trainer rank. The orchestrator's state (step, prompt position, counters)
 is a sidecar ``step_XXXXXXXX.orchestrator.json`` next to the step's folder, written
 *before* the trainer commits its folder: a crash between the two leaves an orphan
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.services import Services
+from telescope.orchestrator.services import TrainingService
 
 SIDECAR_SUFFIX = ".orchestrator.json"
 
@@ -25,7 +25,7 @@ class RunCheckpointError(RuntimeError):
     """A checkpoint cannot be resumed from; the message says why and what to do."""
 
 
-class CheckpointManager:
+class RunCheckpoints:
     """When to save and how to find what to resume from."""
 
     def __init__(self, config: TelescopeConfig) -> None:
@@ -33,7 +33,7 @@ class CheckpointManager:
 
         self._ckpt = trainer_ckpt
         self.config = config
-        self.trainer = trainer_ckpt.CheckpointManager.from_config(config)
+        self.trainer = trainer_ckpt.TrainerCheckpoints.from_config(config)
         self.root = self.trainer.root
 
     @property
@@ -52,10 +52,10 @@ class CheckpointManager:
     def sidecar(self, folder: Path) -> Path:
         return folder.with_name(folder.name + SIDECAR_SUFFIX)
 
-    async def save(self, step: int, services: Services, state: dict[str, Any]) -> None:
+    async def save(self, step: int, training: TrainingService, state: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._ckpt.write_text_atomic(self.sidecar(self.folder(step)), json.dumps(state, indent=2))
-        await services.save_checkpoint(step)
+        await training.save_checkpoint(step)
         self._remove_orphans()
 
     def _remove_orphans(self) -> None:

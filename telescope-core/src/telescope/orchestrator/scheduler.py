@@ -298,7 +298,8 @@ class RolloutScheduler:
         self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
-        group.rollouts = [r for r in group.rollouts if not r.error]
+        if errored:
+            group = Group(sample=group.sample, rollouts=[r for r in group.rollouts if not r.error])
         async with self._changed:
             keep = True
             if len(group.rollouts) < 2:

@@ -1,10 +1,13 @@
-"""What the training driver needs from the workers, as one small interface.
+"""What the orchestrator needs from the workers, as two small handles.
 
-The driver (:mod:`telescope.orchestrator.orchestrator`) is written against :class:`Services`:
-generate a completion on inference server ``i``, take a training step, push new
-weights to every server, save and load checkpoints. :mod:`telescope.runtime.ray_services`
-implements it with Ray actors (trainer ranks, inference servers); tests implement it
-with in-process fakes, so the orchestration logic is tested without Ray or a model.
+The orchestrator (:mod:`telescope.orchestrator.orchestrator`) is written against
+:class:`GenerationService` (generate a completion on inference server ``i``) and
+:class:`TrainingService` (a training step, a supervised step, push new weights to
+every server, save and load checkpoints). :mod:`telescope.runtime.ray_services`
+implements both with Ray actors (trainer ranks, inference servers);
+``telescope eval`` implements only generation (:mod:`telescope.runtime.standalone_eval`);
+tests implement them with in-process fakes, so the orchestration logic is tested
+without Ray or a model.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from telescope.api.records import FinishReason, TrainingBatch
+from telescope.api.records import FinishReason, SupervisedExample, TrainingBatch
 from telescope.orchestrator.rollouts import Generation
 
 
@@ -47,12 +50,12 @@ async def complete_on(
     finish: FinishReason = "length" if completion.finish_reason == "length" else "stop"
     return Generation(
         completion.token_ids, completion.logprobs, finish,
-        completion.policy_version_start, completion.policy_version_end,
+        completion.policy_version_start, completion.policy_version_end, completion.token_policy_versions,
     )  # fmt: skip
 
 
-class Services(Protocol):
-    """The workers behind a run."""
+class GenerationService(Protocol):
+    """The inference servers behind a run (or behind ``telescope eval``)."""
 
     @property
     def num_servers(self) -> int: ...
@@ -70,8 +73,16 @@ class Services(Protocol):
         """One completion of ``prompt_ids`` on server ``server``; cancelling aborts it."""
         ...
 
+
+class TrainingService(Protocol):
+    """The trainer ranks behind a run, and the weight path from them to the servers."""
+
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """One trainer step on every rank; returns the rank-averaged step metrics."""
+        ...
+
+    async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        """One supervised (cross-entropy) step on demonstrations, on every rank (the warm start)."""
         ...
 
     async def push_weights(self, version: int) -> dict[str, float]:
@@ -85,5 +96,3 @@ class Services(Protocol):
     async def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Every trainer rank restores the checkpoint folder ``path``."""
         ...
-
-    async def close(self) -> None: ...

@@ -8,8 +8,16 @@ third parties). Built-ins go through the same hooks as everyone else.
 Containment: a plugin that fails to import, or whose registration hook raises, is
 recorded in :attr:`TelescopePluginManager.load_failures`, reported as a
 :class:`PluginImportWarning` and shown by ``telescope plugins``; every command that
-does not need it keeps working. Only a duplicate name is fatal, because a config
-that names it would be ambiguous.
+does not need it keeps working. A name registered by two plugins is kept as a
+clash (see :mod:`telescope.plugins.registry`): only what uses that name fails.
+
+Loud: a hook implementation whose name matches no hook spec (a typo such as
+``telescope_run_ended``) is an error right after loading (pluggy's
+``check_pending``), naming the plugin and the closest hook, because a silently
+ignored hook is a bug that nothing else would reveal.
+
+The core reaches the plugins only through the typed facade
+:class:`telescope.plugins.facade.Plugins`; this module is its loader.
 
 Environment variables:
 
@@ -115,6 +123,30 @@ class TelescopePluginManager:
         if load_entry_points:
             self._load_entry_points()
 
+    def check_hook_names(self) -> None:
+        """Raise :class:`PluginError` for a hook implementation that matches no hook spec."""
+        import difflib
+
+        from telescope.plugins.registry import PluginError
+
+        known = [name for name in dir(hookspecs) if name.startswith("telescope_")]
+        for name, caller in vars(self.pm.hook).items():
+            if caller.spec is not None:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.hookwrapper or impl.wrapper or getattr(impl, "optionalhook", False):
+                    continue
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                info = self.plugins.get(impl.plugin_name)
+                origin = f" (from {info.distribution})" if info and info.distribution else ""
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r}{origin} implements {name!r}, which is not a Telescope hook."
+                    f"{hint} Every hook is listed in telescope/hookspecs.py; fix the plugin or block it with "
+                    f"TELESCOPE_DISABLE_PLUGINS={impl.plugin_name}."
+                )
+        self.pm.check_pending()  # whatever pluggy itself still finds wrong
+
     @property
     def hook(self) -> Any:
         return self.pm.hook
@@ -173,6 +205,7 @@ class TelescopePluginManager:
         self.pm.register(plugin, name=name)
         self.plugins[name] = PluginInfo(name, distribution, version, builtin)
         self._registry = None
+        self.check_hook_names()
 
     # --------------------------------------------------------------- registry
 
@@ -184,8 +217,6 @@ class TelescopePluginManager:
         return self._registry
 
     def _build_registry(self) -> Registry:
-        from telescope.plugins.registry import DuplicatePluginError
-
         registry = Registry()
         failed: set[str] = set()
         for kind in PluginKind:
@@ -205,8 +236,6 @@ class TelescopePluginManager:
                 )
                 try:
                     impl.function(register=registrar)
-                except DuplicatePluginError:
-                    raise
                 except Exception as exc:  # contained: one broken plugin loses only its names
                     failed.add(impl.plugin_name)
                     registry.remove_plugin(impl.plugin_name)

@@ -8,10 +8,18 @@ Design:
 - A target is either the object itself or a lazy ``"module:attribute"`` string,
   resolved on first :meth:`PluginEntry.load`; registering a name never imports the
   heavy stack (torch, transformers, ray, vllm).
-- A name registered twice fails with :class:`DuplicatePluginError`, naming both
-  distributions. Looking up an unknown name fails with
-  :class:`UnknownPluginError`, which lists the registered names, the closest match
-  and, when a known package provides it, the ``pip install`` that adds it.
+- A name registered twice by different plugins is a *clash*: both entries are
+  kept (``telescope plugins`` lists both, marked), and only looking the name up
+  fails, with :class:`DuplicatePluginError` naming both distributions; every
+  command that does not use the name keeps working. Looking up an unknown name
+  fails with :class:`UnknownPluginError`, which lists the registered names and
+  the closest match.
+- Registration metadata the registry itself understands: ``settings`` (the
+  plugin's :class:`~telescope.api.settings.PluginSettings` model, or a lazy
+  ``"module:Class"`` for it) and ``install_hint`` (what to install when the
+  target cannot be imported, e.g. an optional SDK; the satellite declares its own
+  hints, the core names no satellite). The rest is kind-specific (algorithm
+  capabilities).
 """
 
 from __future__ import annotations
@@ -44,28 +52,6 @@ class PluginKind(StrEnum):
     @property
     def hook_name(self) -> str:
         return f"telescope_register_{self.value}"
-
-
-# Names that packages known to the project provide, for install hints when a
-# config names one that is not installed.
-KNOWN_PROVIDERS: dict[tuple[PluginKind, str], str] = {
-    (PluginKind.ENVIRONMENT, "countdown"): "telescope-envs",
-    (PluginKind.ENVIRONMENT, "hendrycks_math"): "telescope-envs",
-    (PluginKind.ENVIRONMENT, "wordle"): "telescope-envs",
-    (PluginKind.ENVIRONMENT, "i3_code"): "telescope-envs",
-    (PluginKind.ENVIRONMENT, "calculator"): "telescope-envs",
-    (PluginKind.EVAL, "math500"): "telescope-envs",
-    (PluginKind.EVAL, "aime_2024"): "telescope-envs",
-    (PluginKind.EVAL, "aime_2025"): "telescope-envs",
-    (PluginKind.EVAL, "gpqa_diamond"): "telescope-envs",
-    (PluginKind.TRAINER_BACKEND, "megatron"): "telescope-megatron",
-    (PluginKind.SANDBOX_PROVIDER, "local"): "telescope-sandbox",
-    (PluginKind.SANDBOX_PROVIDER, "e2b"): "telescope-sandbox[e2b]",
-    (PluginKind.SANDBOX_PROVIDER, "modal"): "telescope-sandbox[modal]",
-    (PluginKind.SANDBOX_PROVIDER, "daytona"): "telescope-sandbox[daytona]",
-    (PluginKind.SANDBOX_PROVIDER, "prime"): "telescope-sandbox[prime]",
-    (PluginKind.LOGGER, "wandb"): "telescope-core[wandb]",
-}
 
 
 class PluginError(Exception):
@@ -110,27 +96,36 @@ class PluginEntry:
 
     def load(self) -> Any:
         """Return the registered object, importing it first if it was registered lazily."""
-        if not isinstance(self.target, str):
-            return self.target
         if self._loaded is None:
-            module_name, _, attribute = self.target.partition(":")
-            try:
-                obj: Any = importlib.import_module(module_name)
-                for part in attribute.split(".") if attribute else []:
-                    obj = getattr(obj, part)
-            except ImportError as exc:
-                raise PluginLoadError(
-                    f"{self.kind.label} {self.name!r} (from {self.provider}) could not be "
-                    f"imported: {exc}. Install its missing dependency, or choose another "
-                    f"{self.kind.label}."
-                ) from exc
-            except AttributeError as exc:
-                raise PluginLoadError(
-                    f"{self.kind.label} {self.name!r} (from {self.provider}) points to "
-                    f"{self.target!r}, which does not exist: {exc}"
-                ) from exc
-            self._loaded = obj
+            self._loaded = self._resolve(self.target, "")
         return self._loaded
+
+    def settings_model(self) -> Any:
+        """The plugin's settings model (``settings`` metadata, imported if lazy), or None."""
+        declared = self.metadata.get("settings")
+        return None if declared is None else self._resolve(declared, "settings ")
+
+    def _resolve(self, target: Any, what: str) -> Any:
+        if not isinstance(target, str):
+            return target
+        module_name, _, attribute = target.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attribute.split(".") if attribute else []:
+                obj = getattr(obj, part)
+        except ImportError as exc:
+            hint = self.metadata.get("install_hint")
+            fix = f"Install it: {hint}." if hint else "Install its missing dependency"
+            raise PluginLoadError(
+                f"{self.kind.label} {self.name!r} (from {self.provider}) could not be imported: {exc}. "
+                f"{fix}, or choose another {self.kind.label}."
+            ) from exc
+        except AttributeError as exc:
+            raise PluginLoadError(
+                f"{self.kind.label} {self.name!r} (from {self.provider}) points {what}to "
+                f"{target!r}, which does not exist: {exc}"
+            ) from exc
+        return obj
 
 
 class Registry:
@@ -138,18 +133,24 @@ class Registry:
 
     def __init__(self) -> None:
         self._entries: dict[PluginKind, dict[str, PluginEntry]] = {k: {} for k in PluginKind}
+        self._clashes: dict[PluginKind, dict[str, list[PluginEntry]]] = {k: {} for k in PluginKind}
 
     def add(self, entry: PluginEntry) -> None:
+        """Add a name; a name another plugin already holds becomes a clash (kept, unusable)."""
         table = self._entries[entry.kind]
-        existing = table.get(entry.name)
-        if existing is not None:
-            raise DuplicatePluginError(
-                f"{entry.kind.label} name {entry.name!r} is registered twice: by "
-                f"{existing.provider} and by {entry.provider}. Uninstall one of the two "
-                f"packages, or block one plugin with TELESCOPE_DISABLE_PLUGINS="
-                f"{entry.plugin}."
-            )
-        table[entry.name] = entry
+        clashing = self._clashes[entry.kind]
+        if entry.name in clashing:
+            clashing[entry.name].append(entry)
+        elif entry.name in table:
+            existing = table.pop(entry.name)
+            if existing.plugin == entry.plugin:
+                table[entry.name] = existing
+                raise PluginError(
+                    f"plugin {entry.plugin!r} registered {entry.kind.label} {entry.name!r} twice; register it once"
+                )
+            clashing[entry.name] = [existing, entry]
+        else:
+            table[entry.name] = entry
 
     def remove_plugin(self, plugin: str) -> None:
         """Drop every name a plugin registered (used when its registration failed midway)."""
@@ -158,12 +159,27 @@ class Registry:
                 del table[name]
 
     def names(self, kind: PluginKind) -> list[str]:
+        """Usable names (clashing names are left out: they cannot be chosen)."""
         return sorted(self._entries[kind])
 
     def has(self, kind: PluginKind, name: str) -> bool:
-        return name in self._entries[kind]
+        return name in self._entries[kind] or name in self._clashes[kind]
+
+    def clashes(self) -> Iterator[PluginEntry]:
+        """Every entry of every clashing name, for ``telescope plugins``."""
+        for kind in PluginKind:
+            for name in sorted(self._clashes[kind]):
+                yield from self._clashes[kind][name]
 
     def entry(self, kind: PluginKind, name: str) -> PluginEntry:
+        clash = self._clashes[kind].get(name)
+        if clash:
+            providers = " and by ".join(e.provider for e in clash)
+            raise DuplicatePluginError(
+                f"{kind.label} name {name!r} is registered more than once: by {providers}. "
+                "Uninstall all but one of those packages, or block one plugin with "
+                f"TELESCOPE_DISABLE_PLUGINS={clash[-1].plugin}."
+            )
         try:
             return self._entries[kind][name]
         except KeyError:
@@ -188,9 +204,8 @@ class Registry:
         close = difflib.get_close_matches(name, names, n=1)
         if close:
             parts.append(f"Did you mean {close[0]!r}?")
-        provider = KNOWN_PROVIDERS.get((kind, name))
-        if provider:
-            parts.append(f"{name!r} is provided by {provider}: pip install '{provider}'.")
+        else:
+            parts.append(f"If a package provides {name!r}, install it (`telescope plugins` lists what is installed).")
         return " ".join(parts)
 
 

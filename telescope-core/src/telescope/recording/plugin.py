@@ -1,11 +1,37 @@
-"""Registers the built-in loggers (``wandb``) through the public hook."""
+"""Registers the built-in logger (``wandb``) and the settings it owns."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
+from telescope.api.settings import PluginSettings
 from telescope.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
+
+DEFAULT_CODE_EXCLUDES = [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"]
+
+
+class WandbSettings(PluginSettings):
+    """The Weights & Biases logger's fields."""
+
+    section = "logging"
+
+    use_wandb: bool = Field(True, description="Enable Weights & Biases logging")
+    wandb_project: str = Field("telescope", description="W&B project name")
+    wandb_tags: list[str] = Field(default_factory=lambda: ["telescope"], description="W&B tags")
+    wandb_upload_code: bool = Field(True, description="Upload source code to W&B")
+    wandb_upload_logs: bool = Field(True, description="Upload trainer/inference logs to W&B")
+    wandb_upload_logs_detailed: bool = Field(False, description="Include detailed logs in W&B upload")
+    wandb_upload_logs_stdout: bool = Field(False, description="Include stdout logs in W&B upload")
+    wandb_code_max_file_size_mb: float = Field(2.0, gt=0, description="Max file size for code upload")
+    wandb_code_exclude_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_CODE_EXCLUDES), description="Glob patterns to exclude from code upload"
+    )
 
 
 @hookimpl
 def telescope_register_loggers(register: Registrar) -> None:
-    register("wandb", "telescope.recording.wandb_logger:WandbLogger")
+    register(
+        "wandb", "telescope.recording.wandb_logger:WandbLogger", settings=WandbSettings,
+        install_hint="pip install 'telescope-core[wandb]'",
+    )  # fmt: skip

@@ -15,13 +15,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from telescope.api.logger import Logger
+from telescope.api.records import TrainingBatch
 from telescope.orchestrator.scheduler import ReadyGroup, SchedulerStats
 from telescope.recording.progress import StepProgress
 from telescope.recording.rollout_metrics import rollout_step_metrics
 from telescope.recording.run_store import RunStore, group_records
+
+if TYPE_CHECKING:
+    from telescope.plugins.facade import Plugins
 
 
 class Counters(Protocol):
@@ -38,6 +42,7 @@ class StepOutcome:
 
     step: int
     ready: Sequence[ReadyGroup]
+    batch: TrainingBatch
     trainer_metrics: dict[str, float]
     timing: dict[str, float]
     stats: SchedulerStats
@@ -54,13 +59,13 @@ class StepRecorder:
         *,
         reward_ranges: dict[str, tuple[float | None, float | None]],
         loggers: Sequence[Logger] = (),
-        hook: Any = None,
+        plugins: Plugins | None = None,
         progress: StepProgress | None = None,
     ) -> None:
         self.store = store
         self.reward_ranges = reward_ranges
         self.loggers = list(loggers)
-        self.hook = hook
+        self.plugins = plugins
         self.progress = progress
         self.history: list[dict[str, float]] = []
 
@@ -70,7 +75,8 @@ class StepRecorder:
         rollouts = [r for g in groups for r in g.rollouts]
         staleness = [policy_version - r.oldest_policy_version for r in rollouts]
         metrics: dict[str, float] = dict(outcome.trainer_metrics)
-        metrics.update(rollout_step_metrics(groups, self.reward_ranges))
+        advantages = [s.advantage for s in outcome.batch.samples]
+        metrics.update(rollout_step_metrics(groups, self.reward_ranges, advantages))
         stats.discards.add_trained(len(rollouts))
         metrics.update(stats.discards.metrics())
         metrics.update(outcome.timing)
@@ -94,20 +100,19 @@ class StepRecorder:
     def record_step(self, outcome: StepOutcome) -> dict[str, float]:
         step, timing = outcome.step, outcome.timing
         metrics = self.step_metrics(outcome)
-        records = group_records(step, [g.group for g in outcome.ready])
+        advantages = {(s.group_index, s.rollout_index): s.advantage for s in outcome.batch.samples}
+        records = group_records(step, [g.group for g in outcome.ready], advantages)
         self.store.log_metrics(step, metrics)
         self.store.log_rollouts(step, records)
+        self.store.set_status("running", step=step + 1)
         for logger in list(self.loggers):
             try:
                 logger.log_step(step, metrics)
                 logger.log_rollouts(step, records)
             except Exception as exc:  # a logger never stops a run
                 self._drop_logger(logger, exc)
-        if self.hook is not None:
-            try:
-                self.hook.telescope_step_end(step=step, metrics=metrics)
-            except Exception as exc:  # a lifecycle plugin never stops a run
-                print(f"warning: a telescope_step_end hook failed: {exc}", file=sys.stderr)
+        if self.plugins is not None:
+            self.plugins.step_end(step, metrics)
         if self.progress is not None:
             self.progress.update(
                 step + 1,

@@ -111,7 +111,9 @@ def _reward(rollout: Rollout) -> float | None:
 # ------------------------------------------------------------------ step metrics
 
 
-def rollout_step_metrics(groups: Sequence[Group], reward_ranges: RewardRanges | None = None) -> dict[str, float]:
+def rollout_step_metrics(
+    groups: Sequence[Group], reward_ranges: RewardRanges | None = None, advantages: Sequence[float] = ()
+) -> dict[str, float]:
     """Every per-step metric of the rollouts in ``groups`` (the groups trained on this step).
 
     Rollouts without a reward (scoring failed) count in the token and stop-reason metrics
@@ -139,8 +141,7 @@ def rollout_step_metrics(groups: Sequence[Group], reward_ranges: RewardRanges | 
         metrics["reward/gini_mean"] = float(np.mean(group_reward_ginis))
     metrics.update(_environment_reward_metrics(rollouts, reward_ranges))
 
-    advantages = [r.advantage for r in rollouts if r.advantage is not None]
-    metrics.update(describe(advantages, "advantage"))
+    metrics.update(describe(list(advantages), "advantage"))
 
     metrics.update(_sample_metric_metrics(groups))
     metrics.update(token_metrics(rollouts, "tokens"))

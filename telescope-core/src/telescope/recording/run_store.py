@@ -174,6 +174,7 @@ def rollout_record(
     step: int,
     group_index: int,
     rollout_index: int = 0,
+    advantage: float | None = None,
 ) -> dict[str, Any]:
     """The ``rollouts.jsonl`` object for one rollout.
 
@@ -197,7 +198,7 @@ def rollout_record(
         "completion": rollout.completion_text,
         "messages": rollout.messages,
         "reward": reward.total_reward if reward is not None else None,
-        "advantage": rollout.advantage,
+        "advantage": advantage,
         "sample_metrics": dict(reward.sample_metrics) if reward is not None else {},
         "policy_version": rollout.oldest_policy_version if rollout.turns else None,
         "policy_versions": [turn.policy_version for turn in rollout.turns],
@@ -210,10 +211,23 @@ def rollout_record(
     }
 
 
-def group_records(step: int, groups: Iterable[Group]) -> list[dict[str, Any]]:
-    """:func:`rollout_record` for every rollout of ``groups``, numbered by group."""
+def group_records(
+    step: int, groups: Iterable[Group], advantages: Mapping[tuple[int, int], float] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`rollout_record` for every rollout of ``groups``, numbered by group.
+
+    ``advantages`` maps (group index, rollout index) to the advantage the rollout
+    was trained with (from the training batch).
+    """
+    advantages = advantages or {}
     return [
-        rollout_record(rollout, step=step, group_index=group_index, rollout_index=rollout_index)
+        rollout_record(
+            rollout,
+            step=step,
+            group_index=group_index,
+            rollout_index=rollout_index,
+            advantage=advantages.get((group_index, rollout_index)),
+        )
         for group_index, group in enumerate(groups)
         for rollout_index, rollout in enumerate(group.rollouts)
     ]

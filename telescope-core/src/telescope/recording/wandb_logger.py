@@ -52,9 +52,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlparse
 
 from telescope.api.logger import Logger
+from telescope.api.settings import PluginSettings
+from telescope.recording.plugin import WandbSettings
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import LoggerContext
 
 _log = logging.getLogger("telescope.loggers.wandb")
 
@@ -176,8 +178,9 @@ class WandbLogger(Logger):
     max_text_chars: ClassVar[int] = 4000
     max_code_files: ClassVar[int] = 5000
 
-    def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
-        super().__init__(config, run_dir)
+    def __init__(self, context: LoggerContext, settings: WandbSettings | None = None) -> None:
+        super().__init__(context, settings)
+        self.wandb_settings = settings or WandbSettings()
         self.failure: str | None = None
         self._run: Any = None
         self._wandb: Any = None
@@ -185,8 +188,8 @@ class WandbLogger(Logger):
         self._start()
 
     @classmethod
-    def enabled(cls, config: TelescopeConfig) -> bool:
-        return bool(config.use_wandb)
+    def enabled(cls, settings: PluginSettings | None) -> bool:
+        return isinstance(settings, WandbSettings) and settings.use_wandb
 
     @property
     def active(self) -> bool:
@@ -207,21 +210,21 @@ class WandbLogger(Logger):
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._run = wandb.init(
-                project=self.config.wandb_project,
-                name=self.config.wandb_run_name,
-                tags=list(self.config.wandb_tags),
-                config=self.config.model_dump(mode="json"),
+                project=self.wandb_settings.wandb_project,
+                name=self.context.run_name,
+                tags=list(self.wandb_settings.wandb_tags),
+                config=dict(self.context.resolved_config),
                 dir=str(self.run_dir),
                 mode=wandb_mode(),  # type: ignore[arg-type]
                 reinit="create_new",
                 settings=wandb.Settings(
-                    x_stats_sampling_interval=self.config.system_metrics_collection_interval_seconds,
+                    x_stats_sampling_interval=self.context.system_metrics_interval_s,
                 ),
             )
         except Exception as exc:
             self._fail(f"could not start a W&B run: {type(exc).__name__}: {exc}")
             return
-        if self.config.wandb_upload_code:
+        if self.wandb_settings.wandb_upload_code:
             self._guard("code upload", self._upload_code)
 
     def _upload_code(self) -> None:
@@ -233,8 +236,8 @@ class WandbLogger(Logger):
         root = Path.cwd()
         files = code_files(
             root,
-            self.config.wandb_code_max_file_size_mb,
-            list(self.config.wandb_code_exclude_patterns),
+            self.wandb_settings.wandb_code_max_file_size_mb,
+            list(self.wandb_settings.wandb_code_exclude_patterns),
             self.max_code_files,
         )
         if not files:
@@ -283,7 +286,7 @@ class WandbLogger(Logger):
         """Upload the logs (if asked for) and finish the W&B run; safe to call twice."""
         if self._closed:
             return
-        if self.active and self.config.wandb_upload_logs:
+        if self.active and self.wandb_settings.wandb_upload_logs:
             self._guard("log upload", self._upload_logs)
         if self.active:
             self._guard("finish", self._run.finish)
@@ -293,8 +296,8 @@ class WandbLogger(Logger):
         logs_dir = self.run_dir / "logs"
         files = log_files(
             logs_dir,
-            detailed=self.config.wandb_upload_logs_detailed,
-            stdout=self.config.wandb_upload_logs_stdout,
+            detailed=self.wandb_settings.wandb_upload_logs_detailed,
+            stdout=self.wandb_settings.wandb_upload_logs_stdout,
         )
         if not files:
             return

@@ -20,31 +20,20 @@ import sys
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
 from telescope.config.schema import TelescopeConfig
+
+if TYPE_CHECKING:
+    from telescope.plugins.facade import Plugins
 
 log = logging.getLogger("telescope.run")
 
 
 class _Terminated(Exception):
     """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
-
-
-def _loggers(config: TelescopeConfig, run_dir: Path, registry: Any) -> list[Any]:
-    from telescope.plugins.registry import PluginKind
-
-    loggers = []
-    for name in registry.names(PluginKind.LOGGER):
-        try:
-            cls = registry.get(PluginKind.LOGGER, name)
-            if cls.enabled(config):
-                loggers.append(cls(config, run_dir))
-        except Exception as exc:  # a logger never stops a run
-            print(f"warning: logger {name!r} is disabled: {exc}", file=sys.stderr)
-    return loggers
 
 
 def _setup_file_logging(run_dir: Path) -> logging.Handler:
@@ -57,31 +46,19 @@ def _setup_file_logging(run_dir: Path) -> logging.Handler:
     return handler
 
 
-def _prepare_model(config: TelescopeConfig, run_dir: Path) -> None:
-    """Resolve ``tiny:`` models and run the supervised warm start, before any worker starts."""
+def _prepare_model(config: TelescopeConfig) -> None:
+    """Resolve ``tiny:`` models (built locally on first use) before any worker starts."""
     from telescope.models.tiny import resolve_model_path
 
     config.model = resolve_model_path(config.model)
-    if config.warm_start_steps <= 0:
-        return
-    folder = run_dir / "warm_start"
-    if not (folder / "config.json").exists():
-        if config.resume_from_checkpoint is not False:
-            return  # the checkpoint's weights replace the initial model anyway
-        from telescope.orchestrator.assembly import build_slots
-        from telescope.orchestrator.warm_start import warm_start
-        from telescope.plugins.manager import get_plugin_manager
-
-        print(f"telescope: warm start ({config.warm_start_steps} supervised steps)", file=sys.stderr)
-        warm_start(config, build_slots(config, get_plugin_manager().registry), folder)
-    config.model = str(folder)
 
 
-async def _train(config: TelescopeConfig, run_dir: Path, store: Any, loggers: list[Any], hook: Any) -> dict[str, Any]:
+async def _train(
+    config: TelescopeConfig, run_dir: Path, store: Any, loggers: list[Any], plugins: Plugins
+) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from telescope.orchestrator.assembly import build_training_run
-    from telescope.plugins.manager import get_plugin_manager
+    from telescope.orchestrator.assembly import build_orchestrator
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
 
@@ -91,9 +68,9 @@ async def _train(config: TelescopeConfig, run_dir: Path, store: Any, loggers: li
         await asyncio.to_thread(services.start)
         await services.connect_weights()
         tokenizer = AutoTokenizer.from_pretrained(config.model)
-        run = build_training_run(
-            config, services, registry=get_plugin_manager().registry, tokenizer=tokenizer, store=store,
-            loggers=loggers, hook=hook, progress=progress,
+        run = build_orchestrator(
+            config, services, services, plugins=plugins, tokenizer=tokenizer, store=store,
+            loggers=loggers, progress=progress,
         )  # fmt: skip
         try:
             await run.run()
@@ -110,7 +87,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     import ray
 
     from telescope.orchestrator.run_checkpoints import RunCheckpointError
-    from telescope.plugins.manager import get_plugin_manager
+    from telescope.plugins.facade import get_plugins
     from telescope.plugins.registry import PluginError
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
     from telescope.runtime.ray_services import RayStartError, connect_ray
@@ -123,9 +100,8 @@ def launch_run(loaded: LoadedConfig) -> int:
     store.set_status("running", pid=os.getpid(), step=0)
     handler = _setup_file_logging(run_dir)
     unsubscribe = store.capture_events()
-    manager = get_plugin_manager()
-    hook = manager.hook
-    loggers = _loggers(config, run_dir, manager.registry)
+    plugins = get_plugins()
+    loggers = plugins.create_loggers(config, run_dir)
     previous_sigterm = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -137,11 +113,11 @@ def launch_run(loaded: LoadedConfig) -> int:
     started_ray = False
     print(f"telescope: run directory {run_dir}", file=sys.stderr)
     try:
-        _prepare_model(config, run_dir)
-        hook.telescope_run_start(config=config, run_dir=run_dir)
+        _prepare_model(config)
+        plugins.run_start(config, run_dir)
         started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
-        summary = asyncio.run(_train(config, run_dir, store, loggers, hook))
+        summary = asyncio.run(_train(config, run_dir, store, loggers, plugins))
         log.info("run completed: %s", summary)
     except (KeyboardInterrupt, _Terminated) as exc:
         status, code, error = "interrupted", 130, exc
@@ -161,10 +137,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
         store.set_status(status, error=str(error) if error else None)
-        try:
-            hook.telescope_run_end(run_dir=run_dir, status=status, error=error)
-        except Exception as exc:  # a lifecycle plugin never changes how the run ended
-            print(f"warning: a telescope_run_end hook failed: {exc}", file=sys.stderr)
+        plugins.run_end(run_dir, status, error)
         for logger in loggers:
             try:
                 logger.close()

@@ -11,9 +11,11 @@ runtime environment. :class:`RayServices` then
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
   rank 0's address);
-- connects the weight transport (rank 0 sends, every server receives) and pushes
-  the initial weights as version 0, so servers and trainer start identical;
-- implements :class:`telescope.orchestrator.services.Services` for the driver.
+- connects the weight transport (rank 0 sends, every server receives); the
+  orchestrator then pushes the trainer's weights (after a resume or a warm start)
+  before the first request, so servers and trainer start identical;
+- implements :class:`~telescope.orchestrator.services.GenerationService` and
+  :class:`~telescope.orchestrator.services.TrainingService` for the orchestrator.
 
 Shutdown stops every server, kills every actor and removes the placement groups;
 servers are also killed by process group from the driver (same machine), so a
@@ -36,7 +38,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from telescope.api.records import TrainingBatch
+from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.services import SamplingSettings, complete_on
@@ -133,16 +135,28 @@ class RayServices:
     # ----------------------------------------------------------------- start
 
     def start(self) -> None:
+        from telescope.api.context import InferenceContext, TrainerContext, TransportContext
         from telescope.inference import default_backend_name
         from telescope.inference.client import InferenceClient
+        from telescope.plugins.facade import get_plugins
+        from telescope.plugins.registry import PluginKind
         from telescope.runtime.workers import InferenceWorker, TrainerWorker
+        from telescope.trainer.checkpoint import TrainerCheckpoints
         from telescope.transports import default_transport_name
 
         c = self.config
+        plugins = get_plugins()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
-        config_json = c.model_dump_json()
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
         self.transport_name = default_transport_name(gpu) if c.weight_transport == "auto" else c.weight_transport
+        self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
+        self.transport_context = TransportContext.from_config(c)
+        inference_context = InferenceContext.from_config(c)
+        inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
+        algorithm = plugins.create_algorithm(c)
+        trainer_settings = plugins.settings_for(PluginKind.TRAINER_BACKEND, c.train_backend, c)
+        trainer_context = TrainerContext.from_config(c)
+        checkpoints = TrainerCheckpoints.from_config(c)
         servers = c.inference_num_workers // c.inference_tensor_parallel_size
         tp = c.inference_tensor_parallel_size if gpu else 0
         inference_group = _reserve("inference", servers, c.ray_inference_cpus_per_worker, float(tp),
@@ -163,14 +177,23 @@ class RayServices:
         trainer_actor: Any = TrainerWorker
         self.servers = [
             inference_actor.options(**placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))).remote(
-                config_json, backend, i, str(self.run_dir), c.ray_inference_cpus_per_worker
+                backend, inference_context, inference_settings, i, str(self.run_dir), c.ray_inference_cpus_per_worker
             )
             for i in range(servers)
         ]
         self.trainers = [
             trainer_actor.options(
                 **placed(trainer_group, r, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0)
-            ).remote(config_json, r, c.trainer_num_workers, c.ray_trainer_cpus_per_worker)
+            ).remote(
+                c.train_backend,
+                trainer_context,
+                trainer_settings,
+                algorithm,
+                checkpoints,
+                r,
+                c.trainer_num_workers,
+                c.ray_trainer_cpus_per_worker,
+            )
             for r in range(c.trainer_num_workers)
         ]
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
@@ -183,21 +206,23 @@ class RayServices:
         self.clients = [InferenceClient(url, model=None) for url in urls]
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
-                self.transport_name, servers * max(1, c.inference_tensor_parallel_size)
+                self.transport_name,
+                self.transport_context,
+                self.transport_settings,
+                servers * max(1, c.inference_tensor_parallel_size),
             )
         )
 
     async def connect_weights(self) -> None:
-        """Connect every server to the transport and load the trainer's weights as version 0."""
+        """Connect every server to the weight transport (weights are pushed by the orchestrator)."""
         tp = max(1, self.config.inference_tensor_parallel_size)
+        settings = self.transport_settings.model_dump(mode="json") if self.transport_settings is not None else None
+        context = self.transport_context.to_dict()
         await asyncio.gather(
-            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * tp,
-                                          self.config.model_dump(mode="json"))
+            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * tp, settings, context)
               for i, client in enumerate(self.clients))
         )  # fmt: skip
-        log.info("weight transport %s connected; pushing version 0", self.transport_name)
-        await self.push_weights(0)
-        log.info("initial weights loaded on every server")
+        log.info("weight transport %s connected", self.transport_name)
 
     # -------------------------------------------------------------- services
 
@@ -213,6 +238,11 @@ class RayServices:
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         results = await asyncio.gather(*(t.train_step.remote(batch) for t in self.trainers))
         metrics: dict[str, float] = results[0]  # the backend already averages over ranks
+        return metrics
+
+    async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        results = await asyncio.gather(*(t.supervised_step.remote(examples, learning_rate) for t in self.trainers))
+        metrics: dict[str, float] = results[0]
         return metrics
 
     async def push_weights(self, version: int) -> dict[str, float]:

@@ -12,27 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
 
-from telescope.api.records import TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.services import SamplingSettings, complete_on
 
 
 class EvalOnlyServices:
-    """Inference servers only; implements the generation part of ``Services``."""
+    """Inference servers only: a :class:`~telescope.orchestrator.services.GenerationService`."""
 
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
-        from telescope.plugins.manager import get_plugin_manager
-        from telescope.plugins.registry import PluginKind
+        from telescope.plugins.facade import get_plugins
 
         name = config.inference_backend
         if name == "auto":
             from telescope.inference import default_backend_name
 
             name = default_backend_name()
-        backend = get_plugin_manager().registry.get(PluginKind.INFERENCE_BACKEND, name)(config)
+        backend = get_plugins().create_inference_backend(name, config)
         self.scheduling_policy = config.vllm_scheduling_policy
         count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
         self.servers = [backend.start_server(i, run_dir) for i in range(count)]
@@ -52,18 +49,6 @@ class EvalOnlyServices:
             self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
             scheduling_policy=self.scheduling_policy,
         )  # fmt: skip
-
-    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        raise NotImplementedError("telescope eval runs no trainer")
-
-    async def push_weights(self, version: int) -> dict[str, float]:
-        raise NotImplementedError("telescope eval runs no trainer")
-
-    async def save_checkpoint(self, step: int) -> None:
-        raise NotImplementedError("telescope eval runs no trainer")
-
-    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        raise NotImplementedError("telescope eval runs no trainer")
 
     async def close(self) -> None:
         for client in self.clients:
@@ -96,7 +81,7 @@ def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[s
 
     from telescope.orchestrator.chat import ChatRenderer
     from telescope.orchestrator.evals import EvalRunner
-    from telescope.plugins.manager import get_plugin_manager
+    from telescope.plugins.facade import get_plugins
     from telescope.recording.run_store import RunStore
 
     if not config.evals:
@@ -110,7 +95,7 @@ def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[s
         renderer = ChatRenderer(
             AutoTokenizer.from_pretrained(config.model), config.chat_template, config.enable_thinking
         )
-        runner = EvalRunner(config, get_plugin_manager().registry, renderer, services, store)
+        runner = EvalRunner(config, get_plugins(), renderer, services, store)
         servers = list(range(services.num_servers))
         return asyncio.run(runner.run_all(step=0, servers=servers, phase="standalone"))
     finally:

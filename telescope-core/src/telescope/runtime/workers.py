@@ -7,8 +7,11 @@ server through the inference backend (the embedded engine or vLLM) and holds the
 Ray resources (CPUs, GPUs, placement) the server runs on; it stops the server when
 asked or when the actor exits.
 
-Both take the resolved config as JSON, so they never re-read files or re-apply
-defaults. Torch's intra-op threads follow the CPUs Ray gives the actor.
+Both receive what their plugin needs and nothing more: the plugin's name, its
+own settings and its narrow context (and the trainer the algorithm, already
+built, and where checkpoints go), so a worker never re-reads files, re-applies
+defaults or sees the whole config. Torch's intra-op threads follow the CPUs Ray
+gives the actor.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-
-def _config(config_json: str) -> Any:
-    from telescope.config.schema import TelescopeConfig
-
-    return TelescopeConfig.model_validate_json(config_json)
+if TYPE_CHECKING:
+    from telescope.api.algorithm import Algorithm
+    from telescope.api.context import InferenceContext, TrainerContext, TransportContext
+    from telescope.api.records import SupervisedExample
+    from telescope.api.settings import PluginSettings
+    from telescope.api.transport import WeightTransport
+    from telescope.trainer.checkpoint import TrainerCheckpoints
 
 
 def _limit_threads(cpus: float) -> None:
@@ -37,18 +42,25 @@ def _limit_threads(cpus: float) -> None:
 class TrainerWorker:
     """One trainer rank."""
 
-    def __init__(self, config_json: str, rank: int, world_size: int, cpus: float) -> None:
-        from telescope.algorithms.factory import build_algorithm
-        from telescope.plugins.manager import get_plugin_manager
-        from telescope.plugins.registry import PluginKind
+    def __init__(
+        self,
+        backend: str,
+        context: TrainerContext,
+        settings: PluginSettings | None,
+        algorithm: Algorithm,
+        checkpoints: TrainerCheckpoints,
+        rank: int,
+        world_size: int,
+        cpus: float,
+    ) -> None:
+        from telescope.plugins.facade import get_plugins
 
         _limit_threads(cpus)
-        self.config = _config(config_json)
         self.rank = rank
         self.world_size = world_size
-        backend_class = get_plugin_manager().registry.get(PluginKind.TRAINER_BACKEND, self.config.train_backend)
-        self.backend = backend_class(self.config, build_algorithm(self.config))
-        self.transport: Any = None
+        self.checkpoints = checkpoints
+        self.backend = get_plugins().trainer_backend(backend)(context, algorithm, settings)
+        self.transport: WeightTransport | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, free port) for the process group; asked of rank 0."""
@@ -62,18 +74,22 @@ class TrainerWorker:
         os.environ["MASTER_PORT"] = str(master_port)
         self.backend.setup(self.rank, self.world_size)
 
-    def prepare_sender(self, transport_name: str, num_receivers: int) -> dict[str, Any]:
+    def prepare_sender(
+        self, transport: str, context: TransportContext, settings: PluginSettings | None, num_receivers: int
+    ) -> dict[str, Any]:
         """Rank 0: create the transport's sending end; returns what receivers need to connect."""
-        from telescope.plugins.manager import get_plugin_manager
-        from telescope.plugins.registry import PluginKind
+        from telescope.plugins.facade import get_plugins
 
-        transport_class = get_plugin_manager().registry.get(PluginKind.WEIGHT_TRANSPORT, transport_name)
-        self.transport = transport_class(self.config)
+        self.transport = get_plugins().weight_transport(transport)(context, settings)
         info: dict[str, Any] = self.transport.prepare_sender(num_receivers)
         return info
 
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics: dict[str, float] = self.backend.train_step(batch)
+        return metrics
+
+    def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        metrics: dict[str, float] = self.backend.supervised_step(examples, learning_rate)
         return metrics
 
     def push_weights(self, version: int) -> float:
@@ -90,9 +106,7 @@ class TrainerWorker:
         return time.perf_counter() - start
 
     def save_checkpoint(self, step: int) -> str:
-        from telescope.trainer.checkpoint import CheckpointManager
-
-        return str(CheckpointManager.from_config(self.config).save(self.backend, step))
+        return str(self.checkpoints.save(self.backend, step))
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         meta: dict[str, Any] = self.backend.load_checkpoint(Path(path))
@@ -108,14 +122,20 @@ class TrainerWorker:
 class InferenceWorker:
     """One inference server, started through the configured inference backend."""
 
-    def __init__(self, config_json: str, backend_name: str, index: int, run_dir: str | None, cpus: float) -> None:
-        from telescope.plugins.manager import get_plugin_manager
-        from telescope.plugins.registry import PluginKind
+    def __init__(
+        self,
+        backend: str,
+        context: InferenceContext,
+        settings: PluginSettings | None,
+        index: int,
+        run_dir: str | None,
+        cpus: float,
+    ) -> None:
+        from telescope.plugins.facade import get_plugins
 
-        self.config = _config(config_json)
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
-        backend_class = get_plugin_manager().registry.get(PluginKind.INFERENCE_BACKEND, backend_name)
-        self.server = backend_class(self.config).start_server(index, Path(run_dir) if run_dir else None)
+        backend_class = get_plugins().inference_backend(backend)
+        self.server = backend_class(context, settings).start_server(index, Path(run_dir) if run_dir else None)
 
     def base_url(self) -> str:
         return str(self.server.address.base_url)

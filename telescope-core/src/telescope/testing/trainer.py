@@ -27,6 +27,7 @@ Helpers: :func:`tiny_trainer_config`, :func:`synthetic_batch` and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -62,8 +63,10 @@ TINY_TRAINER_SETTINGS: dict[str, Any] = {
 
 def tiny_trainer_config(model: str | Path, **overrides: Any) -> TelescopeConfig:
     """A validated run config for a tiny local model (plugin names are not checked)."""
+    from telescope.config.composition import config_from_dict
+
     values = {**TINY_TRAINER_SETTINGS, "model": str(model), **overrides}
-    return TelescopeConfig.model_validate(values)
+    return config_from_dict(values)
 
 
 def synthetic_batch(
@@ -154,13 +157,10 @@ class TrainerBackendConformance:
 
     def make_backend(self, config: TelescopeConfig) -> TrainerBackend:
         """Instantiate (not set up) the backend; override for a backend that is not registered."""
-        from telescope.algorithms.factory import build_algorithm
-        from telescope.plugins.manager import get_plugin_manager
-        from telescope.plugins.registry import PluginKind
+        from telescope.plugins.facade import get_plugins
 
-        cls = get_plugin_manager().registry.get(PluginKind.TRAINER_BACKEND, config.train_backend)
-        backend: TrainerBackend = cls(config, build_algorithm(config))
-        return backend
+        plugins = get_plugins()
+        return plugins.create_trainer_backend(config, plugins.create_algorithm(config))
 
     def started(self, model_path: Path, **overrides: Any) -> TrainerBackend:
         backend = self.make_backend(self.make_config(model_path, **overrides))
@@ -200,9 +200,18 @@ class TrainerBackendConformance:
             backend.close()
         assert rates == pytest.approx([2.5e-4, 5e-4])
 
+    def test_supervised_step_fits_a_demonstration(self, backend: TrainerBackend) -> None:
+        from telescope.api.records import SupervisedExample
+
+        examples = [SupervisedExample([1, 2, 3], [4, 5, 6, 7]), SupervisedExample([2, 3], [9, 8])]
+        losses = [backend.supervised_step(examples, learning_rate=1e-2)["loss"] for _ in range(8)]
+        assert all(math.isfinite(v) for v in losses)
+        assert losses[-1] < losses[0] * 0.8, f"supervised steps did not fit the demonstrations: {losses}"
+
     def test_nonfinite_gradient_skips_step(self, backend: TrainerBackend) -> None:
         batch = synthetic_batch()
-        batch.samples[0].advantage = float("nan")
+        poisoned = dataclasses.replace(batch.samples[0], advantage=float("nan"))
+        batch = dataclasses.replace(batch, samples=[poisoned, *batch.samples[1:]])
         before = weights_snapshot(backend)
         metrics = backend.train_step(batch)
         assert metrics["optimizer/skipped_steps"] == 1.0

@@ -165,7 +165,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class CheckpointManager:
+class TrainerCheckpoints:
     """When to save, where, the ``latest`` pointer and retention; the backend writes the contents.
 
     Call :meth:`save` / :meth:`maybe_save` on every rank (saving is collective).
@@ -187,7 +187,7 @@ class CheckpointManager:
         self.training_state = training_state
 
     @classmethod
-    def from_config(cls, config: TelescopeConfig) -> CheckpointManager:
+    def from_config(cls, config: TelescopeConfig) -> TrainerCheckpoints:
         return cls(
             checkpoint_root(config),
             every=config.checkpoint_every,

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from telescope.api.algorithm import LossCounts, LossInputs
-from telescope.api.records import TrainingBatch, TrainingSample
+from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
 from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import (
@@ -70,11 +70,12 @@ from telescope.trainer.packing import (
     pack_samples,
     split_minibatches,
 )
+from telescope.trainer.plugin import FSDPSettings
 from telescope.trainer.schedule import build_lr_scheduler
 
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import TrainerContext
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -91,14 +92,16 @@ class FSDPBackend(TrainerBackend):
 
     name = "fsdp"
 
-    def __init__(self, config: TelescopeConfig, algorithm: Algorithm) -> None:
-        super().__init__(config, algorithm)
+    def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: FSDPSettings | None = None) -> None:
+        super().__init__(context, algorithm, settings)
+        self.fsdp = settings or FSDPSettings()
         self.step = 0
         self.rank = 0
         self.world_size = 1
         self._owns_process_group = False
         self.model: Any = None
         self.model_path = ""
+        self._supervised_optimizer: torch.optim.Optimizer | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -114,12 +117,12 @@ class FSDPBackend(TrainerBackend):
         self.rank, self.world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
-        torch.manual_seed(self.config.seed)
-        self.model_path = resolve_model_path(self.config.model)
+        torch.manual_seed(self.context.seed)
+        self.model_path = resolve_model_path(self.context.model)
         self.model = self._load_model()
-        if self.config.gradient_checkpointing:
+        if self.fsdp.gradient_checkpointing:
             self._enable_activation_checkpointing()
-        mp_dtype = self.config.mixed_precision_dtype
+        mp_dtype = self.fsdp.mixed_precision_dtype
         policy = MixedPrecisionPolicy(
             param_dtype=DTYPES[mp_dtype] if mp_dtype else None,
             reduce_dtype=torch.float32 if mp_dtype else None,
@@ -130,16 +133,16 @@ class FSDPBackend(TrainerBackend):
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=self.config.learning_rate,
-            weight_decay=self.config.weight_decay,
+            lr=self.context.learning_rate,
+            weight_decay=self.context.weight_decay,
             foreach=True,
         )
         self.scheduler = build_lr_scheduler(
             self.optimizer,
-            self.config.lr_scheduler,
-            self.config.warmup_steps,
-            self.config.number_of_steps,
-            self.config.min_lr_ratio,
+            self.context.lr_scheduler,
+            self.context.warmup_steps,
+            self.context.number_of_steps,
+            self.context.min_lr_ratio,
         )
         model_config = self.model.config
         pad = model_config.pad_token_id if model_config.pad_token_id is not None else model_config.eos_token_id
@@ -164,7 +167,7 @@ class FSDPBackend(TrainerBackend):
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_pretrained(
                 self.model_path,
-                dtype=DTYPES[self.config.model_dtype],
+                dtype=DTYPES[self.context.model_dtype],
                 attn_implementation=self._attn_implementation(),
             )
         return model.to(self.device)  # type: ignore[arg-type]
@@ -186,7 +189,7 @@ class FSDPBackend(TrainerBackend):
         step_start = time.perf_counter()
         timers = SectionTimers(self.device)
         with timers.section("prepare_tensors"):
-            minibatches = split_minibatches(batch.samples, self.config.number_of_minibatches)
+            minibatches = split_minibatches(batch.samples, self.context.number_of_minibatches)
             packed = [self._pack(mb) for mb in minibatches]
             local = [self._local_sequences(p) for p in packed]
         ref_logprobs = self._reference_logprobs(local, timers) if self._needs_batch_reference() else None
@@ -217,6 +220,7 @@ class FSDPBackend(TrainerBackend):
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.scheduler.step()
         self.step += 1
+        self._supervised_optimizer = None  # RL has begun: the warm start's optimizer state is not needed
 
         packing_stats = [
             sum(p.num_real_tokens for p in packed),
@@ -244,14 +248,45 @@ class FSDPBackend(TrainerBackend):
             "packing/sequences": float(packing_stats[3]),
             "packing/truncated_samples": float(packing_stats[2]),
             "throughput/tokens_per_second": packing_stats[0] / max(step_time, 1e-9),
-            "timing/step/total": step_time,
+            "timing_trainer_step_total": step_time,
         }
         metrics.update(zip(timing.keys(), timing_mean, strict=True))
         return metrics
 
+    def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        """Cross-entropy on the completion tokens, normalised by the global token count (see the interface).
+
+        The examples are packed like RL samples; the loss of a micro-batch is
+        ``-sum(log p(target)) / global loss tokens`` at temperature 1, so the
+        gradient is that of the mean token cross-entropy over the whole batch.
+        """
+        if self._supervised_optimizer is None:
+            self._supervised_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
+        optimizer = self._supervised_optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+        sequences = self._local_sequences(self._pack([e.as_training_sample() for e in examples]))
+        counts = self._global_counts(sequences)
+        denominator = float(max(counts.loss_tokens, 1))
+        loss_sum = 0.0
+        for i, seq in enumerate(sequences):
+            mb = MicroBatch.from_packed(seq, self.device)
+            self.model.set_requires_gradient_sync(i == len(sequences) - 1)
+            logprobs = token_logprobs(self._logits(mb), mb.target_ids, 1.0)
+            loss = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
+            (loss * self.world_size).backward()  # FSDP averages over ranks; the denominator is global
+            loss_sum += float(loss.detach())
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)))
+        if math.isfinite(norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        (total_loss,) = all_reduce_sum([loss_sum], self.device)
+        return {"loss": total_loss, "grad_norm": norm, "tokens": float(counts.loss_tokens)}
+
     def _pack(self, samples: list[TrainingSample]) -> PackedBatch:
         return pack_samples(
-            samples, self.config.seq_len, self.config.pad_to_multiple_of, self.pad_token_id, overflow="truncate"
+            samples, self.context.seq_len, self.context.pad_to_multiple_of, self.pad_token_id, overflow="truncate"
         )
 
     def _local_sequences(self, packed: PackedBatch) -> list[PackedSequence]:
@@ -261,7 +296,7 @@ class FSDPBackend(TrainerBackend):
         busiest = max(len(a) for a in assignment)
         if busiest == 0:
             return []
-        filler = empty_sequence(self.config.pad_to_multiple_of, self.pad_token_id)
+        filler = empty_sequence(self.context.pad_to_multiple_of, self.pad_token_id)
         return mine + [filler] * (busiest - len(mine))
 
     def _global_counts(self, sequences: list[PackedSequence]) -> LossCounts:
@@ -271,7 +306,7 @@ class FSDPBackend(TrainerBackend):
         return LossCounts(loss_tokens=int(tokens), samples=int(samples))
 
     def _needs_batch_reference(self) -> bool:
-        return self.config.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
+        return self.context.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
 
     @torch.no_grad()
     def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
@@ -284,7 +319,7 @@ class FSDPBackend(TrainerBackend):
                     mb = MicroBatch.from_packed(seq, self.device)
                 with timers.section("forward"):
                     logits = self._logits(mb)
-                row.append(token_logprobs(logits, mb.target_ids, self.config.temperature).detach())
+                row.append(token_logprobs(logits, mb.target_ids, self.context.temperature).detach())
             out.append(row)
         return out
 
@@ -308,8 +343,8 @@ class FSDPBackend(TrainerBackend):
         self.model.set_requires_gradient_sync(last)
         with timers.section("forward"):
             logits = self._logits(mb)
-        with timers.section("loss"):
-            logprobs = token_logprobs(logits, mb.target_ids, self.config.temperature)
+        with timers.section("loss_computation"):
+            logprobs = token_logprobs(logits, mb.target_ids, self.context.temperature)
             inputs = LossInputs(
                 logprobs=logprobs,
                 ref_logprobs=ref_logprobs if ref_logprobs is not None else mb.inference_logprobs,
@@ -321,10 +356,10 @@ class FSDPBackend(TrainerBackend):
             )
             loss = self.algorithm.loss_terms(inputs).sum() / denominator
         mask = mb.loss_mask
-        with timers.section("entropy"):
-            entropy = chunked_entropy(logits.detach(), self.config.temperature, self.config.entropy_chunk_size)
+        with timers.section("compute_entropy"):
+            entropy = chunked_entropy(logits.detach(), self.context.temperature, self.context.entropy_chunk_size)
             entropy_sum = float(entropy[mask].sum())
-        with timers.section("kl"):
+        with timers.section("compute_kl"):
             kl_sum = float(k3_kl(logprobs, mb.inference_logprobs)[mask].sum())
         with timers.section("backward"):
             # Each rank's loss is already divided by the *global* denominator, so the
@@ -336,7 +371,7 @@ class FSDPBackend(TrainerBackend):
     def _optimizer_step(self) -> float:
         """Clip, step unless the norm is non-finite, zero the gradients; returns the pre-clip norm."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        total = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip, foreach=True)
+        total = torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)
         norm = float(_full(total))
         if math.isfinite(norm):
             self.optimizer.step()
@@ -412,8 +447,8 @@ class FSDPBackend(TrainerBackend):
                     "step": self.step,
                     "training_state": training_state,
                     "world_size": self.world_size,
-                    "model": self.config.model,
-                    "model_dtype": self.config.model_dtype,
+                    "model": self.context.model,
+                    "model_dtype": self.context.model_dtype,
                 }
                 (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 

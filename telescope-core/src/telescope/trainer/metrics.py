@@ -1,8 +1,12 @@
 """Step metrics: section timers and the cross-rank reduction.
 
-Timers accumulate wall time per section (``forward``, ``backward``, ``loss``,
-``entropy``, ``kl``, ``data_to_device``, ``prepare_tensors``, ``optimizer``) and
-produce ``timing/<section>/total`` and ``timing/<section>/microbatch_mean``. On
+Timers accumulate wall time per section (``forward``, ``backward``,
+``loss_computation``, ``compute_entropy``, ``compute_kl``, ``data_to_device``,
+``prepare_tensors``, ``optimizer``) and produce ``timing_<section>_total`` and
+``timing_<section>_microbatch_mean``: the metric names of the reference (seed
+000), one flat convention for the whole step's timing line, the orchestrator's
+``timing_step_total`` and ``timing_waiting_for_data`` included. Metrics a custom
+backend adds keep the section/group/metric form (``custom/my_group/value``). On
 CUDA a section synchronises the device before reading the clock, so that
 asynchronous kernels are charged to the section that launched them.
 
@@ -19,7 +23,16 @@ from contextlib import contextmanager
 
 import torch
 
-TIMED_SECTIONS = ("forward", "backward", "loss", "entropy", "kl", "data_to_device", "prepare_tensors", "optimizer")
+TIMED_SECTIONS = (
+    "forward",
+    "backward",
+    "loss_computation",
+    "compute_entropy",
+    "compute_kl",
+    "data_to_device",
+    "prepare_tensors",
+    "optimizer",
+)
 
 #: Keys every trainer backend returns from ``train_step`` (the conformance kit checks them).
 REQUIRED_METRICS = (
@@ -28,8 +41,8 @@ REQUIRED_METRICS = (
     "grad_norm",
     "learning_rate",
     "loss",
-    *(f"timing/{s}/total" for s in TIMED_SECTIONS),
-    *(f"timing/{s}/microbatch_mean" for s in TIMED_SECTIONS),
+    *(f"timing_{s}_total" for s in TIMED_SECTIONS),
+    *(f"timing_{s}_microbatch_mean" for s in TIMED_SECTIONS),
 )
 
 
@@ -57,6 +70,6 @@ class SectionTimers:
     def metrics(self, num_microbatches: int) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, total in self.totals.items():
-            out[f"timing/{name}/total"] = total
-            out[f"timing/{name}/microbatch_mean"] = total / max(num_microbatches, 1)
+            out[f"timing_{name}_total"] = total
+            out[f"timing_{name}_microbatch_mean"] = total / max(num_microbatches, 1)
         return out

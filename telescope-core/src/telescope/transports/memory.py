@@ -35,7 +35,8 @@ from telescope.api.transport import WeightTransport
 from telescope.transports.bucketing import Manifest, as_bytes, plan, unpack
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import TransportContext
+    from telescope.api.settings import PluginSettings
 
 _ONE_BUCKET = 1 << 62
 
@@ -51,13 +52,17 @@ class MemoryTransport(WeightTransport):
     name = "memory"
 
     def __init__(
-        self, config: TelescopeConfig | None = None, root: str | Path | None = None, timeout_s: float | None = None
+        self,
+        context: TransportContext | None = None,
+        settings: PluginSettings | None = None,
+        *,
+        root: str | Path | None = None,
+        timeout_s: float | None = None,
     ) -> None:
-        super().__init__(config)  # type: ignore[arg-type]
+        super().__init__(context, settings)
         self.root = Path(root) if root is not None else None
         self._owns_root = False
-        default_timeout = float(config.ray_broadcast_init_timeout_s) if config is not None else 300.0
-        self.timeout_s = timeout_s if timeout_s is not None else default_timeout
+        self.timeout_s = timeout_s if timeout_s is not None else self.context.timeout_s
         self._mapping: Any = None
         self.last_send_seconds = 0.0
 

@@ -50,7 +50,8 @@ from telescope.api.transport import WeightTransport
 from telescope.transports.bucketing import Manifest, dtype_from_name, pack, plan, unpack
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import TransportContext
+    from telescope.transports.plugin import NCCLSettings
 
 _PREFIX = "telescope-weights"
 
@@ -69,15 +70,24 @@ class NCCLTransport(WeightTransport):
 
     name = "nccl"
 
-    def __init__(self, config: TelescopeConfig | None = None, backend: str | None = None) -> None:
-        super().__init__(config)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        context: TransportContext | None = None,
+        settings: NCCLSettings | None = None,
+        *,
+        backend: str | None = None,
+    ) -> None:
+        from telescope.transports.plugin import NCCLSettings
+
+        super().__init__(context, settings)
+        own = settings or NCCLSettings()
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        self.mode = config.weight_broadcast_mode if config is not None else "flattened_bucket"
-        self.bucket_bytes = (config.weight_broadcast_bucket_mb if config is not None else 256) << 20
-        self.cpu_staging = config.weight_broadcast_cpu_staging if config is not None else False
-        self.pin_memory = config.weight_broadcast_pin_memory if config is not None else True
-        self.timeout_s = float(config.ray_broadcast_init_timeout_s) if config is not None else 300.0
-        self.prefer_loopback = config.ray_broadcast_prefer_loopback_if_single_node if config is not None else True
+        self.mode = own.weight_broadcast_mode
+        self.bucket_bytes = own.weight_broadcast_bucket_mb << 20
+        self.cpu_staging = own.weight_broadcast_cpu_staging
+        self.pin_memory = own.weight_broadcast_pin_memory
+        self.timeout_s = self.context.timeout_s
+        self.prefer_loopback = self.context.prefer_loopback_if_single_node
         self.single_node = True
         self.rank: int | None = None
         self.world_size: int | None = None

@@ -1,7 +1,7 @@
 """The ``embedded`` inference backend: one embedded-engine server process per inference worker.
 
 Worker ``i`` listens on ``inference_host:inference_base_port + i`` and runs
-``python -m telescope.inference.embedded.server`` with the resolved run config
+``python -m telescope.inference.embedded.server`` with the engine's settings
 (written as JSON next to its log). :meth:`EmbeddedBackend.start_server` returns
 once ``/health`` answers. The engine uses CUDA when the process sees a GPU
 (worker ``i`` takes visible device ``i mod count``), else the CPU. It is the
@@ -23,7 +23,7 @@ from telescope.api.inference import InferenceBackend, InferenceServer, ServerAdd
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import InferenceContext
     from telescope.inference.embedded.engine import Engine
     from telescope.inference.embedded.server import ServerThread
 
@@ -34,7 +34,7 @@ class EmbeddedBackend(InferenceBackend):
     name = "embedded"
     health_timeout_s: float = 300.0
 
-    def _device(self, worker_index: int) -> str | None:
+    def _device(self, worker_index: int) -> str:
         import torch
 
         if not torch.cuda.is_available():
@@ -42,43 +42,43 @@ class EmbeddedBackend(InferenceBackend):
         return f"cuda:{worker_index % torch.cuda.device_count()}"
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
-        config = self.config
-        port = config.inference_base_port + worker_index
+        from telescope.inference.embedded.engine import EngineSettings
+
+        context = self.context
+        port = context.base_port + worker_index
         log_file = log_path(run_dir, worker_index, self.name)
         cleanup: list[Path] = []
         if run_dir is not None:
-            config_file = Path(run_dir) / "logs" / f"inference_{worker_index}_config.json"
+            config_file = Path(run_dir) / "logs" / f"inference_{worker_index}_engine.json"
         else:
             handle, name = tempfile.mkstemp(prefix="telescope-embedded-", suffix=".json")
             os.close(handle)
             config_file = Path(name)
             cleanup.append(config_file)
-        config_file.write_text(config.model_dump_json(), encoding="utf-8")
+        device = self._device(worker_index)
+        config_file.write_text(EngineSettings.from_context(context, device=device).to_json(), encoding="utf-8")
         command = [
             sys.executable,
             "-m",
             "telescope.inference.embedded.server",
-            "--config-json",
+            "--engine-json",
             str(config_file),
             "--host",
-            config.inference_host,
+            context.host,
             "--port",
             str(port),
         ]
-        device = self._device(worker_index)
-        if device is not None:
-            command += ["--device", device]
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         process = spawn(command, env, log_file)
-        server = ProcessServer(process, ServerAddress(connect_host(config.inference_host), port), log_file, cleanup)
+        server = ProcessServer(process, ServerAddress(connect_host(context.host), port), log_file, cleanup)
         return server.wait_until_healthy(self.health_timeout_s)
 
 
-def start_in_thread(config: TelescopeConfig, port: int = 0, device: str | None = None) -> tuple[Engine, ServerThread]:
+def start_in_thread(context: InferenceContext, port: int = 0, device: str | None = None) -> tuple[Engine, ServerThread]:
     """An engine and its HTTP server in this process (``port=0``: any free port on 127.0.0.1)."""
     from telescope.inference.embedded.engine import Engine, EngineSettings
     from telescope.inference.embedded.server import ServerThread, create_app
 
-    engine = Engine(EngineSettings.from_config(config, device=device)).start()
+    engine = Engine(EngineSettings.from_context(context, device=device)).start()
     return engine, ServerThread(create_app(engine), host="127.0.0.1", port=port).start()

@@ -67,7 +67,7 @@ from telescope.inference.embedded.scheduler import SchedulingPolicy, WaitingQueu
 from telescope.inference.weight_updates import load_named_tensors
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.api.context import InferenceContext
 
 log = logging.getLogger(__name__)
 
@@ -89,22 +89,34 @@ class EngineSettings:
     initial_policy_version: int = 0
 
     @classmethod
-    def from_config(cls, config: TelescopeConfig, device: str | None = None) -> EngineSettings:
-        """``max_num_seqs`` = ``max_concurrent_prompts_per_server * group_size``, capped at 256."""
+    def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:
+        """``max_num_seqs`` = the context's concurrent sequences (prompts per server x group size), capped at 256."""
         from telescope.models.tiny import resolve_model_path
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return cls(
-            model_path=resolve_model_path(config.model),
-            dtype=config.model_dtype,
+            model_path=resolve_model_path(context.model),
+            dtype=context.model_dtype,
             device=device,
-            max_num_seqs=max(1, min(256, config.max_concurrent_prompts_per_server * config.group_size)),
-            max_model_len=config.max_model_len,
-            scheduling_policy=config.vllm_scheduling_policy,
-            seed=config.seed,
-            served_model_name=config.model,
+            max_num_seqs=max(1, min(256, context.max_concurrent_sequences)),
+            max_model_len=context.max_model_len,
+            scheduling_policy=context.scheduling_policy,
+            seed=context.seed,
+            served_model_name=context.model,
         )
+
+    def to_json(self) -> str:
+        import json
+        from dataclasses import asdict
+
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineSettings:
+        import json
+
+        return cls(**json.loads(text))
 
 
 @dataclass

@@ -19,7 +19,7 @@ Routes (vLLM-compatible unless marked):
 - ``POST /abort_requests`` (extension): abort by request id.
 
 Run it as a process with ``python -m telescope.inference.embedded.server
---config run.yaml --port 8100`` (what :class:`~.backend.EmbeddedBackend`
+--engine-json engine.json --port 8100`` (what :class:`~.backend.EmbeddedBackend`
 does), or in a thread of the current process with :class:`ServerThread`
 (tests, notebooks).
 """
@@ -307,21 +307,21 @@ class ServerThread:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Process entry point: build the engine from a config and serve it until killed."""
+    """Process entry point: build the engine from its settings (JSON) and serve it until killed."""
     parser = argparse.ArgumentParser(description="Telescope embedded inference server")
-    parser.add_argument("--config-json", required=True, help="file holding the resolved run config as JSON")
+    parser.add_argument("--engine-json", required=True, help="file holding the EngineSettings as JSON")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     args = parser.parse_args(argv)
     import uvicorn
 
-    from telescope.config.schema import TelescopeConfig
-
-    with open(args.config_json, encoding="utf-8") as handle:
-        config = TelescopeConfig.model_validate_json(handle.read())
+    with open(args.engine_json, encoding="utf-8") as handle:
+        settings = EngineSettings.from_json(handle.read())
+    if args.device is not None:
+        settings.device = args.device
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(EngineSettings.from_config(config, device=args.device)).start()
+    engine = Engine(settings).start()
     try:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
     finally:

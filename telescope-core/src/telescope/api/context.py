@@ -1,0 +1,124 @@
+"""The narrow run contexts that plugin constructors receive instead of the whole config.
+
+Each plugin kind gets the core values it needs and nothing else, as a frozen,
+JSON-able dataclass (so it crosses process boundaries: Ray actors, the inference
+server process, vLLM workers). Its own fields come separately as its
+:class:`~telescope.api.settings.PluginSettings`. ``from_config`` builds a context
+from a loaded config; tests build them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+
+class _Context:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class TrainerContext(_Context):
+    """What a trainer backend reads of the run: model, optimizer, schedule, packing, loss inputs."""
+
+    model: str
+    model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    seed: int = 0
+    number_of_steps: int = 1
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lr_scheduler: Literal["none", "constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    number_of_minibatches: int = 1
+    seq_len: int = 4096
+    pad_to_multiple_of: int = 64
+    temperature: float = 1.0
+    entropy_chunk_size: int = 1024
+    ppo_clip_ref_logprobs: Literal["rollout", "batch"] = "rollout"
+    run_dir: str | None = None
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> TrainerContext:
+        c = config
+        return cls(
+            model=c.model, model_dtype=c.model_dtype, seed=c.seed, number_of_steps=c.number_of_steps,
+            learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+            lr_scheduler=c.lr_scheduler, warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio,
+            number_of_minibatches=c.number_of_minibatches, seq_len=c.seq_len,
+            pad_to_multiple_of=c.pad_to_multiple_of, temperature=c.temperature,
+            entropy_chunk_size=c.entropy_chunk_size, ppo_clip_ref_logprobs=c.ppo_clip_ref_logprobs,
+            run_dir=c.run_dir,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InferenceContext(_Context):
+    """What an inference backend reads of the run: the model, limits, scheduling, where to listen."""
+
+    model: str
+    model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    seed: int = 0
+    max_model_len: int = 4096
+    max_concurrent_sequences: int = 64
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    host: str = "127.0.0.1"
+    base_port: int = 8100
+    tensor_parallel_size: int = 1
+    chat_template: str | None = None
+    enable_thinking: bool = False
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> InferenceContext:
+        c = config
+        return cls(
+            model=c.model, model_dtype=c.model_dtype, seed=c.seed, max_model_len=c.max_model_len,
+            max_concurrent_sequences=max(1, c.max_concurrent_prompts_per_server * c.group_size),
+            scheduling_policy=c.vllm_scheduling_policy, host=c.inference_host, base_port=c.inference_base_port,
+            tensor_parallel_size=c.inference_tensor_parallel_size, chat_template=c.chat_template,
+            enable_thinking=c.enable_thinking,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TransportContext(_Context):
+    """What a weight transport reads of the run: how long to wait, how to reach the sender."""
+
+    timeout_s: float = 300.0
+    prefer_loopback_if_single_node: bool = True
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> TransportContext:
+        return cls(
+            timeout_s=float(config.ray_broadcast_init_timeout_s),
+            prefer_loopback_if_single_node=config.ray_broadcast_prefer_loopback_if_single_node,
+        )
+
+
+@dataclass(frozen=True)
+class LoggerContext(_Context):
+    """What a logger reads of the run: where it is, its name, the resolved config to record."""
+
+    run_dir: str
+    run_name: str
+    resolved_config: dict[str, Any]
+    system_metrics_interval_s: float = 1.0
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig, run_dir: str) -> LoggerContext:
+        return cls(
+            run_dir=run_dir,
+            run_name=config.wandb_run_name,
+            resolved_config=config.model_dump(mode="json"),
+            system_metrics_interval_s=config.system_metrics_collection_interval_seconds,
+        )
