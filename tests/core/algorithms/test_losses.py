@@ -14,6 +14,7 @@ from telescope.algorithms.common import ppo_clip_loss
 from telescope.algorithms.dr_grpo import DrGRPO
 from telescope.algorithms.grpo import GRPO
 from telescope.algorithms.gspo import GSPO
+from telescope.algorithms.plugin import DrGrpoSettings, SapoSettings
 from telescope.algorithms.reinforce_pp import ReinforcePP
 from telescope.algorithms.rloo import RLOO
 from telescope.algorithms.sapo import SAPO
@@ -80,7 +81,7 @@ def test_sapo_soft_gate() -> None:
     # rho 1.5, A 1, tau 1: -(4/1) sigmoid(0.5) = -2.489837; grad -4 s'(0.5) rho A = -1.410022
     # rho 0.5, A -1, tau 1.05: (4/1.05) sigmoid(-0.525) = 1.415938; grad -4 s'(-0.525) rho A = 0.467070
     inputs = loss_inputs([L15, L05], [1.0, -1.0], ref_logprobs=[0.0, 0.0])
-    values, grads = grad_of(SAPO(AlgorithmConfig(sapo_tau_pos=1.0, sapo_tau_neg=1.05)), inputs)
+    values, grads = grad_of(SAPO(AlgorithmConfig(), SapoSettings(sapo_tau_pos=1.0, sapo_tau_neg=1.05)), inputs)
     assert values == pytest.approx([-2.489837, 1.415938], rel=1e-5)
     assert grads == pytest.approx([-1.410022, 0.467070], rel=1e-5)
 
@@ -103,12 +104,11 @@ def test_tis_clamps_log_ratio() -> None:
 
 def test_dr_grpo_denominators() -> None:
     counts = LossCounts(loss_tokens=10, samples=3)
-    assert DrGRPO(AlgorithmConfig(dr_grpo_loss_agg_mode="token_mean")).loss_denominator(counts) == 10.0
+    token_mean = DrGRPO(AlgorithmConfig(), DrGrpoSettings(dr_grpo_loss_agg_mode="token_mean"))
+    assert token_mean.loss_denominator(counts) == 10.0
     # token_sum_norm: samples x max_tokens = 3 x 100
-    assert (
-        DrGRPO(AlgorithmConfig(dr_grpo_loss_agg_mode="token_sum_norm", max_tokens=100)).loss_denominator(counts)
-        == 300.0
-    )
+    token_sum_norm = DrGRPO(AlgorithmConfig(max_tokens=100), DrGrpoSettings(dr_grpo_loss_agg_mode="token_sum_norm"))
+    assert token_sum_norm.loss_denominator(counts) == 300.0
     assert GRPO(AlgorithmConfig()).loss_denominator(counts) == 10.0
 
 
@@ -132,7 +132,7 @@ def test_ppo_at_ratio_one_equals_plain_gradient(rows: list[tuple[float, float]])
 @given(st.lists(st.tuples(finite, finite), min_size=1, max_size=8))
 def test_sapo_gradient_at_ratio_one_is_policy_gradient(rows: list[tuple[float, float]]) -> None:
     inputs = loss_inputs([r[0] for r in rows], [r[1] for r in rows])
-    SAPO(AlgorithmConfig(sapo_tau_pos=0.7, sapo_tau_neg=2.0)).loss_terms(inputs).sum().backward()
+    SAPO(AlgorithmConfig(), SapoSettings(sapo_tau_pos=0.7, sapo_tau_neg=2.0)).loss_terms(inputs).sum().backward()
     torch.testing.assert_close(inputs.logprobs.grad, -inputs.advantages)
 
 

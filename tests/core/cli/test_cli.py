@@ -32,7 +32,7 @@ def test_plugins_lists_name_kind_distribution_version(capsys: pytest.CaptureFixt
     code, out, _ = run_cli(capsys, "plugins")
     assert code == 0
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "KIND", "DISTRIBUTION", "VERSION"]
+    assert header.split() == ["NAME", "KIND", "DISTRIBUTION", "VERSION", "STATUS"]
     assert any(r.split()[:2] == ["grpo", "algorithm"] and "telescope-core" in r for r in rows)
     code, out, _ = run_cli(capsys, "plugins", "--json")
     data = json.loads(out)

@@ -143,7 +143,7 @@ def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
     )
     assert "unknown environment 'countdwn'" in text and "Did you mean 'countdown'?" in text
     assert "unknown algorithm 'grop'" in text and "grpo" in text and "reinforce_pp" in text
-    assert "unknown trainer backend 'megatron'" in text and "pip install 'telescope-megatron'" in text
+    assert "unknown trainer backend 'megatron'" in text and "run.yaml:3)" in text  # names the file and line
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from telescope.config.composition import composed_schema
 from telescope.config.entries import EnvironmentEntry, EvalEntry
 from telescope.config.render import schema_defaults
-from telescope.config.schema import TelescopeConfig
 
 SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 REFERENCE = next(iter(sorted(SEEDS.glob("003_*.txt"))), None) if SEEDS.exists() else None
@@ -74,7 +74,7 @@ def test_reference_has_the_expected_rows() -> None:
 
 
 def test_every_documented_parameter_is_in_the_schema() -> None:
-    top = set(TelescopeConfig.model_fields)
+    top = set(composed_schema().model.model_fields)
     entries = set(EnvironmentEntry.model_fields) | set(EvalEntry.model_fields)
     missing = [name for name, _, _ in _rows() if name not in top and name not in entries]
     assert missing == []
@@ -113,10 +113,10 @@ def test_literal_choices_match_the_documented_types() -> None:
     import typing
 
     for name, type_text, _ in _rows():
-        if name not in TelescopeConfig.model_fields or '"' not in type_text:
+        if name not in composed_schema().model.model_fields or '"' not in type_text:
             continue
         documented = set(re.findall(r'"([^"]+)"', type_text))
-        annotation = TelescopeConfig.model_fields[name].annotation
+        annotation = composed_schema().model.model_fields[name].annotation
         choices: set[str] = set()
         stack = [annotation]
         while stack:
@@ -125,6 +125,6 @@ def test_literal_choices_match_the_documented_types() -> None:
                 choices |= set(typing.get_args(a))
             stack.extend(typing.get_args(a))
         if not choices:  # a plugin-chosen name (algorithm, train_backend): a free string
-            assert TelescopeConfig.model_fields[name].annotation is str, name
+            assert composed_schema().model.model_fields[name].annotation is str, name
             continue
         assert choices == documented, name

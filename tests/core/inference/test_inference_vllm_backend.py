@@ -11,6 +11,8 @@ import httpx
 import pytest
 import torch
 
+from telescope.api.context import InferenceContext
+from telescope.config.composition import config_from_dict
 from telescope.config.schema import TelescopeConfig
 from telescope.inference import weight_updates
 from telescope.inference.client import (
@@ -19,6 +21,7 @@ from telescope.inference.client import (
     build_completion_request,
     parse_completion_response,
 )
+from telescope.inference.plugin import VLLMSettings
 from telescope.inference.protocol import CompletionRequest
 from telescope.inference.vllm_backend import EXTENSION_CLASS, TelescopeWorkerExtension, serve_command, serve_env
 from telescope.transports.memory import MemoryTransport
@@ -72,7 +75,7 @@ def _config(**overrides: Any) -> TelescopeConfig:
         "seq_len": 2048,
     }
     base.update(overrides)
-    return TelescopeConfig.model_validate(base)
+    return config_from_dict(base)
 
 
 def test_serve_command_carries_every_inference_setting() -> None:
@@ -88,7 +91,10 @@ def test_serve_command_carries_every_inference_setting() -> None:
         inference_base_port=9000,
         model_dtype="bfloat16",
     )
-    cmd = serve_command(config, 1, model_path="/models/q", chat_template_file="/tmp/t.jinja", executable="vllm")
+    context, settings = InferenceContext.from_config(config), config.settings(VLLMSettings)
+    cmd = serve_command(
+        context, 1, settings, model_path="/models/q", chat_template_file="/tmp/t.jinja", executable="vllm"
+    )
     assert cmd[:3] == ["vllm", "serve", "/models/q"]
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
     assert flags["--port"] == "9001" and flags["--host"] == "0.0.0.0"
@@ -99,19 +105,23 @@ def test_serve_command_carries_every_inference_setting() -> None:
     assert flags["--chat-template"] == "/tmp/t.jinja"
     assert json.loads(flags["--default-chat-template-kwargs"]) == {"enable_thinking": True}
     assert flags["--otlp-traces-endpoint"] == "http://127.0.0.1:4999/v1/traces"
-    plain = serve_command(_config(enable_vllm_tracing=False), 0, model_path="m", executable="vllm")
+    untraced = _config(enable_vllm_tracing=False)
+    plain = serve_command(
+        InferenceContext.from_config(untraced), 0, untraced.settings(VLLMSettings), model_path="m", executable="vllm"
+    )
     assert "--otlp-traces-endpoint" not in plain and "--chat-template" not in plain
     assert "--default-chat-template-kwargs" not in plain
 
 
 def test_serve_env_assigns_gpus_and_dev_mode() -> None:
     config = _config(inference_tensor_parallel_size=2, inference_num_workers=2)
-    env = serve_env(config, 1, base={})
+    context = InferenceContext.from_config(config)
+    env = serve_env(context, 1, base={})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert serve_env(context, 1, base={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
     with pytest.raises(ValueError, match="needs GPUs"):
-        serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "0,1"})
-    kept = serve_env(config, 1, base={"CUDA_VISIBLE_DEVICES": "3", "TELESCOPE_VLLM_KEEP_DEVICES": "1"})
+        serve_env(context, 1, base={"CUDA_VISIBLE_DEVICES": "0,1"})
+    kept = serve_env(context, 1, base={"CUDA_VISIBLE_DEVICES": "3", "TELESCOPE_VLLM_KEEP_DEVICES": "1"})
     assert kept["CUDA_VISIBLE_DEVICES"] == "3"
 
 
@@ -205,11 +215,11 @@ class _FakeWorker(TelescopeWorkerExtension):
 
 
 def test_worker_extension_receives_and_loads_in_place() -> None:
-    sender = MemoryTransport(None)
+    sender = MemoryTransport()
     info = sender.prepare_sender(num_receivers=2)
     workers = [_FakeWorker(rank) for rank in (0, 1)]
     try:
-        payload = weight_updates.init_payload("memory", None, info, rank_offset=3)
+        payload = weight_updates.init_payload("memory", info, rank_offset=3)
         assert [w.telescope_init_weight_transfer(payload)["rank"] for w in workers] == [3, 4]
         weights = [("model.layers.0.mlp.up_proj.weight", torch.randn(4, 2)), ("lm_head.weight", torch.ones(3))]
         sender.send(weights, version=2)

@@ -73,14 +73,17 @@ def test_registering_does_not_import_the_target(make_distribution: MakeDist) -> 
 def test_duplicate_names_fail_naming_both_distributions(make_distribution: MakeDist) -> None:
     make_distribution("first-dist", "first_plugin", ENV_PLUGIN.format(name="twin", module="first_plugin"))
     make_distribution("second-dist", "second_plugin", ENV_PLUGIN.format(name="twin", module="second_plugin"))
-    manager = TelescopePluginManager()
+    registry = TelescopePluginManager().registry  # loading succeeds: only the clashing name is unusable
     with pytest.raises(DuplicatePluginError) as info:
-        _ = manager.registry
+        registry.entry(PluginKind.ENVIRONMENT, "twin")
     message = str(info.value)
     assert "'twin'" in message and "first-dist 1.2.3" in message and "second-dist 1.2.3" in message
+    assert "twin" not in registry.names(PluginKind.ENVIRONMENT)
+    assert {e.distribution for e in registry.clashes()} == {"first-dist", "second-dist"}
+    assert registry.entry(PluginKind.ALGORITHM, "grpo").name == "grpo"  # everything else still works
 
 
-def test_duplicate_of_a_builtin_name_is_rejected(make_distribution: MakeDist) -> None:
+def test_duplicate_of_a_builtin_name_breaks_only_what_uses_it(make_distribution: MakeDist, tmp_path: Path) -> None:
     make_distribution(
         "shadow-dist",
         "shadow_plugin",
@@ -92,8 +95,16 @@ def test_duplicate_of_a_builtin_name_is_rejected(make_distribution: MakeDist) ->
             register("grpo", "shadow_plugin:X")
         """,
     )
+    registry = TelescopePluginManager().registry
     with pytest.raises(DuplicatePluginError, match=re.escape("telescope-core 0.1.0 and by shadow-dist 1.2.3")):
-        _ = TelescopePluginManager().registry
+        registry.entry(PluginKind.ALGORITHM, "grpo")
+    reset_plugin_manager()
+    config = tmp_path / "c.yaml"
+    config.write_text("environments: [{name: countdown}]\nalgorithm: rloo\n", encoding="utf-8")
+    assert load_config(config).config.algorithm == "rloo"  # a config that does not use the name is fine
+    config.write_text("environments: [{name: countdown}]\nalgorithm: grpo\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="registered more than once"):
+        load_config(config)
 
 
 def test_a_plugin_that_fails_to_import_is_reported_and_contained(make_distribution: MakeDist, tmp_path: Path) -> None:
@@ -142,12 +153,30 @@ def test_disable_plugins_blocks_entry_points_and_builtins(
     assert registry.has(PluginKind.ENVIRONMENT, "countdown")
 
 
-def test_unknown_names_suggest_and_hint_installs() -> None:
+def test_unknown_names_suggest_the_closest(make_distribution: MakeDist) -> None:
     registry = TelescopePluginManager(load_entry_points=False).registry
     with pytest.raises(UnknownPluginError) as info:
         registry.get(PluginKind.SANDBOX_PROVIDER, "e2b")
     assert "No sandbox providers are registered" in str(info.value)
-    assert "pip install 'telescope-sandbox[e2b]'" in str(info.value)
+    with pytest.raises(UnknownPluginError, match="Did you mean 'grpo'"):
+        registry.get(PluginKind.ALGORITHM, "grop")
+
+
+def test_a_plugin_declares_its_own_install_hint(make_distribution: MakeDist) -> None:
+    make_distribution(
+        "hinted-dist",
+        "hinted_plugin",
+        """
+        from telescope import hookimpl
+
+        @hookimpl
+        def telescope_register_sandbox_providers(register):
+            register("cloudbox", "cloudbox_sdk_missing.provider:Box", install_hint="pip install 'hinted-dist[cloud]'")
+        """,
+    )
+    registry = TelescopePluginManager().registry
+    with pytest.raises(PluginLoadError, match=re.escape("Install it: pip install 'hinted-dist[cloud]'")):
+        registry.get(PluginKind.SANDBOX_PROVIDER, "cloudbox")
 
 
 def test_validate_config_hook_adds_rules(make_distribution: MakeDist, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -23,7 +24,6 @@ def rollout(
     completion: int,
     prompt: int = 3,
     environment: str = "countdown",
-    advantage: float | None = None,
     finish: FinishReason = "stop",
     sample_metrics: dict[str, float] | None = None,
 ) -> Rollout:
@@ -38,7 +38,6 @@ def rollout(
         sample=Sample(prompt="p", environment=environment),
         turns=[turn],
         reward=None if reward is None else RewardResult(total_reward=reward, sample_metrics=sample_metrics or {}),
-        advantage=advantage,
     )
 
 
@@ -89,23 +88,24 @@ def test_describe_and_normalize_reward() -> None:
 def two_groups() -> list[Group]:
     group_a = group(
         [
-            rollout(0.0, completion=2, advantage=-1.0, sample_metrics={"correct": 0.0, "steps": 1.0}),
-            rollout(0.0, completion=4, advantage=-1.0, sample_metrics={"correct": 0.0, "steps": 1.0}),
-            rollout(1.0, completion=6, advantage=1.0, sample_metrics={"correct": 1.0, "steps": 1.0}),
-            rollout(1.0, completion=8, advantage=1.0, finish="length", sample_metrics={"correct": 1.0, "steps": 5.0}),
+            rollout(0.0, completion=2, sample_metrics={"correct": 0.0, "steps": 1.0}),
+            rollout(0.0, completion=4, sample_metrics={"correct": 0.0, "steps": 1.0}),
+            rollout(1.0, completion=6, sample_metrics={"correct": 1.0, "steps": 1.0}),
+            rollout(1.0, completion=8, finish="length", sample_metrics={"correct": 1.0, "steps": 5.0}),
         ]
     )
     group_b = group(
         [
-            rollout(2.0, completion=10, prompt=5, environment="math", advantage=0.0, sample_metrics={"correct": 1.0}),
-            rollout(2.0, completion=10, prompt=5, environment="math", advantage=0.0, sample_metrics={"correct": 1.0}),
+            rollout(2.0, completion=10, prompt=5, environment="math", sample_metrics={"correct": 1.0}),
+            rollout(2.0, completion=10, prompt=5, environment="math", sample_metrics={"correct": 1.0}),
         ]
     )
     return [group_a, group_b]
 
 
 def test_rollout_step_metrics_hand_computed() -> None:
-    m = rollout_step_metrics(two_groups(), reward_ranges={"countdown": (0.0, 1.0), "math": (0.0, 4.0)})
+    advantages = [-1.0, -1.0, 1.0, 1.0, 0.0, 0.0]  # from the training batch
+    m = rollout_step_metrics(two_groups(), {"countdown": (0.0, 1.0), "math": (0.0, 4.0)}, advantages)
     assert m["rollouts/count"] == 6 and m["groups/count"] == 2 and m["rollouts/error_count"] == 0
     # rewards [0,0,1,1,2,2]: mean 1, variance (1+1+0+0+1+1)/6 = 2/3
     assert m["reward/mean"] == pytest.approx(1.0)
@@ -161,8 +161,7 @@ def test_missing_rewards_multi_turn_and_empty() -> None:
         ],
         reward=RewardResult(total_reward=1.0, error=None),
     )
-    failed = rollout(None, completion=0)
-    failed.error = "timeout"
+    failed = dataclasses.replace(rollout(None, completion=0), error="timeout")
     m = rollout_step_metrics([group([multi_turn, failed])])
     assert m["rollouts/error_count"] == 1
     assert m["reward/mean"] == 1.0 and m["reward/std"] == 0.0  # the unscored rollout is not a 0 reward

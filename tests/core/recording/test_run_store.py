@@ -39,7 +39,6 @@ def make_rollout(reward: float, *, versions: tuple[int, ...] = (3,), finish: Fin
         sample=Sample(prompt="2+2?", answer=4, sample_id="s7", environment="countdown"),
         turns=turns,
         reward=RewardResult(total_reward=reward, sample_metrics={"correct": reward}),
-        advantage=reward - 0.5,
     )
 
 
@@ -77,7 +76,7 @@ def test_rollout_records_carry_every_field(tmp_path: Path) -> None:
         )
     ]
     with RunStore(tmp_path) as store:
-        store.log_rollouts(5, group_records(5, groups))
+        store.log_rollouts(5, group_records(5, groups, {(0, 0): 0.5, (0, 1): -0.5}))
     records = RunReader(tmp_path).rollouts(step=5)
     assert len(records) == 2
     first, second = records

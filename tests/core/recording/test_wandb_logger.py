@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from telescope.api.context import LoggerContext
+from telescope.config.composition import config_from_dict
 from telescope.config.schema import TelescopeConfig
+from telescope.recording.plugin import WandbSettings
 from telescope.recording.wandb_logger import (
     INSTALL_HINT,
     WandbLogger,
@@ -31,7 +34,12 @@ def make_config(run_dir: Path, **overrides: Any) -> TelescopeConfig:
         "system_metrics_collection_interval_seconds": 30.0,
     }
     values.update(overrides)
-    return TelescopeConfig.model_validate(values)
+    return config_from_dict(values)
+
+
+def make_logger(config: TelescopeConfig, run_dir: Path) -> WandbLogger:
+    """The logger as a run builds it: its own settings and the narrow logger context."""
+    return WandbLogger(LoggerContext.from_config(config, str(run_dir)), config.settings(WandbSettings))
 
 
 @pytest.fixture
@@ -84,7 +92,7 @@ def test_offline_run_records_history_code_and_logs(
     (run_dir / "logs" / "trainer.log").write_text("trainer says hi\n")
     config = make_config(run_dir, wandb_code_max_file_size_mb=0.002, wandb_code_exclude_patterns=["skipme", "*.pyc"])
 
-    logger = WandbLogger(config, run_dir)
+    logger = make_logger(config, run_dir)
     assert logger.active, logger.failure
     for step in range(3):
         logger.log_step(step, {"reward/mean": 0.25 * step, "skipped": None})
@@ -165,8 +173,8 @@ def test_mode_selection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_enabled_follows_use_wandb(tmp_path: Path) -> None:
-    assert WandbLogger.enabled(make_config(tmp_path, use_wandb=True))
-    assert not WandbLogger.enabled(make_config(tmp_path, use_wandb=False))
+    assert WandbLogger.enabled(make_config(tmp_path, use_wandb=True).settings(WandbSettings))
+    assert not WandbLogger.enabled(make_config(tmp_path, use_wandb=False).settings(WandbSettings))
 
 
 def test_missing_wandb_gives_install_hint(
@@ -174,7 +182,7 @@ def test_missing_wandb_gives_install_hint(
 ) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     with caplog.at_level(logging.WARNING, logger="telescope.loggers.wandb"):
-        logger = WandbLogger(make_config(tmp_path), tmp_path)
+        logger = make_logger(make_config(tmp_path), tmp_path)
         logger.log_step(1, {"x": 1.0})
         logger.log_rollouts(1, [{"prompt": "p"}])
         logger.close()
@@ -193,7 +201,7 @@ def test_wandb_errors_disable_the_logger_once(
 
     monkeypatch.setattr(wandb, "init", broken_init)
     with caplog.at_level(logging.WARNING, logger="telescope.loggers.wandb"):
-        logger = WandbLogger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
+        logger = make_logger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
         logger.log_step(1, {"x": 1.0})
         logger.close()
     assert logger.failure == "could not start a W&B run: RuntimeError: network is down"
@@ -203,7 +211,7 @@ def test_wandb_errors_disable_the_logger_once(
     # a failure after a good start: reported once, then every call is a no-op
     monkeypatch.setenv("WANDB_MODE", "disabled")
     caplog.clear()
-    logger = WandbLogger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
+    logger = make_logger(make_config(tmp_path, wandb_upload_code=False), tmp_path)
     assert logger.active, logger.failure
     calls: list[int] = []
 

@@ -68,7 +68,13 @@ def locate(problem: str, provenance: dict[str, str], fields: Sequence[str] = ())
     The fields are ``fields`` when the rule named them, else the config field names
     the message mentions, in order; at most three places are given.
     """
-    names = list(fields) or [n for n in dict.fromkeys(_FIELD_NAME.findall(problem)) if n in provenance]
+    leading = _FIELD_NAME.match(problem)
+    if fields:
+        names = list(fields)
+    elif leading and leading.group(0) in provenance:  # "environments[0].name: ..." is about its leading key
+        names = [leading.group(0)]
+    else:
+        names = [n for n in dict.fromkeys(_FIELD_NAME.findall(problem)) if n in provenance]
     places = [provenance[n] for n in names if provenance.get(n, "default") != "default"]
     places = list(dict.fromkeys(p for p in places if not p.startswith("derived")))[:3]
     return f"{problem} ({', '.join(places)})" if places and not problem.endswith(")") else problem
