@@ -13,9 +13,11 @@ builds AdamW and the LR schedule.
    sequences are dealt to ranks balancing tokens. One packed sequence is one
    micro-batch; a rank with fewer sequences runs padding-only micro-batches so the
    FSDP collectives stay in step.
-2. With a ratio reference ``batch`` (``ppo_clip_ref_logprobs: batch`` and a loss
-   that uses a ratio), the trainer's own log-probabilities of every minibatch are
-   computed without gradient before the first optimizer step.
+2. With a ratio reference ``batch`` (``Algorithm.uses_batch_reference``:
+   ``ppo_clip_ref_logprobs: batch`` and a loss that uses a ratio), the trainer's
+   own log-probabilities of every minibatch are computed without gradient before
+   the first optimizer step; they are the ratio's reference and, with ``use_tis``,
+   the ``pi_old`` of the TIS weight ``pi_old / pi_inf``.
 3. For each minibatch the global counts (loss tokens, samples) are all-reduced
    *before* any backward; each micro-batch's loss is ``sum(loss_terms) /
    algorithm.loss_denominator(counts)``, so the accumulated gradient is that of the
@@ -271,7 +273,7 @@ class FSDPBackend(TrainerBackend):
         return LossCounts(loss_tokens=int(tokens), samples=int(samples))
 
     def _needs_batch_reference(self) -> bool:
-        return self.config.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
+        return self.algorithm.uses_batch_reference
 
     @torch.no_grad()
     def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
