@@ -61,7 +61,7 @@ from telescope.trainer.distributed import (
     init_process_group,
     resolve_device,
 )
-from telescope.trainer.logprobs import chunked_entropy, k3_kl, token_logprobs
+from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import (
@@ -327,7 +327,7 @@ class FSDPBackend(TrainerBackend):
             entropy = chunked_entropy(logits.detach(), self.config.temperature, self.config.entropy_chunk_size)
             entropy_sum = float(entropy[mask].sum())
         with timers.section("kl"):
-            kl_sum = float(k3_kl(logprobs, mb.inference_logprobs)[mask].sum())
+            kl_sum = float(inference_kl_k3(logprobs, mb.inference_logprobs)[mask].sum())
         with timers.section("backward"):
             # Each rank's loss is already divided by the *global* denominator, so the
             # gradients must be summed over ranks; FSDP averages them, hence the factor.
