@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -100,6 +101,53 @@ def test_tis_clamps_log_ratio() -> None:
     inputs = loss_inputs([0.0], [1.0], inference_logprobs=[-50.0])
     _, grads = grad_of(GRPO(AlgorithmConfig(use_tis=True, tis_cap=5.0, tis_logprob_clamp=1.0)), inputs)
     assert grads == pytest.approx([-math.e])
+
+
+def test_tis_with_batch_reference_weights_old_policy_over_rollout() -> None:
+    # A later minibatch: the policy has moved (lp != lp_old). PPO ratio rho = exp(lp - lp_old),
+    # TIS weight w = min(exp(lp_old - lp_inf), 2), loss max(-rho A, -clip(rho) A) w (clip 0.8..1.2):
+    # token 1: rho = e^0.1, A = 1, w = e^(-1.1 + 1.5) = e^0.4     -> -e^0.5; gradient -rho A w = -e^0.5
+    # token 2: rho = e^-0.1, A = -1, w = e^(-0.9 + 0.8) = e^-0.1  ->  e^-0.2; gradient e^-0.2
+    # token 3: rho = e^0.1, A = 1, w = min(e^ln3, 2) = 2 (capped) -> -2 e^0.1; gradient -2 e^0.1
+    # (the current policy's weight exp(lp - lp_inf) would give -e^0.6 and e^-0.3 on tokens 1 and 2)
+    inputs = loss_inputs(
+        [-1.0, -1.0, -1.9],
+        [1.0, -1.0, 1.0],
+        ref_logprobs=[-1.1, -0.9, -2.0],
+        inference_logprobs=[-1.5, -0.8, -2.0 - math.log(3)],
+    )
+    config = AlgorithmConfig(
+        use_ppo_clip=True, ppo_clip_ref_logprobs="batch", use_tis=True, tis_cap=2.0, clip_low=0.2, clip_high=0.2
+    )
+    algorithm = GRPO(config)
+    assert algorithm.uses_batch_reference
+    values, grads = grad_of(algorithm, inputs)
+    expected = [-math.exp(0.5), math.exp(-0.2), -2 * math.exp(0.1)]
+    assert values == pytest.approx(expected, rel=1e-9)
+    assert grads == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("cls", [CISPO, GSPO, SAPO])
+def test_ratio_losses_with_batch_reference_take_tis_from_it(cls: type) -> None:
+    # Same inputs, with and without TIS: the weight is exp(lp_old - lp_inf) = [e^0.5, e^-0.25] per token.
+    lp, adv, ref, inf = [-1.0, -2.0], [1.0, -1.0], [-1.2, -1.9], [-1.7, -1.65]
+    config = AlgorithmConfig(ppo_clip_ref_logprobs="batch", clip_low=0.2, clip_high=0.2)
+    plain = cls(config).loss_terms(loss_inputs(lp, adv, ref_logprobs=ref, inference_logprobs=inf))
+    weighted = cls(dataclasses.replace(config, use_tis=True, tis_cap=5.0)).loss_terms(
+        loss_inputs(lp, adv, ref_logprobs=ref, inference_logprobs=inf)
+    )
+    assert weighted.tolist() == pytest.approx([plain[0].item() * math.exp(0.5), plain[1].item() * math.exp(-0.25)])
+
+
+def test_tis_without_batch_reference_weights_current_policy() -> None:
+    # No ratio in the loss (plain GRPO): no batch reference exists, even with ppo_clip_ref_logprobs: batch;
+    # the weight is the current exp(lp - lp_inf) = e^0.5 (ref_logprobs is ignored): -A lp w = e^0.5
+    inputs = loss_inputs([-1.0], [1.0], ref_logprobs=[-3.0], inference_logprobs=[-1.5])
+    algorithm = GRPO(AlgorithmConfig(ppo_clip_ref_logprobs="batch", use_tis=True, tis_cap=2.0))
+    assert not algorithm.uses_batch_reference
+    values, grads = grad_of(algorithm, inputs)
+    assert values == pytest.approx([math.exp(0.5)])
+    assert grads == pytest.approx([-math.exp(0.5)])
 
 
 def test_dr_grpo_denominators() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 from inference_helpers import mean_k3, trainer_logprobs
 
 from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
+from telescope.inference.embedded.sampling import make_generator, sample
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [100, 3], [7] * 20]
 
@@ -45,12 +47,64 @@ def test_logprobs_match_trainer_recomputation(engine: Engine, temperature: float
             assert torch.allclose(torch.tensor(seq.logprobs), ref, atol=1e-4)
 
 
-def test_logprobs_with_top_p_describe_the_untruncated_distribution(engine: Engine) -> None:
+def nucleus_logprobs(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float, top_p: float
+) -> tuple[list[float], list[bool]]:
+    """log(p_i / nucleus mass) of each completion token, and whether it lies in the nucleus (float64).
+
+    The nucleus of a position is the smallest set of most likely tokens whose mass reaches ``top_p``.
+    """
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()
+    probs = torch.softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    values: list[float] = []
+    inside: list[bool] = []
+    for row, token in zip(probs.tolist(), completion, strict=True):
+        order = sorted(range(len(row)), key=lambda i: -row[i])
+        nucleus, mass = set(), 0.0
+        for i in order:
+            nucleus.add(i)
+            mass += row[i]
+            if mass >= top_p:
+                break
+        values.append(math.log(row[token] / mass))
+        inside.append(token in nucleus)
+    return values, inside
+
+
+def test_logprobs_with_top_p_describe_the_truncated_nucleus(engine: Engine) -> None:
+    """With top_p set the engine reports log(p_i / nucleus mass), as vLLM's processed_logprobs."""
     params = GenerationParams(max_tokens=16, temperature=0.8, top_p=0.5, seed=3, ignore_eos=True)
     result = engine.generate(PROMPTS[1], params)
     seq = result.sequences[0]
-    ref = trainer_logprobs(engine.model, PROMPTS[1], seq.token_ids, 0.8)
-    assert torch.allclose(torch.tensor(seq.logprobs), ref, atol=1e-4)
+    expected, inside = nucleus_logprobs(engine.model, PROMPTS[1], seq.token_ids, 0.8, 0.5)
+    assert all(inside)
+    assert seq.logprobs == pytest.approx(expected, abs=1e-4)
+    untruncated = trainer_logprobs(engine.model, PROMPTS[1], seq.token_ids, 0.8)
+    assert float((torch.tensor(seq.logprobs) - untruncated).max()) > 1e-2  # the truncation is visible
+
+
+def test_sample_reports_the_renormalised_nucleus() -> None:
+    """p = [0.5, 0.3, 0.15, 0.05], top_p = 0.7: nucleus {0, 1} of mass 0.8, so log(0.625) and log(0.375).
+
+    A greedy row in the same batch ignores top_p and reports the unscaled log_softmax (log 0.5), as vLLM.
+    """
+    p = [0.5, 0.3, 0.15, 0.05]
+    rows = 64
+    logits = torch.tensor([p] * rows).log()
+    temperatures = [1.0] * (rows - 1) + [0.0]
+    gens = [make_generator(1000 + i, "cpu") for i in range(rows)]
+    out = sample(logits, temperatures, [0.7] * rows, gens, num_top=3)
+    expected = {0: math.log(0.5 / 0.8), 1: math.log(0.3 / 0.8)}
+    assert set(out.token_ids[:-1]) == {0, 1}
+    for token, logprob in zip(out.token_ids[:-1], out.logprobs[:-1], strict=True):
+        assert logprob == pytest.approx(expected[token], abs=1e-6)
+    assert out.top_ids is not None and out.top_logprobs is not None
+    assert out.top_ids[0][:2] == [0, 1]
+    assert out.top_logprobs[0][:2] == pytest.approx([expected[0], expected[1]], abs=1e-6)
+    assert out.top_logprobs[0][2] == float("-inf")
+    assert out.token_ids[-1] == 0 and out.logprobs[-1] == pytest.approx(math.log(0.5), abs=1e-6)
 
 
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine: Engine) -> None:

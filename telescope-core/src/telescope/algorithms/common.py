@@ -52,8 +52,17 @@ def policy_gradient_loss(inputs: LossInputs, config: AlgorithmConfig) -> torch.T
     return -inputs.advantages * inputs.logprobs
 
 
-def tis_weight(logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
-    """Truncated importance weight ``sg(min(exp(clamp(lp - lp_inf, -c, c)), tis_cap))``."""
+def tis_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """Truncated importance weight ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``.
+
+    ``old_logprobs`` is the trainer's policy the loss is taken relative to: the
+    batch reference (log-probabilities before the first optimizer step of the
+    batch) when the loss has a ratio against it, else the current log-probabilities
+    (see :meth:`telescope.api.algorithm.Algorithm.loss_terms` for why). The weight
+    corrects the mismatch between the sampler and the trainer on the tokens the
+    sampler produced; it cannot restore tokens the sampler could not produce (top-p
+    truncation, see :mod:`telescope.inference.embedded.sampling`).
+    """
     c = config.tis_logprob_clamp
-    diff = torch.clamp(logprobs.detach() - inference_logprobs, -c, c)
+    diff = torch.clamp(old_logprobs.detach() - inference_logprobs, -c, c)
     return torch.clamp(torch.exp(diff), max=config.tis_cap)

@@ -15,9 +15,14 @@ registration metadata (``register(name, "pkg.mod:Cls", **caps.as_metadata())``).
 
 Conventions shared by every algorithm:
 
-- Log-probabilities are of the temperature-scaled distribution (``logits /
-  temperature``, then log-softmax, no top-p truncation), on the trainer and in the
-  inference engine alike.
+- ``logprobs`` (and ``ref_logprobs`` when it is the batch reference) are the
+  trainer's, of the temperature-scaled distribution over the full vocabulary: ``log_softmax(logits / T)`` with ``T``
+  from :func:`telescope.inference.embedded.sampling.logprob_temperature` (1 below
+  the greedy threshold). ``inference_logprobs`` are what the engine reports: the
+  distribution it sampled from, the same one when ``top_p`` is unset and the
+  top-p truncated, renormalised one otherwise (see
+  :mod:`telescope.inference.embedded.sampling` for what TIS can and cannot
+  correct there).
 - Tensors in :class:`LossInputs` are flat, one entry per *target* token of a
   micro-batch (padding included, masked out by ``loss_mask``).
 - Advantages: :meth:`Algorithm.group_advantages` gives one group's advantages; with
@@ -103,7 +108,8 @@ class LossInputs:
 
     ``logprobs`` carries the gradient; the others are constants. ``ref_logprobs`` is
     the ratio reference chosen by ``ppo_clip_ref_logprobs`` (rollout log-probabilities,
-    or the trainer's own recomputed before the first optimizer step of the batch).
+    or the trainer's own recomputed before the first optimizer step of the batch, the
+    *batch reference* ``lp_old``, when :attr:`Algorithm.uses_batch_reference`).
     ``sequence_ids`` numbers the samples of the micro-batch (``-1`` on padding) and
     ``sequence_lengths[sequence_ids]`` is each sample's count of loss tokens.
     """
@@ -156,13 +162,39 @@ class Algorithm(ABC):
         """The loss reads ``ref_logprobs`` (a ratio-based loss, or PPO clipping on)."""
         return self.capabilities.ratio_based or self.config.use_ppo_clip
 
+    @property
+    def uses_batch_reference(self) -> bool:
+        """``ref_logprobs`` is the batch reference ``lp_old`` (a ratio, and ``ppo_clip_ref_logprobs: batch``).
+
+        The one rule the trainer reads to decide whether to recompute the
+        log-probabilities before the first optimizer step of a batch.
+        """
+        return self.uses_ratio and self.config.ppo_clip_ref_logprobs == "batch"
+
     def loss_terms(self, inputs: LossInputs) -> torch.Tensor:
-        """Masked per-token losses ``[T]``, times the truncated-IS weight when ``use_tis``."""
+        """Masked per-token losses ``[T]``, times the truncated-IS weight when ``use_tis``.
+
+        The TIS weight is ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``:
+
+        - with a batch reference (:attr:`uses_batch_reference`), ``lp_old`` is
+          ``ref_logprobs``, the trainer's log-probabilities before the first
+          optimizer step of the batch. The loss's ratio covers ``pi / pi_old`` and
+          TIS only ``pi_old / pi_inf``, on every minibatch; weighting by the
+          current ``pi / pi_inf`` would count ``pi / pi_old`` twice from the second
+          minibatch on.
+        - without one, ``lp_old`` is ``sg(logprobs)``, the current policy. The loss
+          then has no ratio (TIS with a ratio against the rollout reference is
+          rejected at load time), so nothing else covers ``pi / pi_old``: the
+          weight ``pi / pi_inf`` is the whole correction from the sampler to the
+          policy being differentiated, and equals ``pi_old / pi_inf`` on the first
+          minibatch.
+        """
         from telescope.algorithms.common import masked, tis_weight
 
         loss = self.token_loss(inputs)
         if self.config.use_tis:
-            loss = loss * tis_weight(inputs.logprobs, inputs.inference_logprobs, self.config)
+            old = inputs.ref_logprobs if self.uses_batch_reference else inputs.logprobs
+            loss = loss * tis_weight(old, inputs.inference_logprobs, self.config)
         return masked(loss, inputs.loss_mask)
 
     def loss_denominator(self, counts: LossCounts) -> float:

@@ -23,8 +23,10 @@ Unknown request fields are ignored (vLLM accepts many more; a client written for
 vLLM keeps working against the embedded server). A batch of prompts in one request
 is rejected with a clear error: Telescope sends one prompt per request.
 
-Log-probabilities: ``token_logprobs[t]`` is ``log_softmax(logits / temperature)`` of
-the sampled token, before top-p truncation (see :mod:`telescope.inference.embedded.sampling`).
+Log-probabilities: ``token_logprobs[t]`` is the sampled token's log-probability in
+the distribution it was sampled from, ``log_softmax(logits / temperature)``
+restricted to the top-p nucleus and renormalised when ``top_p`` is set (vLLM's
+``processed_logprobs``; see :mod:`telescope.inference.embedded.sampling`).
 """
 
 from __future__ import annotations

@@ -16,13 +16,12 @@ The server (:func:`serve_command`)
     ``otlp_receiver_port``), and always:
 
     - ``--logprobs-mode processed_logprobs``: log-probabilities of the
-      distribution the sampler used (after temperature). vLLM's default,
-      ``raw_logprobs``, ignores the temperature, which would break the shared
-      convention (see :mod:`telescope.inference.embedded.sampling`). vLLM's
-      processed values are also taken after top-k/top-p; with ``top_p`` unset
-      (the default) they equal the embedded engine's exactly; with ``top_p``
-      set they describe the truncated nucleus (the embedded engine reports the
-      untruncated one), a gap TIS corrects either way;
+      distribution the sampler used (after temperature, then top-k/top-p with
+      renormalisation), the same distribution the embedded engine reports.
+      vLLM's default, ``raw_logprobs``, ignores the temperature, which would
+      break the shared convention (see :mod:`telescope.inference.embedded.sampling`,
+      which also says what TIS does and does not correct when ``top_p`` is set:
+      the trainer's distribution is never truncated);
     - ``--generation-config vllm``: ignore the model's ``generation_config.json``
       sampling defaults (a hidden ``top_k: 20`` would silently truncate);
     - ``--worker-extension-cls`` :class:`TelescopeWorkerExtension` and

@@ -13,9 +13,11 @@ builds AdamW and the LR schedule.
    sequences are dealt to ranks balancing tokens. One packed sequence is one
    micro-batch; a rank with fewer sequences runs padding-only micro-batches so the
    FSDP collectives stay in step.
-2. With a ratio reference ``batch`` (``ppo_clip_ref_logprobs: batch`` and a loss
-   that uses a ratio), the trainer's own log-probabilities of every minibatch are
-   computed without gradient before the first optimizer step.
+2. With a ratio reference ``batch`` (``Algorithm.uses_batch_reference``:
+   ``ppo_clip_ref_logprobs: batch`` and a loss that uses a ratio), the trainer's
+   own log-probabilities of every minibatch are computed without gradient before
+   the first optimizer step; they are the ratio's reference and, with ``use_tis``,
+   the ``pi_old`` of the TIS weight ``pi_old / pi_inf``.
 3. For each minibatch the global counts (loss tokens, samples) are all-reduced
    *before* any backward; each micro-batch's loss is ``sum(loss_terms) /
    algorithm.loss_denominator(counts)``, so the accumulated gradient is that of the
@@ -59,7 +61,7 @@ from telescope.trainer.distributed import (
     init_process_group,
     resolve_device,
 )
-from telescope.trainer.logprobs import chunked_entropy, k3_kl, token_logprobs
+from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import (
@@ -306,7 +308,7 @@ class FSDPBackend(TrainerBackend):
         return LossCounts(loss_tokens=int(tokens), samples=int(samples))
 
     def _needs_batch_reference(self) -> bool:
-        return self.context.ppo_clip_ref_logprobs == "batch" and self.algorithm.uses_ratio
+        return self.algorithm.uses_batch_reference
 
     @torch.no_grad()
     def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
@@ -360,7 +362,7 @@ class FSDPBackend(TrainerBackend):
             entropy = chunked_entropy(logits.detach(), self.context.temperature, self.context.entropy_chunk_size)
             entropy_sum = float(entropy[mask].sum())
         with timers.section("compute_kl"):
-            kl_sum = float(k3_kl(logprobs, mb.inference_logprobs)[mask].sum())
+            kl_sum = float(inference_kl_k3(logprobs, mb.inference_logprobs)[mask].sum())
         with timers.section("backward"):
             # Each rank's loss is already divided by the *global* denominator, so the
             # gradients must be summed over ranks; FSDP averages them, hence the factor.

@@ -31,8 +31,9 @@ Prefill is not chunked: a long prompt stalls the running batch for its prefill.
 Only models whose cache layers are plain ``DynamicLayer`` (full attention) are
 supported; others fail at load with a clear error.
 
-Log-probabilities and sampling: see :mod:`.sampling` (temperature-scaled,
-before top-p; one ``torch.Generator`` per sequence). A request with ``seed``
+Log-probabilities and sampling: see :mod:`.sampling` (those of the distribution
+sampled from: temperature-scaled, then top-p truncated and renormalised; one
+``torch.Generator`` per sequence). A request with ``seed``
 and ``n > 1`` seeds sample ``i`` with ``seed + i``. Seeded results are the
 same whether the request runs alone or in a batch as long as padding does not
 change its logits' last bits (true in float32 in practice; not guaranteed in

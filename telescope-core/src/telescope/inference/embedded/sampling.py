@@ -1,21 +1,37 @@
 """Token sampling and the log-probabilities the engine reports.
 
-The distribution that the returned log-probabilities describe (the convention the
-trainer shares, see ``reference/algorithms.md``):
+Which distribution each component describes (``T = logprob_temperature(temperature)``):
 
-    logprob(token) = log_softmax(logits / temperature)[token]
+- the embedded engine samples from, and reports the log-probability of, the
+  *processed* distribution: ``log_softmax(logits / T)`` over the full
+  vocabulary, then, when ``top_p < 1``, restricted to the nucleus and
+  renormalised, ``log(p_i / nucleus mass)`` (``-inf`` outside the nucleus).
+  This is what vLLM reports with ``--logprobs-mode processed_logprobs`` (the
+  ``vllm`` backend always sets it), so both backends report the distribution
+  actually sampled from;
+- the trainer (:mod:`telescope.trainer.logprobs`) computes ``log_softmax(logits
+  / T)`` over the full vocabulary, never truncated.
 
-computed in float32 over the full vocabulary, *before* top-p truncation. The
-trainer recomputes exactly this from its own logits, so with the same weights
-the two agree to float rounding. With ``top_p < 1`` the sampler draws from the
-truncated, renormalised nucleus, whose log-probability of the sampled token is
-higher by ``-log(nucleus mass)``; that mismatch between the sampling and the
-reported distribution is what truncated importance sampling (``use_tis``)
-corrects. (vLLM's ``--logprobs-mode processed_logprobs`` reports the truncated
-one instead; the two backends agree exactly when ``top_p`` is unset, the default.)
+So with ``top_p`` unset (the default) the engine and the trainer describe the same
+distribution and agree to float rounding with the same weights. With ``top_p``
+set, every sampled token's reported log-probability is higher than the trainer's
+by ``-log(nucleus mass) >= 0``: the rollout policy ``q`` is the truncated one,
+the trained policy ``p`` the full one. Truncated importance sampling (``use_tis``)
+corrects part of that: its weight ``p / q`` gains the factor ``nucleus mass <= 1``
+on every sampled token (never hitting the cap), which undoes the renormalisation.
+It does *not* undo the truncation: tokens outside the nucleus are never sampled
+(``q = 0``), so no weight on the sampled tokens can restore their share of the
+policy gradient, and the estimate stays biased by the missing tail (``E_q[(p/q)
+f] = sum over the nucleus of p f``, not ``E_p[f]``). Without ``use_tis`` nothing
+corrects either part. The ``kl_divergence_inference`` metric counts the
+truncation too (see :func:`telescope.trainer.logprobs.inference_kl_k3`).
 
-``temperature == 0`` means greedy decoding; its log-probabilities are those of
-the unscaled distribution (``log_softmax(logits)``), as in vLLM.
+Temperature below :data:`GREEDY_EPS` (``temperature == 0`` included) means greedy
+decoding (argmax) with ``top_p`` ignored, and log-probabilities of the unscaled
+distribution, ``log_softmax(logits)``, as vLLM does (its ``_SAMPLING_EPS`` is
+the same 1e-5). :func:`logprob_temperature` is that rule; the trainer calls it
+too, so engine and trainer agree at any temperature. Greedy tokens are not
+samples of the reported distribution: neither TIS nor the KL metric sees that.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``),
 which draws exactly from ``p``. Each row draws its noise from its own
@@ -43,12 +59,23 @@ class SampleOutput:
     top_logprobs: list[list[float]] | None = None
 
 
+def is_greedy(temperature: float) -> bool:
+    """A temperature below :data:`GREEDY_EPS` decodes greedily (vLLM's rule)."""
+    return temperature < GREEDY_EPS
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature log-probabilities are computed at: ``temperature``, or 1 when greedy.
+
+    The one rule shared by the engine (:func:`sample`) and the trainer
+    (:func:`telescope.trainer.logprobs.token_logprobs`).
+    """
+    return 1.0 if is_greedy(temperature) else temperature
+
+
 def scaled_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits / T)`` in float32; ``T == 0`` counts as ``T == 1``."""
-    logits = logits.float()
-    if temperature >= GREEDY_EPS:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1)
+    """``log_softmax(logits / T)`` in float32 with ``T = logprob_temperature(temperature)`` (no top-p)."""
+    return torch.log_softmax(logits.float() / logprob_temperature(temperature), dim=-1)
 
 
 def top_p_mask(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -74,22 +101,28 @@ def sample(
     generators: list[torch.Generator],
     num_top: int = 0,
 ) -> SampleOutput:
-    """Sample one token per row of ``logits`` ``[B, V]``.
+    """Sample one token per row of ``logits`` ``[B, V]``; report its processed log-probability.
 
-    ``num_top`` > 0 also returns the ``num_top`` most likely tokens of each row's
-    reported distribution with their log-probabilities (the ``logprobs=k`` option).
+    Each row's processed distribution is ``log_softmax(logits / T)``, restricted to
+    the nucleus and renormalised when ``top_p < 1`` and the row is not greedy. The
+    token is drawn from it (argmax when greedy) and its log-probability in it is
+    reported. ``num_top`` > 0 also returns the ``num_top`` most likely tokens of
+    each row's processed distribution with their log-probabilities (the
+    ``logprobs=k`` option; ``-inf`` for tokens outside the nucleus).
     """
     rows = logits.shape[0]
-    temps = torch.tensor([t if t >= GREEDY_EPS else 1.0 for t in temperatures], device=logits.device)
+    temps = torch.tensor([logprob_temperature(t) for t in temperatures], device=logits.device)
     logp = torch.log_softmax(logits.float() / temps.unsqueeze(-1), dim=-1)
-    greedy = [t < GREEDY_EPS for t in temperatures]
+    greedy = [is_greedy(t) for t in temperatures]
+    row_top_p = [1.0 if g else p for g, p in zip(greedy, top_ps, strict=True)]
+    if any(p < 1.0 for p in row_top_p):
+        top_p = torch.tensor(row_top_p, device=logits.device, dtype=logp.dtype)
+        drop = top_p_mask(logp.exp(), top_p)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
     if all(greedy):
         chosen = logp.argmax(dim=-1)
     else:
         probs = logp.exp()
-        if any(p < 1.0 for p in top_ps):
-            top_p = torch.tensor(top_ps, device=logits.device, dtype=probs.dtype)
-            probs = probs.masked_fill(top_p_mask(probs, top_p), 0.0)
         noise = torch.empty_like(probs)
         for i, gen in enumerate(generators):
             noise[i].exponential_(generator=gen)
