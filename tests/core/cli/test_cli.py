@@ -64,18 +64,31 @@ def test_config_defaults_prints_the_defaults_file(capsys: pytest.CaptureFixture[
         ("environments: [{name: countdown}\n", [], "invalid YAML"),
         ("environments: [{name: nothing_like_this}]\n", [], "unknown environment 'nothing_like_this'"),
         (None, [], "config file not found"),
+        ("environments: [{name: countdown}]\nseed: 1\nseed: 2\n", [], "duplicate key 'seed' at the top level"),
+        ("environments: [{name: countdown, kwargs: {seed: 1, seed: 2}}]\n", [], "in environments[0].kwargs"),
+        ("environments: [{name: countdown}]\n", ["--learning_rate"], "--learning_rate needs a value"),
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        ), [], "alias bomb"),
+        (b"environments: [{name: countdown}]\nwandb_run_name: caf\xe9\n", [], "c.yaml:2:20: not UTF-8"),
+        ("", [], "c.yaml is empty"),
+        ("# nothing yet\n", [], "needs at least `environments:`"),
+        ("environments: [{name: countdown}]\nwandb_run_name: 2024-01-01\n", [],
+         'c.yaml:2): YAML reads 2024-01-01 as a date, but wandb_run_name takes text; quote it'),
+        ("environments: [{name: countdown}]\nx: " + "[" * 30000 + "]" * 30000 + "\n", [], "nesting deeper than"),
+        ("environments: [{name: countdown}]\nwandb_run_name: 2024-02-30\n", [], "c.yaml:2:17: '2024-02-30'"),
     ],
-)
+)  # fmt: skip
 def test_user_errors_exit_2_with_one_message_and_no_traceback(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | None, args: list[str], expected: str
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | bytes | None, args: list[str], expected: str
 ) -> None:
     path = tmp_path / "c.yaml"
     if content is not None:
-        path.write_text(content, encoding="utf-8")
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     for command in (["config", "validate"], ["config", "show"], ["run"]):
         code, out, err = run_cli(capsys, *command, str(path), *args)
         assert code == 2, (command, err)
-        assert err.startswith("error: ") and expected in err
+        assert err.startswith("error: ") and err.count("error:") == 1 and expected in err
         assert "Traceback" not in err and out == ""
 
 

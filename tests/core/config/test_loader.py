@@ -137,6 +137,33 @@ def test_missing_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:
     assert "top level must be a mapping" in not_mapping
 
 
+def test_nested_problems_name_the_line_they_are_on(tmp_path: Path) -> None:
+    path = write(tmp_path, "seed: 1\nenvironments:\n  - name: countdown\n  - name: wordle\n    weight: heavy\n"
+                           "    wieght: 2\nevals:\n  - {name: countdown, eval_every: 0}\n")  # fmt: skip
+    text = "\n".join(problems_of(path))
+    assert f"environments[1].weight = 'heavy' ({path}:5)" in text
+    assert f"unknown key 'environments[1].wieght' ({path}:6)" in text
+    assert f"evals[0].eval_every = 0 ({path}:8)" in text
+
+
+def test_values_yaml_reads_as_non_text_suggest_quoting(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "wandb_run_name: 2024-01-01\nwandb_project: on\nwandb_tags: [a, 0123]\n")
+    text = "\n".join(problems_of(path))
+    assert f"wandb_run_name ({path}:3): YAML reads 2024-01-01 as a date" in text
+    assert 'quote it: wandb_run_name: "2024-01-01"' in text
+    assert f"wandb_project ({path}:4): YAML reads on as a boolean" in text and 'wandb_project: "on"' in text
+    assert f"wandb_tags[1] ({path}:5): YAML reads 0123 as a number" in text and '- "0123"' in text
+    [empty] = problems_of(write(tmp_path, MINIMAL + "wandb_run_name:\n"))
+    assert "wandb_run_name has no value" in empty and "run.yaml:3" in empty
+    [cli] = problems_of(write(tmp_path, MINIMAL), ["--environments", "[{name: 2024-01-01}]"])
+    assert "environments[0].name (cli): YAML reads 2024-01-01 as a date" in cli
+
+
+def test_a_bare_flag_for_a_number_is_an_error_not_one(tmp_path: Path) -> None:
+    [problem] = problems_of(write(tmp_path, MINIMAL), ["--learning_rate"])
+    assert problem.startswith("--learning_rate needs a value")
+
+
 def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
     text = "\n".join(
         problems_of(write(tmp_path, "environments: [{name: countdwn}]\nalgorithm: grop\ntrain_backend: megatron\n"))

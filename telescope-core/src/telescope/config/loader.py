@@ -31,7 +31,8 @@ from pydantic import BaseModel, ValidationError
 from telescope.config.entries import EnvironmentEntry, EvalEntry
 from telescope.config.errors import ConfigError
 from telescope.config.schema import TelescopeConfig, cross_field_problems
-from telescope.config.sources import parse_overrides, read_yaml_file
+from telescope.config.sources import parse_overrides, read_yaml_file, schema_field_kind
+from telescope.config.yaml_reader import SourceMap, quote_hint
 
 
 @dataclass
@@ -87,15 +88,25 @@ def _loc_text(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _translate(exc: ValidationError, provenance: dict[str, str], schema: type[BaseModel]) -> list[str]:
+def _translate(
+    exc: ValidationError, provenance: dict[str, str], schema: type[BaseModel], source: SourceMap | None = None
+) -> list[str]:
+    """One message per validation error, located at ``file:line`` when the file set it.
+
+    ``source`` (from :func:`read_yaml_file`) gives the line of nested paths
+    (``environments[0].kwargs.seed``) and the text of values YAML read as a
+    non-string; values from the command line are located as ``cli``.
+    """
     problems: list[str] = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         # pydantic appends the member of a union it tried (e.g. 'int'); drop those
         loc = tuple(p for p in loc if not (isinstance(p, str) and p in {"int", "bool", "str", "float"}))
         path = _loc_text(loc)
-        source = provenance.get(str(loc[0]), "") if loc else ""
-        where = f" ({source})" if source and source != "default" else ""
+        origin = provenance.get(str(loc[0]), "") if loc else ""
+        if source is not None and loc and origin not in ("cli", "", "default"):
+            origin = source.where(loc) or origin
+        where = f" ({origin})" if origin and origin != "default" else ""
         kind = err["type"]
         if kind == "extra_forbidden":
             model = _entry_model(loc, schema)
@@ -115,7 +126,8 @@ def _translate(exc: ValidationError, provenance: dict[str, str], schema: type[Ba
         else:
             value = err.get("input")
             shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 80 else "..."
-            problems.append(f"{path} = {shown}{where}: {err['msg']}")
+            hint = quote_hint(loc, value, source if origin != "cli" else None) if kind == "string_type" else None
+            problems.append(f"{path}{where}: {hint}" if hint else f"{path} = {shown}{where}: {err['msg']}")
     # one union failure produces an error per member; keep the messages unique
     return list(dict.fromkeys(problems))
 
@@ -126,11 +138,20 @@ def load_config(
     *,
     check_plugins: bool = True,
 ) -> LoadedConfig:
-    """Load, merge and validate a config. Raises :class:`ConfigError` on any problem."""
+    """Load, merge and validate a config. Raises :class:`ConfigError` on any problem.
+
+    The schema is composed from the installed plugins first, so that plugin fields
+    are known to the YAML, the command line (``--my_plugin_field``) and validation alike.
+    """
+    from telescope.config.composition import composed_schema
+    from telescope.plugins.facade import get_plugins
+
+    plugins = get_plugins()
+    schema = composed_schema(plugins)
     if isinstance(overrides, dict):
         cli_path, cli_values = None, dict(overrides)
     else:
-        cli_path, cli_values = parse_overrides(overrides)
+        cli_path, cli_values = parse_overrides(overrides, schema_field_kind(schema.model))
     if path is None and cli_path is not None:
         path = cli_path
     elif path is not None and cli_path is not None:
@@ -138,25 +159,21 @@ def load_config(
 
     provenance: dict[str, str] = {}
     data: dict[str, Any] = {}
+    yaml_source: SourceMap | None = None
     source = str(path) if path is not None else "command line"
     config_path = Path(path) if path is not None else None
     if config_path is not None:
-        data, lines = read_yaml_file(config_path)
+        data, yaml_source = read_yaml_file(config_path)
         for key in data:
-            provenance[str(key)] = f"{config_path}:{lines.get(str(key), 1)}"
+            provenance[str(key)] = f"{config_path}:{yaml_source.lines.get((str(key),), 1)}"
     for key, value in cli_values.items():
         data[key] = value
         provenance[key] = "cli"
 
-    from telescope.config.composition import composed_schema
-    from telescope.plugins.facade import get_plugins
-
-    plugins = get_plugins()
-    schema = composed_schema(plugins)
     try:
         config = schema.model.model_validate(data, context={"defer_cross_field_rules": True})
     except ValidationError as exc:
-        raise ConfigError(_translate(exc, provenance, schema.model), source) from None
+        raise ConfigError(_translate(exc, provenance, schema.model, yaml_source), source) from None
 
     derived: dict[str, str] = {}
     lanes_off = not config.enable_individual_sample_lanes
