@@ -52,9 +52,3 @@ def unique_ids(ids: list[str]) -> list[str]:
         seen[i] = n + 1
         out.append(i if n == 0 else f"{i}.{n}")
     return out
-
-
-def reject_unknown(env: str, kwargs: dict[str, Any]) -> None:
-    """Raise ``TypeError`` for unknown constructor keyword arguments (typos in a config)."""
-    if kwargs:
-        raise TypeError(f"environment {env!r} got unknown keyword argument(s): {', '.join(sorted(kwargs))}")

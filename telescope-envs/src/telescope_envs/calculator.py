@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from telescope.api.environment import RolloutState
 from telescope.api.records import Message, RewardResult, Sample
 from telescope.api.tools import ToolEnvironment
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 
 _ANSWER_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
 
@@ -77,9 +77,7 @@ class CalculatorEnvironment(ToolEnvironment):
         num_terms: int = 3,
         max_number: int = 100,
         seed: int = 0,
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         super().__init__()
         self.dataset_name = dataset_name
         self.dataset_split = dataset_split

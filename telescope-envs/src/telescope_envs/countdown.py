@@ -32,11 +32,11 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 
 UPSTREAM_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -196,9 +196,7 @@ class CountdownEnvironment(BaseEnvironment):
         seed: int = 0,
         max_samples: int | None = None,
         prompt_style: str = "full",
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         if prompt_style not in ("full", "compact"):
             raise ValueError(f"countdown: prompt_style must be 'full' or 'compact', not {prompt_style!r}")
         self.prompt_style = prompt_style

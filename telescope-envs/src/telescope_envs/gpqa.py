@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 import re
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs.math_answers import extract_boxed
 
 GPQA_DATASET = "Idavidrein/gpqa"
@@ -49,9 +49,7 @@ class GPQAEnvironment(BaseEnvironment):
         dataset_split: str = "train",
         dataset_subset: str | None = "gpqa_diamond",
         max_samples: int | None = None,
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         self.dataset_name = dataset_name
         self.dataset_split = dataset_split
         self.dataset_subset = dataset_subset

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs.math_answers import answers_match, extract_boxed
 
 HENDRYCKS_MATH_DATASET = "DigitalLearningGmbH/MATH-lighteval"
@@ -54,9 +54,7 @@ class MathEnvironment(BaseEnvironment):
         answer_column: str | None = "answer",
         solution_column: str = "solution",
         max_samples: int | None = None,
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         self.dataset_name = dataset_name or self.default_dataset
         self.dataset_split = dataset_split or self.default_split
         self.dataset_subset = dataset_subset

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs._deps import require
 from telescope_envs.code_harness import HARNESS
 
@@ -115,9 +115,7 @@ class I3CodeEnvironment(BaseEnvironment):
         sandbox_max_concurrency: int | None = None,
         sandbox_memory_mb: int = 1024,
         sandbox_provider_kwargs: dict[str, Any] | None = None,
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         if reward_mode not in ("pass_rate", "all_or_nothing"):
             raise ValueError(f"i3_code reward_mode must be 'pass_rate' or 'all_or_nothing', not {reward_mode!r}")
         self.dataset_name = dataset_name

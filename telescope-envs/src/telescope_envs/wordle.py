@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message, RewardResult, Sample
-from telescope_envs._data import load_rows, reject_unknown, stable_id, unique_ids
+from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs._deps import require
 from telescope_envs.wordle_words import WORDS
 
@@ -109,9 +109,7 @@ class WordleEnvironment(MultiTurnEnvironment):
         num_guesses: int = 6,
         game_backend: str = "auto",
         max_samples: int | None = None,
-        **unknown: Any,
     ) -> None:
-        reject_unknown(self.name, unknown)
         if game_backend not in ("auto", "builtin", "textarena"):
             raise ValueError(f"wordle game_backend must be 'auto', 'builtin' or 'textarena', not {game_backend!r}")
         if not 1 <= num_guesses <= self.max_turns:

@@ -241,3 +241,21 @@ def test_example_configs_are_valid() -> None:
     assert examples
     for path in examples:
         load_config(path)
+
+
+# ------------------------------------------------- checks against the world, at validate time
+
+
+def test_missing_model_folder_and_unknown_environment_kwargs_fail_at_validate_time(tmp_path: Path) -> None:
+    text = (
+        f"model: {tmp_path / 'no-such-model'}\n"
+        "environments:\n  - name: countdown\n    kwargs: {num_sample: 5}\n"
+        "evals:\n  - name: countdown\n    kwargs: {max_numbr: 3}\n"
+    )
+    problems = problems_of(write(tmp_path, text))
+    assert any("no-such-model" in p and "does not exist" in p for p in problems)
+    assert any(
+        p.startswith("environments[0].kwargs:") and "'num_sample'" in p and "num_samples" in p and "run.yaml:4)" in p
+        for p in problems
+    )
+    assert any(p.startswith("evals[0].kwargs:") and "'max_numbr'" in p and "run.yaml:6)" in p for p in problems)

@@ -8,18 +8,17 @@ torch or transformers, or touches the network.
   Hugging Face hub id. A value that looks like a path (absolute, starting with
   ``.`` or ``~``, an existing relative path, or not shaped like ``org/name``) must be
   a folder holding ``config.json``. A hub id that is not a local folder is
-  accepted: it is downloaded at run time; except that with ``HF_HUB_OFFLINE`` set
-  it must already be in the local Hugging Face cache, since nothing can be
-  downloaded. Limits: only the presence of ``config.json`` is checked (not the
+  accepted: it is downloaded at run time; except that ``telescope run`` with
+  ``HF_HUB_OFFLINE`` set requires it in the local Hugging Face cache, since
+  nothing can be downloaded (``hub_cache=True``). Limits: only the presence of ``config.json`` is checked (not the
   weights or the tokenizer); a hub id is never checked online; the cache is found
   from ``HF_HUB_CACHE``, ``HF_HOME`` or ``XDG_CACHE_HOME`` as the hub library does.
 - :func:`environment_kwargs_problems`: the keys of an environment entry's
   ``kwargs`` against its class's constructor signature: unknown names (with
   suggestions) and missing required ones. A ``**kwargs`` catch-all means any
-  name may be accepted, so nothing can be said about unknown names; except when
-  the constructor hands the leftovers to a function that rejects them (the
-  ``telescope_envs`` convention: ``**unknown`` passed to ``reject_unknown``),
-  recognised by name in the constructor's code (``rejecting``).
+  name may be accepted, so nothing can be said about unknown names: an
+  environment that wants its typos caught at validate time names its keyword
+  arguments (as every telescope-envs environment does).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import difflib
 import inspect
 import os
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +62,13 @@ def _looks_local(model: str) -> bool:
     return _HUB_ID.fullmatch(model) is None
 
 
-def model_problems(model: str) -> list[str]:
-    """Problems with a ``model`` value (see the module doc); [] if it can be loaded as far as can be told."""
+def model_problems(model: str, *, hub_cache: bool = False) -> list[str]:
+    """Problems with a ``model`` value (see the module doc); [] if it can be loaded as far as can be told.
+
+    ``hub_cache``: also require a hub id to be in the local cache when ``HF_HUB_OFFLINE``
+    is set (what ``telescope run`` checks before it starts anything; validating a
+    config for another machine should not depend on this one's cache).
+    """
     from telescope.models.tiny import PRESETS, TINY_PREFIX  # light: no torch at import
 
     if model.startswith(TINY_PREFIX):
@@ -93,7 +97,7 @@ def model_problems(model: str) -> list[str]:
                 "point at the folder written by save_pretrained"
             ]
         return []
-    if _offline() and not _in_hf_cache(model):
+    if hub_cache and _offline() and not _in_hf_cache(model):
         return [
             f"model: {model!r} is not in the local Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE "
             f"is set, so nothing can be downloaded; download it first (huggingface-cli download {model}), "
@@ -102,24 +106,15 @@ def model_problems(model: str) -> list[str]:
     return []
 
 
-def _rejects_leftovers(cls: type, rejecting: Collection[str]) -> bool:
-    """Whether ``cls``'s ``__init__`` refers to one of the ``rejecting`` functions by name."""
-    init = inspect.unwrap(getattr(cls, "__init__", None) or object.__init__)
-    code = getattr(init, "__code__", None)
-    return code is not None and any(name in code.co_names for name in rejecting)
-
-
 def environment_kwargs_problems(
     name: str,
     cls: type,
     kwargs: Mapping[Any, Any],
-    *,
-    rejecting: Collection[str] = ("reject_unknown",),
 ) -> list[str]:
     """Unknown and missing constructor keyword arguments of environment ``name`` (class ``cls``).
 
     Found from ``inspect.signature(cls)``; see the module doc for ``**kwargs``
-    catch-alls and ``rejecting``. Positional-only parameters cannot be given as
+    catch-alls. Positional-only parameters cannot be given as
     keywords, so they count as unknown. [] when the signature cannot be read.
     """
     try:
@@ -131,7 +126,7 @@ def environment_kwargs_problems(
     catch_all = any(p.kind is p.VAR_KEYWORD for p in params)
     takes = ", ".join(keyword) or "no keyword arguments"
     problems: list[str] = []
-    if not catch_all or _rejects_leftovers(cls, rejecting):
+    if not catch_all:
         for key in kwargs:
             if key in keyword:
                 continue

@@ -61,24 +61,45 @@ def _entry_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseMode
 
 
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_LEADING_PATH = re.compile(r"([a-z][a-z0-9_]*)((?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)*):")
+_LOCATED = re.compile(r"\((?:[^()]*:\d+|cli)(?:, [^()]*)?\)$")
 
 
-def locate(problem: str, provenance: dict[str, str], fields: Sequence[str] = ()) -> str:
+def _path_of(text: str) -> tuple[str | int, ...]:
+    """``environments[0].kwargs`` -> ("environments", 0, "kwargs")."""
+    parts: list[str | int] = []
+    for name, index in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]", text):
+        parts.append(int(index) if index else name)
+    return tuple(parts)
+
+
+def locate(
+    problem: str, provenance: dict[str, str], fields: Sequence[str] = (), source: SourceMap | None = None
+) -> str:
     """``problem`` followed by the file and line (or ``cli``) of the fields it is about.
 
-    The fields are ``fields`` when the rule named them, else the config field names
-    the message mentions, in order; at most three places are given.
+    The fields are ``fields`` when the rule named them; else the path the message
+    starts with (``environments[0].kwargs: ...``, located to its own line when the
+    file set it); else the config field names the message mentions, in order. At
+    most three places are given; a message that already ends with a place is kept.
     """
-    leading = _FIELD_NAME.match(problem)
+    if _LOCATED.search(problem):
+        return problem
+    leading = _LEADING_PATH.match(problem)
+    places: list[str] = []
     if fields:
         names = list(fields)
-    elif leading and leading.group(0) in provenance:  # "environments[0].name: ..." is about its leading key
-        names = [leading.group(0)]
+    elif leading and leading.group(1) in provenance:
+        names = [leading.group(1)]
+        origin = provenance[leading.group(1)]
+        nested = source.where(_path_of(leading.group(0)[:-1])) if source is not None and origin != "cli" else None
+        if nested:
+            places.append(nested)
     else:
         names = [n for n in dict.fromkeys(_FIELD_NAME.findall(problem)) if n in provenance]
-    places = [provenance[n] for n in names if provenance.get(n, "default") != "default"]
-    places = list(dict.fromkeys(p for p in places if not p.startswith("derived")))[:3]
-    return f"{problem} ({', '.join(places)})" if places and not problem.endswith(")") else problem
+    places += [provenance[n] for n in names if provenance.get(n, "default") != "default"]
+    places = list(dict.fromkeys(p for p in places if not p.startswith("derived")))[: 1 if places and leading else 3]
+    return f"{problem} ({', '.join(places)})" if places else problem
 
 
 def _loc_text(loc: tuple[Any, ...]) -> str:
@@ -180,12 +201,12 @@ def load_config(
     if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
         derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
 
-    problems = [locate(p, provenance) for p in cross_field_problems(config)]
+    problems = [locate(p, provenance, source=yaml_source) for p in cross_field_problems(config)]
     problems += [locate(message, provenance, fields) for message, fields in schema.settings_problems(config)]
     if check_plugins:
         from telescope.config.rules import registry_problems
 
-        problems += [locate(p, provenance) for p in registry_problems(config, plugins, derived)]
+        problems += [locate(p, provenance, source=yaml_source) for p in registry_problems(config, plugins, derived)]
         if not problems:
             problems += [locate(p, provenance) for p in plugins.validate_config(config)]
     if problems:

@@ -1,6 +1,9 @@
 """Config rules that need the plugin registry: names and algorithm capabilities.
 
-Checked after the schema's own rules. Each problem is one message naming the
+Checked after the schema's own rules, before anything starts: plugin names and
+algorithm capabilities, the ``model`` (a local folder must exist and hold
+``config.json``; see :mod:`telescope.config.checks`) and every environment's and
+eval's ``kwargs`` against its constructor. Each problem is one message naming the
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from telescope.api.algorithm import AlgorithmCapabilities
+from telescope.config.checks import environment_kwargs_problems, model_problems
 from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
 
@@ -73,6 +77,25 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
     if "sandbox_provider" in config.model_fields_set:
         _check_name(registry, PluginKind.SANDBOX_PROVIDER, config.sandbox_provider, "sandbox_provider", problems)
 
+    problems.extend(model_problems(config.model))
+    for i, env in enumerate(config.environments):
+        if registry.names(PluginKind.ENVIRONMENT) and env.name in registry.names(PluginKind.ENVIRONMENT):
+            problems.extend(
+                f"environments[{i}].kwargs: {p}"
+                for p in environment_kwargs_problems(env.name, plugins.environment(env.name), env.kwargs)
+            )
+    for i, ev in enumerate(config.evals):
+        if ev.name in registry.names(PluginKind.EVAL):
+            spec = plugins.eval_spec(ev.name)
+            kwargs = {**spec.default_kwargs, **ev.kwargs}
+            problems.extend(
+                f"evals[{i}].kwargs: {p}" for p in environment_kwargs_problems(ev.name, spec.environment, kwargs)
+            )
+        elif ev.name in registry.names(PluginKind.ENVIRONMENT):
+            problems.extend(
+                f"evals[{i}].kwargs: {p}"
+                for p in environment_kwargs_problems(ev.name, plugins.environment(ev.name), ev.kwargs)
+            )
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
     return problems

@@ -47,9 +47,13 @@ def _setup_file_logging(run_dir: Path) -> logging.Handler:
 
 
 def _prepare_model(config: TelescopeConfig) -> None:
-    """Resolve ``tiny:`` models (built locally on first use) before any worker starts."""
+    """Check the model can be had here, and resolve ``tiny:`` models (built on first use), before Ray starts."""
+    from telescope.config.checks import model_problems
     from telescope.models.tiny import resolve_model_path
 
+    problems = model_problems(config.model, hub_cache=True)
+    if problems:
+        raise FileNotFoundError("; ".join(problems))
     config.model = resolve_model_path(config.model)
 
 
