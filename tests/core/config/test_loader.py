@@ -258,4 +258,4 @@ def test_missing_model_folder_and_unknown_environment_kwargs_fail_at_validate_ti
         p.startswith("environments[0].kwargs:") and "'num_sample'" in p and "num_samples" in p and "run.yaml:4)" in p
         for p in problems
     )
-    assert any(p.startswith("evals[0].kwargs:") and "'max_numbr'" in p and "run.yaml:6)" in p for p in problems)
+    assert any(p.startswith("evals[0].kwargs:") and "'max_numbr'" in p and "run.yaml:7)" in p for p in problems)
