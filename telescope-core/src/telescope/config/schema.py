@@ -63,7 +63,7 @@ class TelescopeConfig(BaseModel):
         return model.model_validate({name: getattr(self, name) for name in model.model_fields})
 
     # ------------------------------------------------------------------ general
-    debug: bool = Field(False, description="Enable debug mode")
+    debug: bool = Field(False, description="Enable debug mode (DEBUG-level run logs, tracebacks on the terminal)")
     seed: int = Field(0, ge=0, description="Seed for prompt sampling, generation and initialisation")
     run_dir: str | None = Field(None, description="Run directory (local run store). null = runs/<wandb_run_name>")
 

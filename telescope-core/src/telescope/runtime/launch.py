@@ -36,13 +36,14 @@ class _Terminated(Exception):
     """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
 
 
-def _setup_file_logging(run_dir: Path) -> logging.Handler:
+def _setup_file_logging(run_dir: Path, debug: bool) -> logging.Handler:
+    """The orchestrator's log file; DEBUG level with ``debug: true`` (or ``telescope --debug``)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(run_dir / "logs" / "orchestrator.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("telescope")
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
+    root.setLevel(logging.DEBUG if debug or os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
     return handler
 
 
@@ -102,7 +103,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     store = RunStore(run_dir)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
     store.set_status("running", pid=os.getpid(), step=0)
-    handler = _setup_file_logging(run_dir)
+    handler = _setup_file_logging(run_dir, config.debug)
     unsubscribe = store.capture_events()
     plugins = get_plugins()
     loggers = plugins.create_loggers(config, run_dir)
@@ -133,6 +134,8 @@ def launch_run(loaded: LoadedConfig) -> int:
     except Exception as exc:
         status, code, error = "failed", 1, exc
         log.error("run failed:\n%s", traceback.format_exc())
+        if config.debug:  # debug: true puts the traceback on the terminal too
+            traceback.print_exc(file=sys.stderr)
         print(
             f"error: the run failed: {type(exc).__name__}: {exc}\n"
             f"(full traceback in {run_dir / 'logs' / 'orchestrator.log'})",
