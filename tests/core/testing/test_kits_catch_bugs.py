@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
+from telescope.api.context import TransportContext
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope.api.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxProvider
 from telescope.testing.environment import EnvironmentConformance, check_reward
 from telescope.testing.sandbox import SandboxProviderConformance
+from telescope.testing.transport import WeightTransportConformance
+from telescope.transports.memory import MemoryTransport
 
 
 class GoodEnv(BaseEnvironment):
@@ -155,3 +160,27 @@ def test_sandbox_kit_catches(test: str) -> None:
     sandbox = BrokenProvider().create()
     with pytest.raises((AssertionError, pytest.fail.Exception)):
         getattr(kit, test)(sandbox)
+
+
+# -------------------------------------------------------------- weight transports
+
+
+class CorruptingTransport(MemoryTransport):
+    """Flips the sign of every float tensor it receives: what a wrong dtype view would do."""
+
+    def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in super().receive(version):
+            yield name, -tensor if tensor.is_floating_point() else tensor
+
+
+def make_corrupting() -> CorruptingTransport:
+    return CorruptingTransport(TransportContext(timeout_s=30))
+
+
+def test_transport_kit_catches_corrupted_weights() -> None:
+    class Kit(WeightTransportConformance):
+        factory = staticmethod(make_corrupting)
+        num_receivers = 1
+
+    with pytest.raises(AssertionError, match="mismatch"):
+        Kit().test_every_version_reaches_every_receiver_exactly()
