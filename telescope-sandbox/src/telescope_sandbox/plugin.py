@@ -14,7 +14,15 @@ PROVIDERS: dict[str, str] = {
 }
 
 
+#: What to install for each remote provider's SDK (this package's extras): the hint a
+#: user gets when the provider is chosen but its SDK is missing.
+INSTALL_HINTS: dict[str, str] = {
+    name: f"pip install 'telescope-sandbox[{name}]'" for name in ("e2b", "modal", "daytona", "prime")
+}
+
+
 @hookimpl
 def telescope_register_sandbox_providers(register: Registrar) -> None:
     for name, target in PROVIDERS.items():
-        register(name, target)
+        hint = INSTALL_HINTS.get(name)
+        register(name, target, **({"install_hint": hint} if hint else {}))

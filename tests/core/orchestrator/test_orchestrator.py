@@ -10,14 +10,20 @@ run neither skips nor repeats a prompt.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from telescope import hookimpl
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_orchestrator
+from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.services import SamplingSettings
+from telescope.plugins.facade import Plugins
+from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
@@ -206,3 +212,51 @@ def test_resume_neither_skips_nor_repeats_prompts(tmp_path: Path, tokenizer: Any
     assert prompts_by_step(resumed) == prompts_by_step(straight)
     state = json.loads(next((tmp_path / "resumed" / "run" / "checkpoints").glob("*.orchestrator.json")).read_text())
     assert state["step"] in (3, 6)
+
+
+class LaggingServer(FakeServices):
+    """A server that reports its tokens as computed by the previous weights (as during an in-flight update)."""
+
+    async def generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:  # fmt: skip
+        made = await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
+        older = max(self.version - 1, 0)
+        return dataclasses.replace(made, token_policy_versions=[older] * len(made.token_ids))
+
+
+def test_staleness_uses_the_token_versions_the_server_reports(tmp_path: Path, tokenizer: Any) -> None:
+    services, reader = run_loop(tmp_path, tokenizer, LaggingServer(), max_async_rollout=0)
+    # dispatched at the step's own version (synchronous), but the server says its tokens came from one older
+    staleness = [m["policy/staleness/max"] for m in reader.metrics()]
+    assert staleness == [0.0, 1.0, 1.0, 1.0]
+    assert all(s.policy_version == max(b.step - 1, 0) for b in services.batches for s in b.samples)
+    records = reader.rollouts(step=2)
+    assert all(r["policy_version"] == 1 and r["policy_versions"] == [2] for r in records)
+
+
+def test_status_json_tracks_the_step_while_the_run_goes(tmp_path: Path, tokenizer: Any) -> None:
+    seen: list[tuple[int, int]] = []
+
+    class StatusProbe:
+        @hookimpl
+        def telescope_step_end(self, step: int, metrics: dict[str, float]) -> None:
+            status = json.loads((tmp_path / "run" / "status.json").read_text())
+            seen.append((step, status["step"]))
+
+    manager = TelescopePluginManager(builtins=(), load_entry_points=False)
+    manager.register_plugin(StatusProbe(), "status-probe")
+    config = loop_config(tmp_path, advantage_norm="group")
+    services = FakeServices()
+    store = RunStore(Path(config.run_dir or ""))
+    store.set_status("running", step=0)
+    run = build_orchestrator(
+        config, services, services, plugins=Plugins(manager, registry_with_parity()), tokenizer=tokenizer, store=store
+    )
+    try:
+        asyncio.run(run.run())
+    finally:
+        run.prompts.close()
+        store.close()
+    assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]

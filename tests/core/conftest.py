@@ -1,4 +1,4 @@
-"""Fixtures that publish throwaway distributions with ``telescope`` entry points.
+"""Fixtures for the core tests: publish throwaway distributions with ``telescope`` entry points.
 
 A distribution is a ``<name>-<version>.dist-info`` folder (METADATA and
 entry_points.txt) next to its plugin module in a folder put on ``sys.path``;
