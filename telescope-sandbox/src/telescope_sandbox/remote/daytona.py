@@ -67,7 +67,9 @@ class DaytonaProvider(SandboxProvider):
     ) -> None:
         if sdk is None:
             try:
-                import daytona as sdk
+                import daytona
+
+                sdk = daytona
             except ImportError as exc:
                 raise missing_sdk("daytona", "daytona", exc) from exc
         self._sdk = sdk

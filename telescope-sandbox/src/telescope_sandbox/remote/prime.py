@@ -77,7 +77,9 @@ class PrimeProvider(SandboxProvider):
     ) -> None:
         if sdk is None:
             try:
-                import prime_sandboxes as sdk
+                import prime_sandboxes
+
+                sdk = prime_sandboxes
             except ImportError as exc:
                 raise missing_sdk("prime", "prime_sandboxes", exc) from exc
         self._sdk = sdk
