@@ -38,6 +38,10 @@ class Logger(ABC):
     def log_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         """Record the step's rollouts (JSON-ready dicts); optional."""
 
+    def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None:
+        """Record one eval's results at ``step`` (default: as step metrics)."""
+        self.log_step(step, metrics)
+
     def log_event(self, event: dict[str, Any]) -> None:
         """Record a timeline event; optional."""
 

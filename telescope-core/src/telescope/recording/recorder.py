@@ -4,8 +4,9 @@ Per step, :class:`StepRecorder` merges the trainer's metrics (rank-averaged by t
 backend), the rollout metrics of the trained groups (reward, advantage, sample
 metrics, Gini coefficients, token lengths, stop reasons), the discarded and
 canceled counts by reason, timings and run totals, then writes them to the run
-store (``metrics.jsonl``, and every trained rollout to ``rollouts.jsonl``), to each
-enabled logger, to the ``telescope_step_end`` hook, and to the progress bar.
+store (``metrics.jsonl``, and every trained rollout to ``rollouts.jsonl``) and to
+each enabled logger (the run store is one :class:`Sink` beside the loggers), to the
+``telescope_step_end`` hook, and to the progress bar.
 
 A logger or hook that raises is reported once and dropped; it never stops a run.
 """
@@ -13,7 +14,7 @@ A logger or hook that raises is reported once and dropped; it never stops a run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +27,16 @@ from telescope.recording.run_store import RunStore, group_records
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins
+
+
+class Sink(Protocol):
+    """Where a step's record goes: the run store and every logger alike."""
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def log_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None: ...
+
+    def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None: ...
 
 
 class Counters(Protocol):
@@ -102,15 +113,13 @@ class StepRecorder:
         metrics = self.step_metrics(outcome)
         advantages = {(s.group_index, s.rollout_index): s.advantage for s in outcome.batch.samples}
         records = group_records(step, [g.group for g in outcome.ready], advantages)
-        self.store.log_metrics(step, metrics)
-        self.store.log_rollouts(step, records)
+
+        def write(sink: Sink) -> None:
+            sink.log_step(step, metrics)
+            sink.log_rollouts(step, records)
+
+        self._to_sinks(write)
         self.store.set_status("running", step=step + 1)
-        for logger in list(self.loggers):
-            try:
-                logger.log_step(step, metrics)
-                logger.log_rollouts(step, records)
-            except Exception as exc:  # a logger never stops a run
-                self._drop_logger(logger, exc)
         if self.plugins is not None:
             self.plugins.step_end(step, metrics)
         if self.progress is not None:
@@ -132,15 +141,19 @@ class StepRecorder:
             print(message, file=sys.stderr)
 
     def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None:
-        self.store.log_eval(name, step, metrics, **extra)
-        for logger in list(self.loggers):
-            try:
-                logger.log_step(step, metrics)
-            except Exception as exc:
-                self._drop_logger(logger, exc)
+        self._to_sinks(lambda sink: sink.log_eval(name, step, metrics, **extra))
         if self.progress is not None:
             summary = ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items() if isinstance(v, float))
             self.progress.write(f"eval {name} ({extra.get('phase', '')}, step {step}): {summary}")
+
+    def _to_sinks(self, write: Callable[[Sink], None]) -> None:
+        """The run store first (the record of truth: its failure is the run's), then every logger (contained)."""
+        write(self.store)
+        for logger in list(self.loggers):
+            try:
+                write(logger)
+            except Exception as exc:  # a logger never stops a run
+                self._drop_logger(logger, exc)
 
     def _drop_logger(self, logger: Logger, exc: Exception) -> None:
         print(f"warning: logger {logger.name or type(logger).__name__} failed and is disabled: {exc}", file=sys.stderr)

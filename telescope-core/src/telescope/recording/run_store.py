@@ -296,6 +296,10 @@ class RunStore:
         record.update(metrics)
         self._metrics.write(record)
 
+    def log_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """One step's metrics (the recorder's sink interface; :meth:`log_metrics` with the current time)."""
+        self.log_metrics(step, metrics)
+
     def log_rollouts(self, step: int, records: Iterable[Mapping[str, Any] | Rollout]) -> None:
         """Append rollout records (from :func:`rollout_record` / :func:`group_records`).
 
