@@ -17,13 +17,19 @@ Phases:
    plugin, and calls ``register(name, target, **metadata)`` for each name it
    provides. ``target`` is the object itself or a lazy ``"module:attribute"``
    string, so that registering never imports torch, transformers or ray.
+   Metadata every kind understands: ``settings`` (the config fields the plugin
+   owns, a :class:`telescope.api.settings.PluginSettings` model; composed into the
+   one flat config schema and passed to the plugin's constructor) and
+   ``install_hint`` (what to install when the target cannot be imported).
 2. Command line (start-up): ``telescope_add_commands`` adds click commands.
 3. Configuration (load time): ``telescope_validate_config`` adds cross-field rules.
 4. Run lifecycle (once per run and once per step; never per sample or token):
    ``telescope_run_start``, ``telescope_step_end``, ``telescope_run_end``.
 
 Hooks are resolved once at start-up; nothing in a per-sample or per-token hot path
-goes through pluggy.
+goes through pluggy. The core calls them only through the typed facade
+:class:`telescope.plugins.facade.Plugins`. An implementation whose name matches no
+spec here is an error when the plugin loads.
 """
 
 from __future__ import annotations
