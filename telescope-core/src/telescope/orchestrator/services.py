@@ -12,6 +12,7 @@ without Ray or a model.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +53,34 @@ async def complete_on(
         completion.token_ids, completion.logprobs, finish,
         completion.policy_version_start, completion.policy_version_end, completion.token_policy_versions,
     )  # fmt: skip
+
+
+class ServerPool:
+    """The :class:`GenerationService` over one inference client per server (what a run and ``telescope eval`` use)."""
+
+    def __init__(self, clients: list[Any], scheduling_policy: str) -> None:
+        self.clients = clients
+        self.scheduling_policy = scheduling_policy
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.clients)
+
+    async def generate(
+        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:  # fmt: skip
+        return await complete_on(
+            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+            scheduling_policy=self.scheduling_policy,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Close every client's connections (the servers keep running)."""
+        for client in self.clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        self.clients = []
 
 
 class GenerationService(Protocol):

@@ -74,7 +74,7 @@ async def _train(
         await services.connect_weights()
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         run = build_orchestrator(
-            config, services, services, plugins=plugins, tokenizer=tokenizer, store=store,
+            config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
             loggers=loggers, progress=progress,
         )  # fmt: skip
         try:

@@ -14,8 +14,10 @@ runtime environment. :class:`RayServices` then
 - connects the weight transport (rank 0 sends, every server receives); the
   orchestrator then pushes the trainer's weights (after a resume or a warm start)
   before the first request, so servers and trainer start identical;
-- implements :class:`~telescope.orchestrator.services.GenerationService` and
-  :class:`~telescope.orchestrator.services.TrainingService` for the orchestrator.
+- is the orchestrator's :class:`~telescope.orchestrator.services.TrainingService`,
+  and holds its :class:`~telescope.orchestrator.services.GenerationService`
+  (``generation``: a :class:`~telescope.orchestrator.services.ServerPool` over the
+  servers' clients).
 
 Shutdown stops every server, kills every actor and removes the placement groups;
 servers are also killed by process group from the driver (same machine), so a
@@ -40,8 +42,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings, complete_on
+from telescope.orchestrator.services import ServerPool
 
 log = logging.getLogger("telescope.run.workers")
 
@@ -123,14 +124,10 @@ class RayServices:
         self.run_dir = run_dir
         self.trainers: list[Any] = []
         self.servers: list[Any] = []
-        self.clients: list[Any] = []
+        self.generation = ServerPool([], config.vllm_scheduling_policy)
         self.server_pids: list[int] = []
         self.groups: list[PlacementGroup] = []
         self.transport_name = ""
-
-    @property
-    def num_servers(self) -> int:
-        return len(self.clients)
 
     # ----------------------------------------------------------------- start
 
@@ -203,7 +200,7 @@ class RayServices:
         self.server_pids = [p for p in ray.get([s.pid.remote() for s in self.servers]) if p]
         ray.get(setups)
         log.info("servers up at %s; trainer ranks set up", urls)
-        self.clients = [InferenceClient(url, model=None) for url in urls]
+        self.generation.clients = [InferenceClient(url, model=None) for url in urls]
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
                 self.transport_name,
@@ -220,20 +217,11 @@ class RayServices:
         context = self.transport_context.to_dict()
         await asyncio.gather(
             *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * tp, settings, context)
-              for i, client in enumerate(self.clients))
+              for i, client in enumerate(self.generation.clients))
         )  # fmt: skip
         log.info("weight transport %s connected", self.transport_name)
 
     # -------------------------------------------------------------- services
-
-    async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
-        sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
-        return await complete_on(
-            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
-            scheduling_policy=self.config.vllm_scheduling_policy,
-        )  # fmt: skip
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         results = await asyncio.gather(*(t.train_step.remote(batch) for t in self.trainers))
@@ -248,7 +236,7 @@ class RayServices:
     async def push_weights(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
         sending = asyncio.gather(*(t.push_weights.remote(version) for t in self.trainers))
-        receiving = asyncio.gather(*(client.update_weights(version) for client in self.clients))
+        receiving = asyncio.gather(*(client.update_weights(version) for client in self.generation.clients))
         sent, received = await asyncio.gather(sending, receiving)
         inference_seconds = max(
             (float(r.get("seconds", 0.0)) for per_server in received for r in per_server if isinstance(r, dict)),
@@ -270,10 +258,7 @@ class RayServices:
     # -------------------------------------------------------------- shutdown
 
     async def close(self) -> None:
-        for client in self.clients:
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        self.clients = []
+        await self.generation.aclose()
         self.shutdown()
 
     def shutdown(self) -> None:

@@ -14,14 +14,14 @@ import contextlib
 from pathlib import Path
 
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings, complete_on
+from telescope.orchestrator.services import ServerPool
 
 
-class EvalOnlyServices:
-    """Inference servers only: a :class:`~telescope.orchestrator.services.GenerationService`."""
+class EvalServers:
+    """The configured backend's inference servers, started without Ray or a trainer, and their pool."""
 
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
+        from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
 
         name = config.inference_backend
@@ -30,30 +30,13 @@ class EvalOnlyServices:
 
             name = default_backend_name()
         backend = get_plugins().create_inference_backend(name, config)
-        self.scheduling_policy = config.vllm_scheduling_policy
         count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
         self.servers = [backend.start_server(i, run_dir) for i in range(count)]
-        from telescope.inference.client import InferenceClient
-
-        self.clients = [InferenceClient(s.address.base_url) for s in self.servers]
-
-    @property
-    def num_servers(self) -> int:
-        return len(self.clients)
-
-    async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
-        sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
-        return await complete_on(
-            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
-            scheduling_policy=self.scheduling_policy,
-        )  # fmt: skip
+        clients = [InferenceClient(s.address.base_url) for s in self.servers]
+        self.generation = ServerPool(clients, config.vllm_scheduling_policy)
 
     async def close(self) -> None:
-        for client in self.clients:
-            with contextlib.suppress(Exception):
-                await client.aclose()
+        await self.generation.aclose()
         for server in self.servers:
             with contextlib.suppress(Exception):
                 server.stop()
@@ -89,14 +72,14 @@ def run_evals(config: TelescopeConfig, checkpoint: Path, output: Path) -> dict[s
     config = config.model_copy(deep=True)
     config.model = str(resolve_checkpoint_model(checkpoint))
     output.mkdir(parents=True, exist_ok=True)
-    services = EvalOnlyServices(config, output)
+    services = EvalServers(config, output)
     store = RunStore(output)
     try:
         renderer = ChatRenderer(
             AutoTokenizer.from_pretrained(config.model), config.chat_template, config.enable_thinking
         )
-        runner = EvalRunner(config, get_plugins(), renderer, services, store)
-        servers = list(range(services.num_servers))
+        runner = EvalRunner(config, get_plugins(), renderer, services.generation, store)
+        servers = list(range(services.generation.num_servers))
         return asyncio.run(runner.run_all(step=0, servers=servers, phase="standalone"))
     finally:
         asyncio.run(services.close())
