@@ -1,11 +1,17 @@
-"""Nox sessions: tests per package, lint, typecheck, the plugin smoke test, e2e, gpu.
+"""Nox sessions: tests per package, all tests, lint, typecheck, the plugin smoke test, e2e, gpu.
 
 Each session gets its own virtualenv (reused between runs with ``nox -r``). The
 torch build is installed first from ``TELESCOPE_TORCH_SPEC`` (default
 ``torch==2.13.0``, the CPU build) so that pip does not resolve the packages' plain
-``torch`` requirement to the newest CUDA release. ``nox`` with no arguments runs
-the default sessions (tests, lint, typecheck, plugins); ``nox -s gpu`` is for a GPU
-machine and ``nox -s bench`` runs the benchmarks by hand.
+``torch`` requirement to the newest CUDA release.
+
+``tests(package=...)`` tests one package *without the others installed*: ``core``
+alone (``telescope-core[dev]``), ``envs`` with core but no sandbox, ``sandbox`` with
+core but no envs; tests that need a package the session lacks skip. ``all`` installs
+the whole workspace (``requirements-dev.txt``) and runs every CPU test, as
+``./dev test`` does. ``nox`` with no arguments runs tests, e2e, lint, typecheck and
+plugins; ``nox -s gpu`` is for a GPU machine and ``nox -s bench`` runs the
+benchmarks by hand.
 """
 
 from __future__ import annotations
@@ -14,10 +20,16 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck", "plugins"]
+nox.options.sessions = ["tests", "e2e", "lint", "typecheck", "plugins"]
 nox.options.reuse_existing_virtualenvs = True
 
-PACKAGES = {"core": "tests/core", "envs": "tests/envs", "sandbox": "tests/sandbox", "e2e": "tests/e2e"}
+CORE = "./telescope-core[dev]"
+#: What each package session installs (editable, besides torch) and the tests it runs.
+PACKAGES: dict[str, tuple[list[str], str]] = {
+    "core": ([CORE], "tests/core"),
+    "envs": ([CORE, "./telescope-envs[math]"], "tests/envs"),
+    "sandbox": ([CORE, "./telescope-sandbox[e2b,modal]"], "tests/sandbox"),
+}
 TORCH_SPEC = os.environ.get("TELESCOPE_TORCH_SPEC", "torch==2.13.0")
 ENV = {"RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
 
@@ -30,9 +42,25 @@ def install_workspace(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
-    """The CPU tests of one package (pytest -m "not gpu")."""
+    """The CPU tests of one package (pytest -m "not gpu"), with only it and what it depends on installed."""
+    requirements, test_dir = PACKAGES[package]
+    session.install(TORCH_SPEC)
+    session.install(*(arg for requirement in requirements for arg in ("-e", requirement)))
+    session.run("pytest", "-m", "not gpu", test_dir, *session.posargs, env=ENV)
+
+
+@nox.session(name="all")
+def all_tests(session: nox.Session) -> None:
+    """Every CPU test with the whole workspace installed (what ./dev test runs)."""
     install_workspace(session)
-    session.run("pytest", "-m", "not gpu", PACKAGES[package], *session.posargs, env=ENV)
+    session.run("pytest", "-m", "not gpu", "tests", *session.posargs, env=ENV)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """The end-to-end tests (they run the packages together), whole workspace installed."""
+    install_workspace(session)
+    session.run("pytest", "-m", "not gpu", "tests/e2e", *session.posargs, env=ENV)
 
 
 @nox.session

@@ -1,7 +1,15 @@
-"""Shared test setup: a clean plugin manager per test, local-only services."""
+"""Shared test setup: a clean plugin manager per test, local-only services, the ``requires_dist`` marker.
+
+``@pytest.mark.requires_dist("telescope-envs")`` (or as a module's ``pytestmark``) skips a
+test when that distribution is not installed - its modules *and* its ``telescope`` entry
+points, which is what registers its plugins - so ``nox -s "tests(package='core')"``
+(telescope-core alone) skips the core tests that use an environment or sandbox provider
+from the satellite packages instead of failing.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from collections.abc import Iterator
 
@@ -23,3 +31,24 @@ def _fresh_plugin_manager() -> Iterator[None]:
     reset_plugin_manager()
     yield
     reset_plugin_manager()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "requires_dist(*names): skip unless these distributions are installed (e.g. telescope-envs)"
+    )
+
+
+def distribution_installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in item.iter_markers("requires_dist"):
+        missing = [name for name in marker.args if not distribution_installed(name)]
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)} installed (pip install {' '.join(missing)})")

@@ -1,4 +1,8 @@
-"""i3_code: test parsing, grading in a local sandbox, sandbox metrics, conformance."""
+"""i3_code: test parsing, grading in a local sandbox, sandbox metrics, conformance.
+
+Grading needs telescope-sandbox (the ``code`` extra); those tests skip without it
+(``nox -s "tests(package='envs')"`` installs core and envs only).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
 
 DATA = Path(__file__).parent / "data"
+NEEDS_SANDBOX = pytest.mark.requires_dist("telescope-sandbox")
 SUM_RIGHT = "Here you go:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 SUM_WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
 
@@ -29,6 +34,7 @@ def env() -> Iterator[I3CodeEnvironment]:
     environment.close()
 
 
+@NEEDS_SANDBOX
 class TestI3CodeConformance(EnvironmentConformance):
     samples_checked = 2
     garbage = ("", "no code here", "```python\nimport sys; sys.exit(3)\n```", "```python\nprint(\n```")
@@ -55,6 +61,7 @@ def test_parse_tests_formats() -> None:
     assert extract_code("```py\nx=1\n```\n```python\nx=2\n```") == "x=2\n"
 
 
+@NEEDS_SANDBOX
 def test_right_and_wrong_solutions(env: I3CodeEnvironment) -> None:
     sample = env.load_dataset()[0]
     right = env.compute_reward(SUM_RIGHT, sample)
@@ -66,6 +73,7 @@ def test_right_and_wrong_solutions(env: I3CodeEnvironment) -> None:
     assert wrong.sample_metrics["all_passed"] == 0.0
 
 
+@NEEDS_SANDBOX
 def test_call_based_solution(env: I3CodeEnvironment) -> None:
     sample = env.load_dataset()[2]
     good = env.compute_reward("```python\ndef add_one(x):\n    return x + 1\n```", sample)
@@ -75,6 +83,7 @@ def test_call_based_solution(env: I3CodeEnvironment) -> None:
 
 
 @pytest.mark.slow
+@NEEDS_SANDBOX
 def test_timeouts_and_crashes_are_counted_not_raised() -> None:
     env = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), timeout_per_test=1, sandbox_pool_size=1)
     try:
@@ -88,6 +97,7 @@ def test_timeouts_and_crashes_are_counted_not_raised() -> None:
         env.close()
 
 
+@NEEDS_SANDBOX
 def test_sandbox_metrics_and_events(env: I3CodeEnvironment) -> None:
     sample = env.load_dataset()[0]
     seen: list[dict[str, Any]] = []
@@ -111,6 +121,7 @@ def test_no_code_block_scores_zero_without_sandbox(env: I3CodeEnvironment) -> No
     assert env._pool is None  # nothing was run
 
 
+@NEEDS_SANDBOX
 def test_broken_sandbox_provider_marks_sample_errored() -> None:
     env = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), sandbox_provider="no_such_provider")
     result = env.compute_reward(SUM_RIGHT, env.load_dataset()[0])

@@ -1,19 +1,19 @@
 """The prime provider against its SDK's real classes, with no network (skipped without the SDK).
 
-Calls go to ``create_autospec`` mocks of ``prime_sandboxes`` classes; the provider also
-runs the whole conformance kit over a stand-in client that executes commands in a local
-sandbox. Kept apart from the other providers so that a missing ``prime_sandboxes`` skips
-only these tests.
+Calls go to an :func:`sdk_fakes.sdk_fake` of ``prime_sandboxes.SandboxClient`` (a call that
+does not match the installed SDK's signature raises TypeError); the provider also runs
+the whole conformance kit over a stand-in client that executes commands in a local
+sandbox, whose methods take the SDK's parameters (checked below). Kept apart from the
+other providers so that a missing ``prime_sandboxes`` skips only these tests.
 """
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
-from unittest.mock import create_autospec
 
 import pytest
+from sdk_fakes import assert_same_parameters, sdk_fake
 
 from telescope.api.sandbox import SandboxError, SandboxLimits, SandboxProvider
 from telescope.testing.sandbox import SandboxProviderConformance
@@ -28,8 +28,8 @@ prime_sdk = pytest.importorskip("prime_sandboxes")
 def test_prime_create_execute_destroy() -> None:
     from telescope_sandbox.remote.prime import PrimeProvider
 
-    client = create_autospec(prime_sdk.SandboxClient, instance=True)
-    client.create.return_value = SimpleNamespace(id="sb-1")
+    client = sdk_fake(prime_sdk.SandboxClient)
+    client.create.return_value = prime_sdk.Sandbox.model_construct(id="sb-1")
     client.execute_command.return_value = prime_sdk.CommandResponse(stdout="hi\n", stderr="", exit_code=0)
     sandbox = PrimeProvider(client=client).create(LIMITS)
     request = client.create.call_args.args[0]
@@ -44,6 +44,10 @@ def test_prime_create_execute_destroy() -> None:
     assert timed.timed_out and timed.exit_code == 124
     sandbox.upload("a/b.py", b"x")
     client.upload_bytes.assert_called_once_with("sb-1", "/workspace/a/b.py", b"x", "b.py")
+    client.download_file.side_effect = prime_sdk.SandboxFileNotFoundError("no such file")
+    with pytest.raises(SandboxError, match="no file"):
+        sandbox.download("missing.txt")
+    assert client.download_file.call_args.args[:2] == ("sb-1", "/workspace/missing.txt")
     sandbox.destroy()
     sandbox.destroy()
     client.delete.assert_called_once_with("sb-1")
@@ -67,7 +71,7 @@ class _LocalBackedPrimeClient:
         assert isinstance(request, prime_sdk.CreateSandboxRequest)
         sb = LocalSandbox(SandboxLimits(memory_mb=request.memory_gb * 256, disk_mb=64))
         self.sandboxes[sb.sandbox_id] = sb
-        return SimpleNamespace(id=sb.sandbox_id)
+        return prime_sdk.Sandbox.model_construct(id=sb.sandbox_id)
 
     def wait_for_creation(self, sandbox_id: str) -> None:
         self._local(sandbox_id)
@@ -102,6 +106,18 @@ class _LocalBackedPrimeClient:
     def delete(self, sandbox_id: str) -> dict[str, Any]:
         self.sandboxes.pop(sandbox_id).destroy()
         return {}
+
+
+@pytest.mark.parametrize(
+    "method", ["create", "wait_for_creation", "execute_command", "upload_bytes", "download_file", "delete"]
+)
+def test_stand_in_client_takes_the_sdks_parameters(method: str) -> None:
+    assert_same_parameters(getattr(_LocalBackedPrimeClient, method), getattr(prime_sdk.SandboxClient, method))
+
+
+def test_prime_fake_rejects_a_wrong_keyword() -> None:
+    with pytest.raises(TypeError):
+        sdk_fake(prime_sdk.SandboxClient).execute_command("sb-1", "ls", cwd="/workspace")  # the SDK's is working_dir
 
 
 class TestPrimeProviderConformance(SandboxProviderConformance):

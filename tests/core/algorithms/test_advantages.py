@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +16,7 @@ from telescope.algorithms.gspo import GSPO
 from telescope.algorithms.reinforce_pp import ReinforcePP
 from telescope.algorithms.rloo import RLOO
 from telescope.algorithms.sapo import SAPO
-from telescope.api.algorithm import AlgorithmConfig
+from telescope.api.algorithm import Algorithm, AlgorithmConfig
 
 GROUP = AlgorithmConfig(advantage_norm="group")
 BATCH = AlgorithmConfig(advantage_norm="batch")
@@ -56,9 +59,33 @@ def test_single_sample_group_has_no_signal() -> None:
     assert GRPO(GROUP).advantages([[5.0], [1.0, 3.0]])[0] == [0.0]
 
 
-def test_zero_variance_group_is_zero() -> None:
-    for cls in (GRPO, RLOO, DrGRPO, CISPO, GSPO, SAPO):
-        assert cls(GROUP).advantages([[2.0, 2.0, 2.0]]) == [[0.0, 0.0, 0.0]]
+ALL_ALGORITHMS = (GRPO, RLOO, DrGRPO, ReinforcePP, CISPO, GSPO, SAPO)
+# Equal rewards; for [0.7] * 3 and [0.1] * 3 the float mean is not exact (population std ~1e-16, not 0).
+EQUAL_GROUPS = ([2.0, 2.0, 2.0], [0.7] * 3, [0.1] * 3, [0.0] * 4, [-3.3] * 5, [1.0, 1.0])
+
+
+@pytest.mark.parametrize("cls", ALL_ALGORITHMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("rewards", EQUAL_GROUPS, ids=str)
+def test_zero_variance_group_is_zero(cls: type[Algorithm], rewards: list[float]) -> None:
+    """The algorithm's own group_advantages (not Algorithm.advantages, which zeroes such groups first)."""
+    for norm in cls.capabilities.advantage_norms:
+        adv = cls(AlgorithmConfig(advantage_norm=norm)).group_advantages(torch.tensor(rewards, dtype=torch.float64))
+        assert adv.shape == (len(rewards),)
+        assert bool(torch.isfinite(adv).all()), f"{cls.name} ({norm}) gave {adv.tolist()} for {rewards}"
+        assert adv.abs().max().item() < 1e-9, f"{cls.name} ({norm}) gave {adv.tolist()} for {rewards}"
+
+
+class _Garbage(GRPO):
+    """Returns NaN for every group: Algorithm.advantages must not pass it on for groups without signal."""
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(rewards, float("nan"))
+
+
+def test_advantages_zeroes_groups_without_signal_before_the_algorithm() -> None:
+    out = _Garbage(GROUP).advantages([[2.0, 2.0, 2.0], [7.0], [0.0, 1.0]])
+    assert out[0] == [0.0, 0.0, 0.0] and out[1] == [0.0]
+    assert all(math.isnan(x) for x in out[2])  # the group with signal does reach the algorithm
 
 
 @settings(max_examples=50, deadline=None)

@@ -13,6 +13,8 @@ from telescope.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "configs" / "examples" / "example_countdown.yaml"
+#: Uses telescope-envs' countdown (the example config, or the plugin listing).
+NEEDS_ENVS = pytest.mark.requires_dist("telescope-envs")
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -28,6 +30,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         assert command in out
 
 
+@NEEDS_ENVS
 def test_plugins_lists_name_kind_distribution_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "plugins")
     assert code == 0
@@ -42,6 +45,7 @@ def test_plugins_lists_name_kind_distribution_version(capsys: pytest.CaptureFixt
     assert data["load_errors"] == []
 
 
+@NEEDS_ENVS
 def test_config_validate_and_show(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "config", "validate", str(EXAMPLE), "--learning-rate=5e-7")
     assert code == 0 and out.startswith("ok:") and "1 from the command line" in out
@@ -104,7 +108,12 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert code == 2 and "No such command 'trian'" in err
 
 
-LIGHT_COMMANDS = [["--help"], ["plugins"], ["config", "validate", str(EXAMPLE)], ["config", "show", str(EXAMPLE)]]
+LIGHT_COMMANDS = [
+    ["--help"],
+    ["plugins"],
+    pytest.param(["config", "validate", str(EXAMPLE)], marks=NEEDS_ENVS),
+    pytest.param(["config", "show", str(EXAMPLE)], marks=NEEDS_ENVS),
+]
 
 
 @pytest.mark.parametrize("args", LIGHT_COMMANDS)
@@ -130,6 +139,7 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
 
 
+@NEEDS_ENVS
 def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """An interrupted run's 130 (or a failed run's 1) reaches the shell, not 0."""
     import telescope.runtime.launch as launch
@@ -139,6 +149,7 @@ def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monk
     assert code == 130
 
 
+@NEEDS_ENVS
 def test_eval_without_a_checkpoint_is_a_user_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")  # a run directory's config is not a model
     code, _, err = run_cli(capsys, "eval", str(EXAMPLE), str(tmp_path), "--evals", "[{name: countdown}]",

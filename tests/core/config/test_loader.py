@@ -12,6 +12,8 @@ from telescope.config.render import render_defaults, render_resolved, schema_def
 
 REPO = Path(__file__).resolve().parents[3]
 MINIMAL = "environments:\n  - name: countdown\n"
+#: The config names telescope-envs' countdown and is checked against the registered plugins.
+NEEDS_ENVS = pytest.mark.requires_dist("telescope-envs")
 
 
 def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
@@ -37,6 +39,7 @@ def test_defaults_file_equals_the_schema() -> None:
     )
 
 
+@NEEDS_ENVS
 def test_file_overrides_defaults_and_cli_overrides_file(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "learning_rate: 3.0e-6\ngroup_size: 4\n")
     loaded = load_config(path, ["--learning_rate", "5e-7"])
@@ -48,6 +51,7 @@ def test_file_overrides_defaults_and_cli_overrides_file(tmp_path: Path) -> None:
     assert loaded.provenance["number_of_steps"] == "default"
 
 
+@NEEDS_ENVS
 @pytest.mark.parametrize(
     "args",
     [["--learning_rate", "5e-7"], ["--learning-rate=5e-7"], ["--learning_rate=5e-7"], ["--learning-rate", "5.0e-7"]],
@@ -57,6 +61,7 @@ def test_override_spellings(tmp_path: Path, args: list[str]) -> None:
     assert loaded.config.learning_rate == pytest.approx(5e-7)
 
 
+@NEEDS_ENVS
 def test_override_lists_dicts_and_bare_flags(tmp_path: Path) -> None:
     loaded = load_config(
         write(tmp_path, MINIMAL),
@@ -75,12 +80,14 @@ def test_override_lists_dicts_and_bare_flags(tmp_path: Path) -> None:
     assert c.environments[0].weight == 2.0
 
 
+@NEEDS_ENVS
 def test_string_fields_keep_cli_text_verbatim(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, MINIMAL), ["--wandb_run_name", "123", "--chat_template", "null"])
     assert loaded.config.wandb_run_name == "123"
     assert loaded.config.chat_template is None
 
 
+@NEEDS_ENVS
 def test_config_path_may_come_from_the_config_option(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "seed: 7\n")
     assert load_config(None, ["--config", str(path)]).config.seed == 7
@@ -93,6 +100,7 @@ def test_parse_overrides_rejects_stray_words() -> None:
         parse_overrides(["oops"])
 
 
+@NEEDS_ENVS
 def test_resolved_rendering_names_each_layer(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "seed: 3\n")
     loaded = load_config(path, ["--group_size", "4"])
@@ -164,6 +172,7 @@ def test_a_bare_flag_for_a_number_is_an_error_not_one(tmp_path: Path) -> None:
     assert problem.startswith("--learning_rate needs a value")
 
 
+@NEEDS_ENVS
 def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
     text = "\n".join(
         problems_of(write(tmp_path, "environments: [{name: countdwn}]\nalgorithm: grop\ntrain_backend: megatron\n"))
@@ -173,6 +182,7 @@ def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
     assert "unknown trainer backend 'megatron'" in text and "run.yaml:3)" in text  # names the file and line
 
 
+@NEEDS_ENVS
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
     problems = problems_of(
         write(tmp_path, MINIMAL),
@@ -208,6 +218,7 @@ def test_cross_field_rules_name_the_fields(tmp_path: Path, overrides: list[str],
     assert any(expected in p for p in problems), problems
 
 
+@NEEDS_ENVS
 def test_valid_combinations_pass(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL)
     # reinforce_pp alone is valid (the reference fails that case) and resolves to batch
@@ -217,18 +228,21 @@ def test_valid_combinations_pass(tmp_path: Path) -> None:
     assert load_config(path, ["--algorithm", "rloo", "--advantage_norm", "batch"]).config.advantage_norm == "batch"
 
 
+@NEEDS_ENVS
 def test_a_default_that_contradicts_a_user_choice_yields(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, MINIMAL), ["--enable_individual_sample_lanes", "false"])
     assert loaded.config.free_lane_after_generation is False
     assert loaded.provenance["free_lane_after_generation"].startswith("derived:")
 
 
+@NEEDS_ENVS
 def test_checkpoint_every_accepts_false_and_rejects_true(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, MINIMAL + "checkpoint_every: false\n")).config.checkpoint_every == 0
     [problem] = problems_of(write(tmp_path, MINIMAL + "checkpoint_every: true\n"))
     assert "takes a step count" in problem
 
 
+@NEEDS_ENVS
 def test_pass_k_is_normalised_and_checked(tmp_path: Path) -> None:
     loaded = load_config(write(tmp_path, MINIMAL + "evals: [{name: countdown, pass_k: {k: [4, 1]}}]\n"))
     assert loaded.config.evals[0].pass_k == {"k": [1, 4], "n": 4}
@@ -236,6 +250,7 @@ def test_pass_k_is_normalised_and_checked(tmp_path: Path) -> None:
     assert "pass_k.n (4) must be an integer >= the largest k (8)" in problem
 
 
+@NEEDS_ENVS
 def test_example_configs_are_valid() -> None:
     examples = sorted((REPO / "configs" / "examples").glob("*.yaml"))
     assert examples

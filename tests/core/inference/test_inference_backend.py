@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import socket
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
+import torch
 
 from telescope.config.schema import TelescopeConfig
 from telescope.inference.client import InferenceClient
@@ -21,7 +24,6 @@ def _free_port() -> int:
 def test_plugins_resolve_to_the_implementations() -> None:
     from telescope.api.inference import InferenceBackend
     from telescope.api.transport import WeightTransport
-    from telescope.inference import default_backend_name
     from telescope.plugins.facade import get_plugins
     from telescope.transports import default_transport_name
 
@@ -32,8 +34,62 @@ def test_plugins_resolve_to_the_implementations() -> None:
     for name in ("memory", "nccl"):
         transport = plugins.weight_transport(name)
         assert issubclass(transport, WeightTransport) and transport.name == name
-    assert default_backend_name() == "embedded"  # no vLLM on this machine
-    assert default_transport_name() == "memory"
+    expected_transport = "nccl" if torch.cuda.is_available() else "memory"
+    assert default_transport_name() == expected_transport
+
+
+# ------------------------------------------- auto backend / transport, both ways on any machine
+
+
+def fake_machine(monkeypatch: pytest.MonkeyPatch, *, vllm: bool, cuda: bool) -> None:
+    """Pretend vLLM is (not) installed and CUDA is (not) usable; other modules are looked up as usual."""
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name == "vllm":
+            return ModuleSpec("vllm", None) if vllm else None
+        return real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+
+
+@pytest.mark.parametrize(
+    ("vllm", "cuda", "expected"),
+    [(False, False, "embedded"), (False, True, "embedded"), (True, False, "embedded"), (True, True, "vllm")],
+)
+def test_auto_backend_is_vllm_only_with_vllm_and_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, vllm: bool, cuda: bool, expected: str
+) -> None:
+    from telescope.inference import default_backend_name
+    from telescope.inference.vllm_backend import VLLMBackend
+
+    fake_machine(monkeypatch, vllm=vllm, cuda=cuda)
+    assert VLLMBackend.is_available() is (vllm and cuda)
+    assert default_backend_name() == expected
+
+
+@pytest.mark.parametrize("cuda_here", [False, True])
+@pytest.mark.parametrize(
+    ("vllm", "gpu", "expected"), [(False, True, "embedded"), (True, True, "vllm"), (True, False, "embedded")]
+)
+def test_auto_backend_follows_the_clusters_gpus_not_this_process(
+    monkeypatch: pytest.MonkeyPatch, vllm: bool, gpu: bool, expected: str, cuda_here: bool
+) -> None:
+    """default_backend_name(gpu) (a Ray cluster's view) ignores whether this process sees CUDA."""
+    from telescope.inference import default_backend_name
+
+    fake_machine(monkeypatch, vllm=vllm, cuda=cuda_here)
+    assert default_backend_name(gpu) == expected
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_auto_transport_is_nccl_only_with_a_gpu(monkeypatch: pytest.MonkeyPatch, cuda: bool) -> None:
+    from telescope.transports import default_transport_name
+
+    fake_machine(monkeypatch, vllm=False, cuda=cuda)
+    assert default_transport_name() == ("nccl" if cuda else "memory")
+    assert default_transport_name(gpu=not cuda) == ("memory" if cuda else "nccl")  # the cluster's view wins
 
 
 @pytest.mark.slow

@@ -24,13 +24,18 @@ MakeDist = Callable[[str, str, str], str]
 
 ENV_PLUGIN = """
 from telescope import hookimpl
+from telescope.api import BaseEnvironment, RewardResult, Sample
 
 @hookimpl
 def telescope_register_environments(register):
     register("{name}", "{module}:Env")
 
-class Env:
-    pass
+class Env(BaseEnvironment):
+    def load_dataset(self):
+        return [Sample(prompt="p", sample_id="0")]
+
+    def compute_reward(self, completion, sample, eos_token=""):
+        return RewardResult(total_reward=0.0)
 """
 
 
@@ -51,6 +56,7 @@ def test_builtins_register_through_the_public_hooks() -> None:
     assert registry.entry(PluginKind.TRAINER_BACKEND, "fsdp").distribution == "telescope-core"
 
 
+@pytest.mark.requires_dist("telescope-envs", "telescope-sandbox")
 def test_satellite_packages_register_by_entry_point() -> None:
     manager = TelescopePluginManager()
     entry = manager.registry.entry(PluginKind.ENVIRONMENT, "countdown")
@@ -109,6 +115,7 @@ def test_duplicate_of_a_builtin_name_breaks_only_what_uses_it(make_distribution:
 
 def test_a_plugin_that_fails_to_import_is_reported_and_contained(make_distribution: MakeDist, tmp_path: Path) -> None:
     make_distribution("broken-dist", "broken_plugin", "import does_not_exist_anywhere\n")
+    make_distribution("good-dist", "good_plugin", ENV_PLUGIN.format(name="good_env", module="good_plugin"))
     with pytest.warns(PluginImportWarning, match="plugin 'broken_plugin' \\(from broken-dist 1.2.3\\) failed to load"):
         manager = TelescopePluginManager()
     [failure] = manager.load_failures
@@ -117,11 +124,12 @@ def test_a_plugin_that_fails_to_import_is_reported_and_contained(make_distributi
     assert manager.registry.has(PluginKind.ALGORITHM, "grpo")
     reset_plugin_manager(manager)
     config = tmp_path / "c.yaml"
-    config.write_text("environments: [{name: countdown}]\n", encoding="utf-8")
+    config.write_text("environments: [{name: good_env}]\n", encoding="utf-8")
     assert load_config(config).config.algorithm == "grpo"
 
 
 def test_a_registration_hook_that_raises_loses_only_its_own_names(make_distribution: MakeDist) -> None:
+    make_distribution("good-dist", "good_plugin", ENV_PLUGIN.format(name="good_env", module="good_plugin"))
     make_distribution(
         "half-dist",
         "half_plugin",
@@ -138,19 +146,20 @@ def test_a_registration_hook_that_raises_loses_only_its_own_names(make_distribut
         manager = TelescopePluginManager()
         registry = manager.registry
     assert not registry.has(PluginKind.ENVIRONMENT, "half_env")
-    assert registry.has(PluginKind.ENVIRONMENT, "countdown")
+    assert registry.has(PluginKind.ENVIRONMENT, "good_env")
 
 
 def test_disable_plugins_blocks_entry_points_and_builtins(
     make_distribution: MakeDist, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_distribution("extra-dist", "extra_plugin", ENV_PLUGIN.format(name="extra_env", module="extra_plugin"))
+    make_distribution("kept-dist", "kept_plugin", ENV_PLUGIN.format(name="kept_env", module="kept_plugin"))
     monkeypatch.setenv("TELESCOPE_DISABLE_PLUGINS", "extra_plugin, telescope.recording.plugin,telescope-sandbox")
     registry = TelescopePluginManager().registry
     assert not registry.has(PluginKind.ENVIRONMENT, "extra_env")
     assert not registry.has(PluginKind.LOGGER, "wandb")
     assert not registry.has(PluginKind.SANDBOX_PROVIDER, "local")  # blocked by distribution name
-    assert registry.has(PluginKind.ENVIRONMENT, "countdown")
+    assert registry.has(PluginKind.ENVIRONMENT, "kept_env")
 
 
 def test_unknown_names_suggest_the_closest(make_distribution: MakeDist) -> None:
@@ -193,7 +202,8 @@ def test_validate_config_hook_adds_rules(make_distribution: MakeDist, tmp_path: 
         """,
     )
     config = tmp_path / "c.yaml"
-    config.write_text("environments: [{name: countdown}]\nseed: 13\n", encoding="utf-8")
+    make_distribution("env-dist", "env_plugin", ENV_PLUGIN.format(name="some_env", module="env_plugin"))
+    config.write_text("environments: [{name: some_env}]\nseed: 13\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="13 is unlucky"):
         load_config(config)
     assert load_config(config, ["--seed", "12"]).config.seed == 12

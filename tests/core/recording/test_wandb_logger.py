@@ -79,6 +79,7 @@ def read_wandb_records(run_file: Path) -> list[Any]:
 def test_offline_run_records_history_code_and_logs(
     tmp_path: Path, wandb_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("wandb")  # the telescope-core[wandb] extra
     monkeypatch.setenv("WANDB_MODE", "offline")
     project = tmp_path / "project"
     (project / "pkg").mkdir(parents=True)
@@ -194,7 +195,7 @@ def test_missing_wandb_gives_install_hint(
 def test_wandb_errors_disable_the_logger_once(
     tmp_path: Path, wandb_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import wandb
+    wandb = pytest.importorskip("wandb")  # the telescope-core[wandb] extra
 
     def broken_init(**kwargs: Any) -> Any:
         raise RuntimeError("network is down")

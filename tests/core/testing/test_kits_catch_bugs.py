@@ -8,10 +8,19 @@ from typing import Any
 import pytest
 import torch
 
+from telescope.algorithms.cispo import CISPO
+from telescope.algorithms.dr_grpo import DrGRPO
+from telescope.algorithms.grpo import GRPO
+from telescope.algorithms.gspo import GSPO
+from telescope.algorithms.reinforce_pp import ReinforcePP
+from telescope.algorithms.rloo import RLOO
+from telescope.algorithms.sapo import SAPO
+from telescope.api.algorithm import Algorithm
 from telescope.api.context import TransportContext
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope.api.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxProvider
+from telescope.testing.algorithm import AlgorithmConformance
 from telescope.testing.environment import EnvironmentConformance, check_reward
 from telescope.testing.sandbox import SandboxProviderConformance
 from telescope.testing.transport import WeightTransportConformance
@@ -184,3 +193,45 @@ def test_transport_kit_catches_corrupted_weights() -> None:
 
     with pytest.raises(AssertionError, match="mismatch"):
         Kit().test_every_version_reaches_every_receiver_exactly()
+
+
+class NanForEqualRewards(GRPO):
+    """Divides by the std with no eps: 0 / 0 = NaN for a group of equal rewards."""
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return (rewards - rewards.mean()) / rewards.std(unbiased=False)
+
+
+class GuardsOnlyExactZeroStd(GRPO):
+    """Guards std == 0 only: a float std of ~1e-16 (rewards [0.7] * 3) still gives ±1."""
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        std = rewards.std(unbiased=False)
+        return torch.zeros_like(rewards) if float(std) == 0.0 else (rewards - rewards.mean()) / std
+
+
+class RawRewards(GRPO):
+    """No baseline: equal non-zero rewards give non-zero advantages."""
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return rewards.clone()
+
+
+def _algorithm_kit(cls: type[Algorithm]) -> AlgorithmConformance:
+    class Kit(AlgorithmConformance):
+        algorithm_class = cls
+
+    return Kit()
+
+
+@pytest.mark.parametrize("cls", [NanForEqualRewards, GuardsOnlyExactZeroStd, RawRewards])
+def test_algorithm_kit_catches_bad_advantages_for_equal_rewards(cls: type[Algorithm]) -> None:
+    kit = _algorithm_kit(cls)
+    kit.test_advantages_shape_and_finite([0.0, 1.0, 1.0, 0.0])  # fine on rewards with a spread
+    with pytest.raises(AssertionError, match="equal rewards"):
+        kit.test_zero_variance_group_gives_zero_advantages()
+
+
+@pytest.mark.parametrize("cls", [GRPO, RLOO, DrGRPO, ReinforcePP, CISPO, GSPO, SAPO])
+def test_algorithm_kit_accepts_builtin_advantages_for_equal_rewards(cls: type[Algorithm]) -> None:
+    _algorithm_kit(cls).test_zero_variance_group_gives_zero_advantages()

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from telescope.api.algorithm import LossInputs
 from telescope.api.context import TrainerContext
+from telescope.api.records import TrainingSample
 from telescope.plugins.facade import get_plugins
 from telescope.testing.trainer import (
     TrainerBackendConformance,
@@ -19,6 +23,7 @@ from telescope.testing.trainer import (
     weights_snapshot,
 )
 from telescope.trainer.fsdp import FSDPBackend
+from telescope.trainer.packing import split_minibatches
 from telescope.trainer.plugin import FSDPSettings
 
 
@@ -46,7 +51,7 @@ def test_every_algorithm_trains(tiny_model: Path, algorithm: str) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_minibatches_and_batch_reference(tiny_model: Path) -> None:
+def test_minibatches_count_optimizer_steps(tiny_model: Path) -> None:
     backend = started(
         tiny_model, number_of_minibatches=2, use_ppo_clip=True, ppo_clip_ref_logprobs="batch", use_tis=True
     )
@@ -66,7 +71,7 @@ def test_tis_weight_uses_the_batch_reference_after_the_first_optimizer_step(tiny
     """
     from transformers import AutoModelForCausalLM
 
-    from telescope.api.records import TrainingBatch, TrainingSample
+    from telescope.api.records import TrainingBatch
 
     cap = 1.5
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
@@ -174,3 +179,172 @@ def test_truncated_samples_are_counted(tiny_model: Path) -> None:
     finally:
         backend.close()
     assert metrics["packing/truncated_samples"] == 4.0
+
+
+# ----------------------------------------------- the batch ratio reference (PPO clip)
+
+#: PPO clipping whose ratio reference is what the test says; no TIS, so the loss is the clipped ratio alone.
+CLIP_LOW, CLIP_HIGH = 0.4, 0.5
+PPO: dict[str, Any] = {
+    "algorithm": "grpo", "use_ppo_clip": True, "use_tis": False, "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH,
+}  # fmt: skip
+#: Rollout log-probability of every completion token: far above the untrained model's (about -log 384 = -6).
+FAR_ROLLOUT_LOGPROB = -0.05
+
+
+def far_rollout_samples(num_groups: int = 2) -> list[TrainingSample]:
+    """Synthetic samples whose rollout log-probabilities are far from the model's (ratio ~ e^-6 against them)."""
+    samples = synthetic_batch(num_groups=num_groups).samples
+    return [replace(s, inference_logprobs=[FAR_ROLLOUT_LOGPROB if m else 0.0 for m in s.loss_mask]) for s in samples]
+
+
+def hf_model(path: Path, weights: dict[str, torch.Tensor] | None = None) -> Any:
+    """The plain Hugging Face model (float32, eval: no dropout), optionally with other weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if weights is not None:
+        model.load_state_dict(weights, strict=False)
+    return model.eval()
+
+
+def sample_logprobs(model: Any, sample: TrainingSample) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(token t+1 | tokens <= t) for the sample alone, and the mask of the loss targets."""
+    ids = torch.tensor([sample.token_ids])
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return logprobs, torch.tensor(sample.loss_mask[1:])
+
+
+def hand_ppo_gradient(
+    model: Any, samples: list[TrainingSample], reference: Callable[[int, torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Gradient of sum over loss tokens of max(-rho A, -clip(rho, 0.6, 1.5) A) / (loss tokens), rho = exp(lp - ref).
+
+    ``reference(i, lp)`` gives sample i's ratio reference (a constant) from its log-probabilities ``lp``.
+    """
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float32)
+    tokens = 0
+    for i, sample in enumerate(samples):
+        lp, mask = sample_logprobs(model, sample)
+        ratio = torch.exp(lp - reference(i, lp.detach()))
+        clipped = ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)
+        per_token = torch.maximum(-ratio * sample.advantage, -clipped * sample.advantage)
+        total = total + per_token[mask].sum()
+        tokens += int(mask.sum())
+    (total / tokens).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def backend_gradient(model: Path, samples: list[TrainingSample], **overrides: object) -> dict[str, torch.Tensor]:
+    backend = started(model, **PPO, **overrides)
+    try:
+        backend.accumulate_gradients(samples)
+        return backend.full_gradients()
+    finally:
+        backend.close()
+
+
+def assert_gradients_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert set(expected) <= set(actual)
+    for name, grad in expected.items():
+        torch.testing.assert_close(actual[name], grad, rtol=1e-4, atol=1e-6, msg=f"gradient of {name} differs")
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    diff = sum(float((a[k] - b[k]).pow(2).sum()) for k in b) ** 0.5
+    return diff / max(sum(float(b[k].pow(2).sum()) for k in b) ** 0.5, 1e-12)
+
+
+def test_batch_reference_uses_the_trainers_own_logprobs(tiny_model: Path) -> None:
+    """ppo_clip_ref_logprobs: batch -> rho = 1 at the start (gradient -A grad lp), not rho vs the rollout."""
+    samples = far_rollout_samples()
+    batch = backend_gradient(tiny_model, samples, ppo_clip_ref_logprobs="batch")
+    rollout = backend_gradient(tiny_model, samples, ppo_clip_ref_logprobs="rollout")
+
+    model = hf_model(tiny_model)
+    own = hand_ppo_gradient(model, samples, lambda i, lp: lp)
+    far = hand_ppo_gradient(
+        model, samples, lambda i, lp: torch.tensor(samples[i].inference_logprobs[1:], dtype=torch.float32)
+    )
+    assert_gradients_close(batch, own)
+    assert_gradients_close(rollout, far)
+    # rho ~ e^-6 against the rollout: those gradients are tiny or clipped to 0; the batch ones are not.
+    assert relative_difference(rollout, batch) > 0.5
+
+
+def test_batch_reference_is_taken_before_the_first_optimizer_step(tiny_model: Path) -> None:
+    """With 2 minibatches, the second one's reference is the *initial* model's log-probabilities."""
+    batch = synthetic_batch(num_groups=4)
+    batch.samples[:] = far_rollout_samples(num_groups=4)
+    backend = started(tiny_model, **PPO, ppo_clip_ref_logprobs="batch", number_of_minibatches=2, learning_rate=5e-3)
+    recorded: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
+    optimizer_step = backend._optimizer_step
+
+    def recording_step() -> float:  # the minibatch's gradient (before clipping) and the weights it was taken at
+        recorded.append((backend.full_gradients(), weights_snapshot(backend)))
+        return optimizer_step()
+
+    backend._optimizer_step = recording_step  # type: ignore[method-assign]
+    try:
+        backend.train_step(batch)
+    finally:
+        backend.close()
+    assert len(recorded) == 2
+    first, second = split_minibatches(batch.samples, 2)
+    initial = hf_model(tiny_model)
+    with torch.no_grad():
+        initial_logprobs = [sample_logprobs(initial, s)[0] for s in second]
+    stepped = hf_model(tiny_model, recorded[1][1])
+    grads, _ = recorded[1]
+    expected = hand_ppo_gradient(stepped, second, lambda i, lp: initial_logprobs[i])
+    assert_gradients_close(grads, expected)
+    # The step moved the model enough that a reference recomputed after it (rho = 1) would be told apart.
+    lazy = hand_ppo_gradient(stepped, second, lambda i, lp: lp)
+    assert relative_difference(lazy, expected) > 1e-2
+    assert_gradients_close(recorded[0][0], hand_ppo_gradient(initial, first, lambda i, lp: lp))
+
+
+# ------------------------------------------------------------- gradient checkpointing
+
+
+def mlp_calls_during_gradient(tiny_model: Path, checkpointing: bool) -> tuple[list[int], int, dict[str, Any]]:
+    """Runs of each decoder layer's MLP in one forward/backward, the micro-batch count, and the gradients.
+
+    The MLP's ``forward`` is wrapped on the instance (module hooks are not used: transformers
+    does not fire them again in the recomputation), so every execution is counted.
+    """
+    backend = started(tiny_model, gradient_checkpointing=checkpointing)
+    calls = [0] * len(backend._decoder_layers())
+
+    def counting(index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls[index] += 1
+            return forward(*args, **kwargs)
+
+        return run
+
+    try:
+        model = backend.model  # transformers >= 5.2x names it is_activation_checkpointing
+        enabled = getattr(model, "is_activation_checkpointing", None)
+        assert (model.is_gradient_checkpointing if enabled is None else enabled) is checkpointing
+        for i, layer in enumerate(backend._decoder_layers()):
+            mlp: Any = layer.mlp
+            mlp.forward = counting(i, mlp.forward)
+        samples = synthetic_batch().samples
+        microbatches = len(backend._local_sequences(backend._pack(samples)))
+        backend.accumulate_gradients(samples)
+        grads = backend.full_gradients()
+    finally:
+        backend.close()
+    return calls, microbatches, grads
+
+
+def test_gradient_checkpointing_recomputes_each_layer_in_backward(tiny_model: Path) -> None:
+    plain_calls, microbatches, plain_grads = mlp_calls_during_gradient(tiny_model, checkpointing=False)
+    checkpointed_calls, _, checkpointed_grads = mlp_calls_during_gradient(tiny_model, checkpointing=True)
+    assert microbatches >= 1
+    assert plain_calls == [microbatches] * len(plain_calls)
+    assert checkpointed_calls == [2 * microbatches] * len(plain_calls)  # once forward, once recomputed in backward
+    assert_gradients_close(checkpointed_grads, plain_grads)  # recomputation does not change the gradient

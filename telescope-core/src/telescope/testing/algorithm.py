@@ -68,6 +68,11 @@ def loss_inputs(
     )
 
 
+#: Groups of equal rewards (no signal): their advantages must be 0. Some have a float mean
+#: that is not exactly the reward, so their population std is ~1e-16 rather than 0.
+EQUAL_REWARD_GROUPS: tuple[list[float], ...] = ([0.7] * 3, [0.1] * 3, [0.0] * 4, [5.0] * 2, [-3.3] * 5, [1.0] * 8)
+
+
 class AlgorithmConformance:
     """Inherit in a test module (``class TestX(AlgorithmConformance)``) and set ``algorithm_class``."""
 
@@ -119,13 +124,22 @@ class AlgorithmConformance:
             assert bool(torch.isfinite(adv).all())
 
     def test_zero_variance_group_gives_zero_advantages(self) -> None:
+        """``group_advantages`` itself gives (about) 0 for equal rewards, never NaN or a spurious ±1.
+
+        Called directly, not through :meth:`~telescope.api.algorithm.Algorithm.advantages`
+        (which zeroes such groups before the algorithm sees them). The groups include
+        values whose float mean is not exact (``[0.7] * 3``: the std is ~1e-16, not 0), so
+        an algorithm that only guards ``std == 0`` is caught too.
+        """
         import torch
 
         for norm in self.algorithm_class.capabilities.advantage_norms:
             algorithm = self.make(advantage_norm=norm)
-            adv = algorithm.group_advantages(torch.tensor([0.7, 0.7, 0.7], dtype=torch.float64))
-            assert adv.abs().max().item() < 1e-6, f"equal rewards gave advantages {adv.tolist()}"
-            assert algorithm.advantages([[0.7, 0.7, 0.7], [0.0, 1.0]])[0] == [0.0, 0.0, 0.0]
+            for rewards in EQUAL_REWARD_GROUPS:
+                adv = algorithm.group_advantages(torch.tensor(rewards, dtype=torch.float64))
+                assert adv.shape == (len(rewards),), f"{rewards}: shape {tuple(adv.shape)}"
+                assert bool(torch.isfinite(adv).all()), f"equal rewards {rewards} ({norm}) gave {adv.tolist()}"
+                assert adv.abs().max().item() < 1e-6, f"equal rewards {rewards} ({norm}) gave {adv.tolist()}"
 
     def test_loss_finite_with_gradient(self) -> None:
         for changes in self.configs():

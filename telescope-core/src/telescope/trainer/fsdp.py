@@ -399,11 +399,15 @@ class FSDPBackend(TrainerBackend):
         return counts
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Unsharded gradients by parameter name (collective); zeros where none accumulated."""
+        """Unsharded gradients by parameter name (collective); zeros where none accumulated.
+
+        Copies: on one rank ``full_tensor()`` can share storage with the gradient, which
+        the optimizer step then clips and zeroes in place.
+        """
         out: dict[str, torch.Tensor] = {}
         for name, param in self.model.named_parameters():
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            out[name] = _full(grad).detach().float().cpu()
+            out[name] = _full(grad).detach().float().cpu().clone()
         return out
 
     def zero_grad(self) -> None:
