@@ -1,4 +1,7 @@
-"""Pure helpers shared by the algorithms: baselines, normalisations, ratios, PPO clip, TIS.
+"""Pure helpers shared by the algorithms: baselines, normalisations, ratios, PPO clip.
+
+``masked`` and ``tis_weight`` belong to the interface (the base class's ``loss_terms``
+uses them) and live in :mod:`telescope.api.algorithm`; they are re-exported here.
 
 Everything here is a function of tensors and an :class:`AlgorithmConfig`. Standard
 deviations are *population* standard deviations (``unbiased=False``): a group of
@@ -9,12 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from telescope.api.algorithm import AlgorithmConfig, LossInputs
-
-
-def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values`` where ``mask`` is true, 0 elsewhere (``where``, so padding never leaks NaN)."""
-    return torch.where(mask.bool(), values, torch.zeros_like(values))
+from telescope.api.algorithm import AlgorithmConfig, LossInputs, masked, tis_weight
 
 
 def group_centred(rewards: torch.Tensor) -> torch.Tensor:
@@ -52,17 +50,12 @@ def policy_gradient_loss(inputs: LossInputs, config: AlgorithmConfig) -> torch.T
     return -inputs.advantages * inputs.logprobs
 
 
-def tis_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
-    """Truncated importance weight ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``.
-
-    ``old_logprobs`` is the trainer's policy the loss is taken relative to: the
-    batch reference (log-probabilities before the first optimizer step of the
-    batch) when the loss has a ratio against it, else the current log-probabilities
-    (see :meth:`telescope.api.algorithm.Algorithm.loss_terms` for why). The weight
-    corrects the mismatch between the sampler and the trainer on the tokens the
-    sampler produced; it cannot restore tokens the sampler could not produce (top-p
-    truncation, see :mod:`telescope.inference.embedded.sampling`).
-    """
-    c = config.tis_logprob_clamp
-    diff = torch.clamp(old_logprobs.detach() - inference_logprobs, -c, c)
-    return torch.clamp(torch.exp(diff), max=config.tis_cap)
+__all__ = [
+    "group_centred",
+    "group_normalised",
+    "log_ratio",
+    "masked",
+    "policy_gradient_loss",
+    "ppo_clip_loss",
+    "tis_weight",
+]

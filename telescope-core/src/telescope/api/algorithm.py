@@ -189,8 +189,6 @@ class Algorithm(ABC):
           policy being differentiated, and equals ``pi_old / pi_inf`` on the first
           minibatch.
         """
-        from telescope.algorithms.common import masked, tis_weight
-
         loss = self.token_loss(inputs)
         if self.config.use_tis:
             old = inputs.ref_logprobs if self.uses_batch_reference else inputs.logprobs
@@ -226,3 +224,31 @@ class Algorithm(ABC):
                 flat = (flat - flat.mean()) / (flat.std(unbiased=False) + self.config.eps)
             per_group = list(torch.split(flat, [t.numel() for t in per_group]))
         return [[float(x) for x in t] for t in per_group]
+
+
+# ------------------------------------------------ the math loss_terms applies to every algorithm
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` where ``mask`` is true, 0 elsewhere (``where``, so padding never leaks NaN)."""
+    import torch
+
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def tis_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """Truncated importance weight ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``.
+
+    ``old_logprobs`` is the trainer's policy the loss is taken relative to: the
+    batch reference (log-probabilities before the first optimizer step of the
+    batch) when the loss has a ratio against it, else the current log-probabilities
+    (see :meth:`telescope.api.algorithm.Algorithm.loss_terms` for why). The weight
+    corrects the mismatch between the sampler and the trainer on the tokens the
+    sampler produced; it cannot restore tokens the sampler could not produce (top-p
+    truncation, see :mod:`telescope.inference.embedded.sampling`).
+    """
+    import torch
+
+    c = config.tis_logprob_clamp
+    diff = torch.clamp(old_logprobs.detach() - inference_logprobs, -c, c)
+    return torch.clamp(torch.exp(diff), max=config.tis_cap)
