@@ -1,1 +1,1 @@
-"""The local run store: a run directory holding config, metrics, rollouts, events, evals and logs."""
+"""Recording: the step recorder, rollout metrics, progress, events, the run store and the W&B logger."""

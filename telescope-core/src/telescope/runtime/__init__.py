@@ -1,1 +1,1 @@
-"""The run: driver, services (Ray workers), checkpoints, evals, launch."""
+"""Ray and process plumbing: ``telescope run``'s launch, the Ray cluster and placement, worker actors, server processes, ``telescope eval``."""
