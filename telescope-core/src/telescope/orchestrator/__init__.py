@@ -1,1 +1,1 @@
-"""The orchestrator: drives rollouts, scores them, assembles training batches and logs the run."""
+"""The orchestrator: prompts, scheduling, rollouts, scoring, batches with advantages, evals (the run's loop)."""

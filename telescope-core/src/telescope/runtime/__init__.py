@@ -1,1 +1,5 @@
-"""Ray and process plumbing: ``telescope run``'s launch, the Ray cluster and placement, worker actors, server processes, ``telescope eval``."""
+"""Ray and process plumbing.
+
+``telescope run``'s launch, the Ray cluster and placement, the worker actors, the
+inference server processes, and ``telescope eval``'s servers.
+"""
