@@ -15,7 +15,8 @@ PROVIDERS: dict[str, str] = {
 
 
 #: What to install for each remote provider's SDK (this package's extras): the hint a
-#: user gets when the provider is chosen but its SDK is missing.
+#: user gets when the provider is chosen but its SDK is missing (also used by
+#: :func:`telescope_sandbox.providers.missing_sdk`).
 INSTALL_HINTS: dict[str, str] = {
     name: f"pip install 'telescope-sandbox[{name}]'" for name in ("e2b", "modal", "daytona", "prime")
 }

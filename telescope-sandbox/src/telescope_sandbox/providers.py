@@ -13,14 +13,7 @@ from typing import Any
 
 from telescope.api.sandbox import SandboxError, SandboxProvider
 from telescope_sandbox.observed import ObservedProvider
-
-#: The extra (or package) that provides each remote provider's SDK.
-INSTALL_HINTS: dict[str, str] = {
-    "e2b": "pip install 'telescope-sandbox[e2b]'",
-    "modal": "pip install 'telescope-sandbox[modal]'",
-    "daytona": "pip install 'telescope-sandbox[daytona]'",
-    "prime": "pip install 'telescope-sandbox[prime]'",
-}
+from telescope_sandbox.plugin import INSTALL_HINTS
 
 
 def missing_sdk(provider: str, module: str, exc: ImportError) -> SandboxError:
@@ -34,17 +27,14 @@ def missing_sdk(provider: str, module: str, exc: ImportError) -> SandboxError:
 
 def provider_class(name: str) -> type[SandboxProvider]:
     """The provider class registered under ``name`` (raises a clear error when unknown)."""
-    from telescope.plugins.manager import get_plugin_manager
-    from telescope.plugins.registry import PluginError, PluginKind
+    from telescope.plugins.facade import get_plugins
+    from telescope.plugins.registry import PluginError
 
     try:
-        cls = get_plugin_manager().registry.get(PluginKind.SANDBOX_PROVIDER, name)
+        return get_plugins().sandbox_provider(name)  # checked against SandboxProvider by the facade
     except PluginError as exc:
         hint = INSTALL_HINTS.get(name)
         raise SandboxError(f"{exc}" + (f" Install it with: {hint}" if hint and hint not in str(exc) else "")) from exc
-    if not (isinstance(cls, type) and issubclass(cls, SandboxProvider)):
-        raise SandboxError(f"sandbox provider {name!r} is registered as {cls!r}, which is not a SandboxProvider")
-    return cls
 
 
 def get_provider(name: str = "local", **kwargs: Any) -> ObservedProvider:

@@ -62,9 +62,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def build_cli() -> click.Group:
     """The command group with every plugin's commands added."""
-    from telescope.plugins.manager import get_plugin_manager
+    from telescope.plugins.facade import get_plugins
 
-    get_plugin_manager().hook.telescope_add_commands(cli=cli)
+    get_plugins().add_commands(cli)
     return cli
 
 

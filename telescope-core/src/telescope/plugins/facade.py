@@ -165,12 +165,6 @@ class Plugins:
         settings = self.settings_for(PluginKind.INFERENCE_BACKEND, name, config)
         return self.inference_backend(name)(InferenceContext.from_config(config), settings)
 
-    def create_weight_transport(self, name: str, config: TelescopeConfig) -> WeightTransport:
-        from telescope.api.context import TransportContext
-
-        settings = self.settings_for(PluginKind.WEIGHT_TRANSPORT, name, config)
-        return self.weight_transport(name)(TransportContext.from_config(config), settings)
-
     def create_loggers(self, config: TelescopeConfig, run_dir: Path) -> list[Logger]:
         """Every registered logger whose settings enable it; a logger that fails to start is skipped."""
         from telescope.api.context import LoggerContext
