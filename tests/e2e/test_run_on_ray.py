@@ -29,8 +29,41 @@ FAST = [
 ]  # fmt: skip
 
 
-def telescope(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
+#: A plugin, published by entry point, that appends each lifecycle call to the file $LIFECYCLE_LOG.
+LIFECYCLE_PLUGIN = """
+import json, os
+from telescope import hookimpl
+
+def _log(*record):
+    with open(os.environ["LIFECYCLE_LOG"], "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\\n")
+
+@hookimpl
+def telescope_run_start(config, run_dir):
+    _log("run_start", str(run_dir))
+
+@hookimpl
+def telescope_step_end(step, metrics):
+    _log("step_end", step, metrics["reward/mean"])
+
+@hookimpl
+def telescope_run_end(run_dir, status, error):
+    _log("run_end", str(run_dir), status, error is None)
+"""
+
+
+def publish_lifecycle_plugin(site: Path) -> None:
+    """The plugin as an installed distribution on ``site`` (put it on PYTHONPATH)."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "lifecycle_log_plugin.py").write_text(LIFECYCLE_PLUGIN, encoding="utf-8")
+    info = site / "lifecycle_log_plugin-0.0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lifecycle-log-plugin\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[telescope]\nlifecycle_log_plugin = lifecycle_log_plugin\n")
+
+
+def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines", **(env or {})}
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -52,13 +85,26 @@ def processes_mentioning(text: str) -> list[str]:
 @pytest.mark.slow
 def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    process = telescope(run_dir, "--number_of_steps", "3", "--checkpoint_every", "3")
+    publish_lifecycle_plugin(tmp_path / "site")
+    lifecycle_log = tmp_path / "lifecycle.jsonl"
+    plugin_env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")])),
+        "LIFECYCLE_LOG": str(lifecycle_log),
+    }
+    process = telescope(run_dir, "--number_of_steps", "3", "--checkpoint_every", "3", env=plugin_env)
     _, err = process.communicate(timeout=540)
     assert process.returncode == 0, err[-3000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"
     metrics = reader.metrics()
     assert [m["step"] for m in metrics] == [0, 1, 2]
+    # the lifecycle hooks of an installed plugin: once per run, once per step with its metrics, in order
+    lifecycle = [json.loads(line) for line in lifecycle_log.read_text(encoding="utf-8").splitlines()]
+    assert lifecycle == [
+        ["run_start", str(run_dir)],
+        *(["step_end", m["step"], m["reward/mean"]] for m in metrics),
+        ["run_end", str(run_dir), "completed", True],
+    ]
     required = [
         "loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate",
         "reward/mean", "reward/std", "reward/min", "reward/max", "reward/gini_mean",
@@ -88,8 +134,9 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     output = tmp_path / "standalone"
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "eval", str(QUICK_START), str(run_dir), "--output", str(output), *FAST]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **plugin_env})
     assert result.returncode == 0, result.stderr[-3000:]
+    assert len(lifecycle_log.read_text(encoding="utf-8").splitlines()) == len(lifecycle)  # eval calls no run hook
     assert "correct_rate" in result.stdout
     [standalone] = RunReader(output).evals()
     assert standalone["phase"] == "standalone"
