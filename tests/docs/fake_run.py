@@ -62,6 +62,7 @@ class FakeWorkers:
 
     def __init__(self, config: Any, run_dir: Path) -> None:
         self.version = 0
+        self.generation = self  # the run's generation handle (RayServices.generation): here the same object
 
     @property
     def num_servers(self) -> int:

@@ -165,6 +165,13 @@ class Plugins:
         settings = self.settings_for(PluginKind.INFERENCE_BACKEND, name, config)
         return self.inference_backend(name)(InferenceContext.from_config(config), settings)
 
+    def create_weight_transport(self, name: str, config: TelescopeConfig) -> WeightTransport:
+        """A transport as a run builds one: its own settings and the transport context."""
+        from telescope.api.context import TransportContext
+
+        settings = self.settings_for(PluginKind.WEIGHT_TRANSPORT, name, config)
+        return self.weight_transport(name)(TransportContext.from_config(config), settings)
+
     def create_loggers(self, config: TelescopeConfig, run_dir: Path) -> list[Logger]:
         """Every registered logger whose settings enable it; a logger that fails to start is skipped."""
         from telescope.api.context import LoggerContext
@@ -184,11 +191,13 @@ class Plugins:
     # ---------------------------------------------------------------- lifecycle
 
     def _observe(self, hook: str, **kwargs: Any) -> None:
-        try:
-            getattr(self.manager.pm.hook, hook)(**kwargs)
-        except Exception as exc:  # an observer never changes how the run goes
-            log.warning("a %s hook failed: %s", hook, exc)
-            print(f"warning: a {hook} hook failed: {exc}", file=sys.stderr)
+        """Call every implementation of a lifecycle hook; one that raises is reported and the others still run."""
+        for impl in reversed(getattr(self.manager.pm.hook, hook).get_hookimpls()):  # pluggy's call order
+            try:
+                impl.function(**{name: kwargs[name] for name in impl.argnames})
+            except Exception as exc:  # an observer never changes how the run goes
+                log.warning("the %s hook of plugin %r failed: %s", hook, impl.plugin_name, exc)
+                print(f"warning: the {hook} hook of plugin {impl.plugin_name!r} failed: {exc}", file=sys.stderr)
 
     def run_start(self, config: TelescopeConfig, run_dir: Path) -> None:
         self._observe("telescope_run_start", config=config, run_dir=run_dir)

@@ -115,11 +115,12 @@ def launch_run(loaded: LoadedConfig) -> int:
     status: RunStatus = "completed"
     code = 0
     error: BaseException | None = None
-    started_ray = False
+    started_ray = started_run = False
     print(f"telescope: run directory {run_dir}", file=sys.stderr)
     try:
         _prepare_model(config)
         plugins.run_start(config, run_dir)
+        started_run = True
         started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
         summary = asyncio.run(_train(config, run_dir, store, loggers, plugins))
@@ -144,7 +145,8 @@ def launch_run(loaded: LoadedConfig) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
         store.set_status(status, error=str(error) if error else None)
-        plugins.run_end(run_dir, status, error)
+        if started_run:  # observers see run_end only for a run they saw start
+            plugins.run_end(run_dir, status, error)
         for logger in loggers:
             try:
                 logger.close()

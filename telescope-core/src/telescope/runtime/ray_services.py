@@ -128,6 +128,7 @@ class RayServices:
         self.server_pids: list[int] = []
         self.groups: list[PlacementGroup] = []
         self.transport_name = ""
+        self.receivers_per_server = 1
 
     # ----------------------------------------------------------------- start
 
@@ -150,6 +151,10 @@ class RayServices:
         self.transport_context = TransportContext.from_config(c)
         inference_context = InferenceContext.from_config(c)
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
+        # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
+        self.receivers_per_server = plugins.inference_backend(backend)(
+            inference_context, inference_settings
+        ).receivers_per_server()
         algorithm = plugins.create_algorithm(c)
         trainer_settings = plugins.settings_for(PluginKind.TRAINER_BACKEND, c.train_backend, c)
         trainer_context = TrainerContext.from_config(c)
@@ -206,17 +211,17 @@ class RayServices:
                 self.transport_name,
                 self.transport_context,
                 self.transport_settings,
-                servers * max(1, c.inference_tensor_parallel_size),
+                servers * self.receivers_per_server,
             )
         )
 
     async def connect_weights(self) -> None:
         """Connect every server to the weight transport (weights are pushed by the orchestrator)."""
-        tp = max(1, self.config.inference_tensor_parallel_size)
+        per_server = self.receivers_per_server
         settings = self.transport_settings.model_dump(mode="json") if self.transport_settings is not None else None
         context = self.transport_context.to_dict()
         await asyncio.gather(
-            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * tp, settings, context)
+            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * per_server, settings, context)
               for i, client in enumerate(self.generation.clients))
         )  # fmt: skip
         log.info("weight transport %s connected", self.transport_name)
