@@ -150,12 +150,11 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
         })),
       h("h4", null, "Prompt"), renderPrompt(record.prompt),
     );
+    pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, renderText(String(record.completion ?? ""), mode)));
     const turns = messages.filter((m) => m.role !== "user" && m.role !== "system");
     if (turns.length > 1 || turns.some((m) => m.tool_calls || m.role === "tool")) {
-      pane.append(h("h4", null, `Turns (${turns.length})`));
+      pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
       for (const message of turns) pane.append(renderMessage(message));
-    } else {
-      pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, renderText(String(record.completion ?? ""), mode)));
     }
     pane.append(h("details", { class: "raw-record" }, h("summary", null, "Raw record"), h("pre", { class: "raw" }, JSON.stringify(record, null, 2))));
     return pane;
