@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("duckdb")
 pytest.importorskip("fastapi")
 
-from telescope.recording.run_store import RunStore  # noqa: E402
+from telescope.recording.run_store import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,25 +35,74 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def write_run(run_dir: Path, steps: int = 4, *, status: str = "completed", completion: str = "<answer>4</answer>") -> Path:
+def write_run(
+    run_dir: Path, steps: int = 4, *, status: str = "completed", completion: str = "<answer>4</answer>"
+) -> Path:
     """A small run directory written through the real :class:`RunStore`."""
     store = RunStore(run_dir)
-    store.write_config("number_of_steps: 10\n", {"number_of_steps": 10, "max_tokens": 32,
-                       "environments": [{"name": "countdown", "reward_min": 0.0, "reward_max": 2.0}]})  # fmt: skip
+    store.write_config(
+        "number_of_steps: 10\n",
+        {
+            "number_of_steps": 10,
+            "max_tokens": 32,
+            "environments": [{"name": "countdown", "reward_min": 0.0, "reward_max": 2.0}],
+        },
+    )
     store.set_status("running", step=0)
     for step in range(steps):
-        store.log_metrics(step, {"reward/mean": 0.1 * step, "grad_norm": 1.0 + step, "timing_step_total": 0.5,
-                                 "sample_metrics/correct/mean": 0.5})  # fmt: skip
-        store.log_rollouts(step, [{"group_index": g, "rollout_index": i, "sample_id": f"s{g}", "environment": "countdown",
-                                   "prompt": f"prompt {step} {g}", "completion": completion if i == 0 else f"c{step}{g}{i}",
-                                   "reward": float(i % 2), "advantage": 0.5 - (i % 2), "completion_tokens": 5,
-                                   "messages": [{"role": "user", "content": "q"},
-                                                {"role": "tool", "content": f"tool output {step}-{g}-{i}"}]}
-                                  for g in range(2) for i in range(4)])  # fmt: skip
-        store.log_event({"kind": "sandbox.execute", "start": 1000.0 + step, "duration_s": 0.2, "component": "sandbox",
-                         "sandbox_id": "sb-1", "command": "python main.py", "exit_code": step % 2, "step": step})  # fmt: skip
-    store.log_event({"kind": "infra.system", "start": 1000.0, "duration_s": 0.0, "component": "system", "node": 0,
-                     "cpu_utilization_percent": 42.0})  # fmt: skip
+        store.log_metrics(
+            step,
+            {
+                "reward/mean": 0.1 * step,
+                "grad_norm": 1.0 + step,
+                "timing_step_total": 0.5,
+                "sample_metrics/correct/mean": 0.5,
+            },
+        )
+        store.log_rollouts(
+            step,
+            [
+                {
+                    "group_index": g,
+                    "rollout_index": i,
+                    "sample_id": f"s{g}",
+                    "environment": "countdown",
+                    "prompt": f"prompt {step} {g}",
+                    "completion": completion if i == 0 else f"c{step}{g}{i}",
+                    "reward": float(i % 2),
+                    "advantage": 0.5 - (i % 2),
+                    "completion_tokens": 5,
+                    "messages": [
+                        {"role": "user", "content": "q"},
+                        {"role": "tool", "content": f"tool output {step}-{g}-{i}"},
+                    ],
+                }
+                for g in range(2)
+                for i in range(4)
+            ],
+        )
+        store.log_event(
+            {
+                "kind": "sandbox.execute",
+                "start": 1000.0 + step,
+                "duration_s": 0.2,
+                "component": "sandbox",
+                "sandbox_id": "sb-1",
+                "command": "python main.py",
+                "exit_code": step % 2,
+                "step": step,
+            }
+        )
+    store.log_event(
+        {
+            "kind": "infra.system",
+            "start": 1000.0,
+            "duration_s": 0.0,
+            "component": "system",
+            "node": 0,
+            "cpu_utilization_percent": 42.0,
+        }
+    )
     store.log_eval("countdown", steps, {"eval/countdown/reward_mean": 0.25}, phase="after")
     with store.log_path("orchestrator").open("w") as log:
         log.write("2026-01-02 03:04:05,678 INFO telescope.orchestrator: step 0 done\n")
@@ -74,11 +123,27 @@ def real_run_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     result = subprocess.run(
-        [sys.executable, "-c", code, "run", str(REPO / "configs/examples/countdown_tiny.yaml"),
-         "--number_of_steps", "3", "--warm_start_steps", "20", "--run_dir", str(run_dir),
-         "--inference_base_port", str(free_port())],
-        capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            str(REPO / "configs/examples/countdown_tiny.yaml"),
+            "--number_of_steps",
+            "3",
+            "--warm_start_steps",
+            "20",
+            "--run_dir",
+            str(run_dir),
+            "--inference_base_port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -116,7 +181,9 @@ def serve() -> Iterator[object]:
         service.sync_all()
         service.start()
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(con, service), host="127.0.0.1", port=port, log_level="warning"))
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(con, service), host="127.0.0.1", port=port, log_level="warning")
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.time() + 20

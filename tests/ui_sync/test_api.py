@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.ui_sync.conftest import REPO, free_port, write_run
 
 from telescope_ui_sync import build
 from telescope_ui_sync.server.app import create_app
 from telescope_ui_sync.sync.schema import connect
 from telescope_ui_sync.sync.syncer import SyncService, run_id_for
-from tests.ui_sync.conftest import REPO, free_port, write_run
 
 
 @pytest.fixture
@@ -154,7 +154,10 @@ def test_built_assets_are_up_to_date_and_load_nothing_from_the_network() -> None
 
 
 def test_the_cli_module_stays_light() -> None:
-    code = "import sys, telescope_ui_sync.plugin, telescope_ui_sync.cli; print(sorted(m for m in ('duckdb', 'fastapi', 'uvicorn') if m in sys.modules))"
+    code = (
+        "import sys, telescope_ui_sync.plugin, telescope_ui_sync.cli; "
+        "print(sorted(m for m in ('duckdb', 'fastapi', 'uvicorn') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -172,8 +175,15 @@ def entry_point_site(tmp_path: Path) -> Path:
 def telescope_cli(tmp_path: Path, *args: str, **kwargs: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(entry_point_site(tmp_path)), *sys.path])}
     code = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )  # type: ignore[call-overload]
 
 
 def test_telescope_ui_is_added_through_the_hook(tmp_path: Path) -> None:
@@ -189,8 +199,17 @@ def test_telescope_ui_serves_and_warns_off_loopback(tmp_path: Path) -> None:
 
     write_run(tmp_path / "runs" / "a", steps=2)
     port = free_port()
-    process = telescope_cli(tmp_path, "ui", str(tmp_path / "runs"), "--port", str(port), "--host", "0.0.0.0",
-                            "--db", str(tmp_path / "ui.duckdb"))  # fmt: skip
+    process = telescope_cli(
+        tmp_path,
+        "ui",
+        str(tmp_path / "runs"),
+        "--port",
+        str(port),
+        "--host",
+        "0.0.0.0",
+        "--db",
+        str(tmp_path / "ui.duckdb"),
+    )
     try:
         deadline = time.time() + 60
         runs = None

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.ui_sync.conftest import REPO, write_run
 
 from telescope.recording.run_store import RunStore
 from telescope_ui_sync.sync.syncer import run_id_for
-from tests.ui_sync.conftest import REPO, write_run
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = os.environ.get("TELESCOPE_CHROMIUM", "/usr/bin/chromium")
@@ -71,7 +71,16 @@ def test_every_page_shows_the_real_run(page, serve, real_runs: Path) -> None:  #
     shot(page, "overview")
 
     page.goto(f"{served.url}/#/metrics")
-    for section in ("General", "Reward", "Sample Metrics", "Advantage", "Evals", "Rollouts", "Discarded Rollouts", "Timeline"):
+    for section in (
+        "General",
+        "Reward",
+        "Sample Metrics",
+        "Advantage",
+        "Evals",
+        "Rollouts",
+        "Discarded Rollouts",
+        "Timeline",
+    ):
         page.locator(f"details[data-section='{section}']").wait_for()
     page.locator("[data-metric='reward/mean'] canvas").wait_for()
     shot(page, "metrics")
@@ -190,4 +199,7 @@ def test_a_run_deleted_while_open_is_reported(page, serve, tmp_path: Path) -> No
     page.locator(".banner.warning").filter(has_text="was deleted").wait_for(timeout=5000)
     page.locator(".sample-dot").first.wait_for()  # what was synced is still shown
     assert httpx.get(f"{served.url}/api/health").json()["ok"] is True
-    assert httpx.get(f"{served.url}/api/files/{run_id_for(run)}", params={"path": "logs/orchestrator.log"}).status_code == 410
+    assert (
+        httpx.get(f"{served.url}/api/files/{run_id_for(run)}", params={"path": "logs/orchestrator.log"}).status_code
+        == 410
+    )

@@ -6,15 +6,18 @@ import json
 import shutil
 from pathlib import Path
 
+from tests.ui_sync.conftest import write_run
+
 from telescope.recording.run_store import RunStore
 from telescope_ui_sync.sync.schema import connect
 from telescope_ui_sync.sync.syncer import SyncService, discover, run_id_for
-from tests.ui_sync.conftest import write_run
 
 
 def counts(con, run_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    return {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
-            for t in ("metrics", "rollouts", "events", "system_metrics", "evals", "logs")}  # fmt: skip
+    return {
+        t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
+        for t in ("metrics", "rollouts", "events", "system_metrics", "evals", "logs")
+    }
 
 
 def test_first_pass_syncs_every_stream_and_a_second_reads_nothing(tmp_path: Path) -> None:

@@ -89,7 +89,8 @@ def series(
         for name in [n for n in names.split(",") if n]:
             source = "evals" if name.startswith("eval/") else "metrics"
             rows = cur.execute(_series_sql(source, x, max_points), {"run": run_id, "name": name}).fetchall()
-            xs, ys = [], []
+            xs: list[Any] = []
+            ys: list[Any] = []
             last_x = None
             for px, py in rows:
                 if px == last_x and xs:  # a bucket whose min and max are the same point

@@ -38,8 +38,10 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 class Stream(Protocol):
     """New records since the last call, and a JSON position to resume from."""
 
-    skipped: int
     reset: bool
+
+    @property
+    def skipped(self) -> int: ...
 
     def read(self) -> list[Record]: ...
 
