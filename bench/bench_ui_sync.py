@@ -23,12 +23,21 @@ from telescope.recording.run_store import JsonlWriter, RunStore
 def make_run(run_dir: Path, steps: int, metrics: int, rollouts: int, events: int) -> None:
     rng = random.Random(0)
     store = RunStore(run_dir)
-    store.write_config("number_of_steps: %d\n" % steps, {"number_of_steps": steps, "max_tokens": 512,
-                       "environments": [{"name": "countdown", "reward_min": 0.0, "reward_max": 2.0}]})  # fmt: skip
+    store.write_config(
+        f"number_of_steps: {steps}\n",
+        {
+            "number_of_steps": steps,
+            "max_tokens": 512,
+            "environments": [{"name": "countdown", "reward_min": 0.0, "reward_max": 2.0}],
+        },
+    )
     store.set_status("completed", step=steps)
     store.close()
     names = [f"section{i % 10}/group{i % 7}/metric{i}" for i in range(metrics - 3)] + [
-        "reward/mean", "grad_norm", "timing_step_total"]  # fmt: skip
+        "reward/mean",
+        "grad_norm",
+        "timing_step_total",
+    ]
     writer = JsonlWriter(run_dir / "metrics.jsonl")
     writer.write_many({"step": s, "time": 1e9 + s, **{n: rng.random() for n in names}} for s in range(steps))
     writer.close()
@@ -38,12 +47,28 @@ def make_run(run_dir: Path, steps: int, metrics: int, rollouts: int, events: int
     batch = []
     for i in range(rollouts):
         step, index = divmod(i, per_step)
-        batch.append({"step": step, "group_index": index // 8, "rollout_index": index % 8, "sample_id": f"s{i // 8}",
-                      "environment": "countdown", "prompt": f"numbers {i} -> {i % 97}", "completion": text + str(i),
-                      "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}],
-                      "reward": float(i % 3 == 0), "advantage": 0.1, "sample_metrics": {"correct": 1.0},
-                      "policy_version": step, "stop_reason": "stop", "num_turns": 1, "prompt_tokens": 20,
-                      "completion_tokens": 80, "total_tokens": 100, "error": None})  # fmt: skip
+        batch.append(
+            {
+                "step": step,
+                "group_index": index // 8,
+                "rollout_index": index % 8,
+                "sample_id": f"s{i // 8}",
+                "environment": "countdown",
+                "prompt": f"numbers {i} -> {i % 97}",
+                "completion": text + str(i),
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": text}],
+                "reward": float(i % 3 == 0),
+                "advantage": 0.1,
+                "sample_metrics": {"correct": 1.0},
+                "policy_version": step,
+                "stop_reason": "stop",
+                "num_turns": 1,
+                "prompt_tokens": 20,
+                "completion_tokens": 80,
+                "total_tokens": 100,
+                "error": None,
+            }
+        )
         if len(batch) == 10000:
             writer.write_many(batch)
             batch = []
@@ -60,8 +85,17 @@ def make_run(run_dir: Path, steps: int, metrics: int, rollouts: int, events: int
     batch = []
     for i in range(events):
         kind = kinds[i % len(kinds)]
-        batch.append({"kind": kind, "start": 1e9 + i * steps / events, "duration_s": 0.05, "component": kind.split(".")[0],
-                      "server": i % 8, "step": int(i * steps / events), "request_id": i})  # fmt: skip
+        batch.append(
+            {
+                "kind": kind,
+                "start": 1e9 + i * steps / events,
+                "duration_s": 0.05,
+                "component": kind.split(".")[0],
+                "server": i % 8,
+                "step": int(i * steps / events),
+                "request_id": i,
+            }
+        )
         if len(batch) == 20000:
             writer.write_many(batch)
             batch = []
@@ -82,8 +116,10 @@ def main() -> None:
         if not (run_dir / "events.jsonl").exists():
             started = time.perf_counter()
             make_run(run_dir, steps, metrics, rollouts, events)
-            print(f"wrote {steps} steps x {metrics} metrics, {rollouts} rollouts, {events} events "
-                  f"in {time.perf_counter() - started:.1f} s")  # fmt: skip
+            print(
+                f"wrote {steps} steps x {metrics} metrics, {rollouts} rollouts, {events} events "
+                f"in {time.perf_counter() - started:.1f} s"
+            )
         from fastapi.testclient import TestClient
 
         from telescope_ui_sync.server.app import create_app
@@ -101,19 +137,28 @@ def main() -> None:
             "overview (summary)": ("/api/runs/" + rid, {}),
             "runs list": ("/api/runs", {}),
             "metrics catalog": ("/api/metrics/catalog", {"runs": rid}),
-            "metrics series (10 charts)": ("/api/metrics/series", {"runs": rid, "names": ",".join(
-                f"section0/group{g}/metric{g * 10}" for g in range(7)) + ",reward/mean,grad_norm,timing_step_total"}),
+            "metrics series (10 charts)": (
+                "/api/metrics/series",
+                {
+                    "runs": rid,
+                    "names": ",".join(f"section0/group{g}/metric{g * 10}" for g in range(7))
+                    + ",reward/mean,grad_norm,timing_step_total",
+                },
+            ),
             "rollouts steps": ("/api/rollouts/steps", {"run": rid}),
             "rollouts (one step)": ("/api/rollouts", {"run": rid}),
             "rollout sample": ("/api/rollouts/sample", {"run": rid, "seq": 12345}),
             "rollouts search": ("/api/rollouts/search", {"run": rid, "q": "numbers 4242 "}),
             "timeline (whole run)": ("/api/timeline", {"run": rid}),
-            "timeline (1% window)": ("/api/timeline", {"run": rid, "start": 1e9 + steps / 2, "end": 1e9 + steps / 2 + steps / 100}),
+            "timeline (1% window)": (
+                "/api/timeline",
+                {"run": rid, "start": 1e9 + steps / 2, "end": 1e9 + steps / 2 + steps / 100},
+            ),
             "evals": ("/api/evals", {"run": rid}),
             "logs": ("/api/logs", {"run": rid}),
             "infra": ("/api/infra", {"run": rid}),
             "sandboxes": ("/api/sandboxes", {"run": rid}),
-        }  # fmt: skip
+        }
         for name, (path, params) in calls.items():
             started = time.perf_counter()
             response = api.get(path, params=params)
