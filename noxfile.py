@@ -29,6 +29,7 @@ PACKAGES: dict[str, tuple[list[str], str]] = {
     "core": ([CORE], "tests/core"),
     "envs": ([CORE, "./telescope-envs[math]"], "tests/envs"),
     "sandbox": ([CORE, "./telescope-sandbox[e2b,modal]"], "tests/sandbox"),
+    "ui_sync": ([CORE, "./telescope-ui-sync[test]"], "tests/ui_sync"),
 }
 TORCH_SPEC = os.environ.get("TELESCOPE_TORCH_SPEC", "torch==2.13.0")
 ENV = {"RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -75,7 +76,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over the three packages."""
     install_workspace(session)
-    session.run("mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src")
+    session.run("mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src", "telescope-ui-sync/src")
 
 
 @nox.session

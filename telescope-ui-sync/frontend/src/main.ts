@@ -1,0 +1,188 @@
+// The shell: sidebar (runs to compare, pages), hash routing, the live refresh loop, and
+// the banners (a run whose directory was deleted, a server that stopped answering).
+import "./style.css";
+import { get, type Run } from "./api";
+import { PALETTE, clear, h, save, store } from "./dom";
+import type { Ctx, Page, PageFactory } from "./context";
+import { overviewPage } from "./pages/overview";
+import { metricsPage } from "./pages/metrics";
+import { rolloutsPage } from "./pages/rollouts";
+import { timelinePage } from "./pages/timeline";
+import { infraPage } from "./pages/infra";
+import { evalsPage } from "./pages/evals";
+import { sandboxesPage } from "./pages/sandboxes";
+import { logsPage } from "./pages/logs";
+
+const PAGES: [string, string, PageFactory][] = [
+  ["overview", "Overview", overviewPage],
+  ["metrics", "Metrics", metricsPage],
+  ["rollouts", "Rollouts", (ctx) => rolloutsPage(ctx, false)],
+  ["discarded", "Discarded", (ctx) => rolloutsPage(ctx, true)],
+  ["timeline", "Timeline", timelinePage],
+  ["infra", "Infra", infraPage],
+  ["evals", "Evals", evalsPage],
+  ["sandboxes", "Sandboxes", sandboxesPage],
+  ["logs", "Logs", logsPage],
+];
+const MAX_SELECTED = 20;
+const REFRESH_MS = 1000;
+
+let runs: Run[] = [];
+let selected: string[] = store<string[]>("selected", []);
+let page: Page | null = null;
+let pageKey = "";
+let refreshing = false;
+let serverDown = false;
+
+const runList = h("div", { class: "run-list" });
+const runFilter = h("input", { class: "run-filter", placeholder: "Search runs…", type: "search" });
+const nav = h("nav", { class: "nav" });
+const banners = h("div", { class: "banners" });
+const content = h("main", { class: "content" });
+
+function route(): { name: string; params: URLSearchParams } {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [name, query] = hash.split("?");
+  return { name: PAGES.some(([key]) => key === name) ? name : "overview", params: new URLSearchParams(query ?? "") };
+}
+
+function color(runId: string): string {
+  const index = runs.findIndex((run) => run.run_id === runId);
+  return PALETTE[(index < 0 ? 0 : index) % PALETTE.length];
+}
+
+function context(params: URLSearchParams): Ctx {
+  const present = selected.filter((id) => runs.some((run) => run.run_id === id));
+  return {
+    runs,
+    selected: present,
+    primary: present[0] ?? null,
+    color,
+    runName: (id) => runs.find((run) => run.run_id === id)?.name ?? id,
+    params,
+    navigate: (name, next = {}) => {
+      const query = new URLSearchParams(Object.entries(next).map(([k, v]) => [k, String(v)]));
+      location.hash = `#/${name}${query.toString() ? "?" + query : ""}`;
+    },
+    setParams: (next) => {
+      const { name, params: current } = route();
+      for (const [key, value] of Object.entries(next)) {
+        if (value === null) current.delete(key);
+        else current.set(key, String(value));
+      }
+      history.replaceState(null, "", `#/${name}${current.toString() ? "?" + current : ""}`);
+    },
+  };
+}
+
+function mountPage(force = false): void {
+  const { name, params } = route();
+  const key = `${name}|${selected.join(",")}`;
+  for (const link of nav.querySelectorAll("a")) link.classList.toggle("active", link.dataset.page === name);
+  if (!force && key === pageKey && page) return;
+  page?.destroy?.();
+  pageKey = key;
+  const factory = PAGES.find(([k]) => k === name)![2];
+  const ctx = context(params);
+  clear(content);
+  if (!ctx.primary) {
+    page = null;
+    content.append(h("div", { class: "empty-page" }, runs.length ? "Pick a run in the sidebar." : "No runs yet: waiting for run directories to appear…"));
+    return;
+  }
+  page = factory(ctx);
+  content.append(page.el);
+  void refreshPage();
+}
+
+async function refreshPage(): Promise<void> {
+  if (!page || refreshing) return;
+  refreshing = true;
+  try {
+    await page.refresh();
+  } catch (error) {
+    console.warn("refresh failed", error);
+  } finally {
+    refreshing = false;
+  }
+}
+
+function toggleRun(runId: string, only: boolean): void {
+  if (only) selected = [runId, ...selected.filter((id) => id !== runId)];
+  else if (selected.includes(runId)) selected = selected.filter((id) => id !== runId);
+  else selected = [...selected, runId].slice(0, MAX_SELECTED);
+  save("selected", selected);
+  renderRuns();
+  mountPage();
+}
+
+function renderRuns(): void {
+  const filter = runFilter.value.trim().toLowerCase();
+  clear(runList);
+  for (const run of runs) {
+    if (filter && !run.name.toLowerCase().includes(filter) && !run.run_id.toLowerCase().includes(filter)) continue;
+    const isSelected = selected.includes(run.run_id);
+    const fraction = run.progress.fraction ?? 0;
+    const status = run.missing ? "deleted" : run.status ?? "new";
+    runList.append(
+      h("div", { class: `run-item${isSelected ? " selected" : ""}${selected[0] === run.run_id ? " primary" : ""}`, "data-run": run.run_id },
+        h("input", { type: "checkbox", checked: isSelected, title: "Compare this run", onchange: () => toggleRun(run.run_id, false) }),
+        h("span", { class: "dot", style: `background:${color(run.run_id)}` }),
+        h("button", { class: "run-name", title: run.path, onclick: () => toggleRun(run.run_id, true) }, run.name),
+        h("span", { class: `status status-${status}` }, status),
+        h("div", { class: "mini-progress" }, h("div", { style: `width:${Math.round(fraction * 100)}%` })),
+      ),
+    );
+  }
+}
+
+function renderBanners(): void {
+  clear(banners);
+  if (serverDown) banners.append(h("div", { class: "banner error" }, "The telescope ui server does not answer; retrying…"));
+  for (const id of selected) {
+    const run = runs.find((r) => r.run_id === id);
+    if (run?.missing) {
+      banners.append(h("div", { class: "banner warning", "data-missing": run.run_id },
+        `The directory of run ${run.name} (${run.path}) was deleted. What was synced before is still shown.`));
+    }
+  }
+}
+
+async function pollRuns(): Promise<void> {
+  try {
+    const data = await get<{ runs: Run[] }>("/api/runs");
+    serverDown = false;
+    const before = JSON.stringify(runs);
+    runs = data.runs;
+    if (!selected.some((id) => runs.some((run) => run.run_id === id)) && runs.length) {
+      selected = [runs[runs.length - 1].run_id];
+      save("selected", selected);
+    }
+    if (JSON.stringify(runs) !== before) renderRuns();
+    if (!page) mountPage(true);
+  } catch {
+    serverDown = true;
+  }
+  renderBanners();
+}
+
+async function tick(): Promise<void> {
+  await pollRuns();
+  await refreshPage();
+  window.setTimeout(tick, REFRESH_MS);
+}
+
+function start(): void {
+  for (const [key, label] of PAGES) nav.append(h("a", { href: `#/${key}`, "data-page": key }, label));
+  runFilter.addEventListener("input", renderRuns);
+  const app = document.getElementById("app")!;
+  clear(app);
+  app.append(
+    h("aside", { class: "sidebar" }, h("div", { class: "brand" }, "telescope ui"), nav, h("div", { class: "runs-title" }, "Runs"), runFilter, runList),
+    h("div", { class: "main" }, banners, content),
+  );
+  window.addEventListener("hashchange", () => mountPage());
+  void tick();
+}
+
+start();

@@ -1,0 +1,235 @@
+// Rollouts (and Discarded): step navigation, groups and samples coloured by reward (the
+// environment's declared range), advantage (±sqrt(G-1)) or length (max_tokens), full-text
+// search over prompts, completions and tool output, one sample in full (Markdown/LaTeX/
+// code/think rendering or raw text, turns and tool calls), and two samples side by side.
+import { get, type RunSummary, type Sample, type SearchResult, type Series } from "../api";
+import { clear, debounce, fmt, h, save, scaleColor, store } from "../dom";
+import type { Ctx, Page } from "../context";
+import { renderText, type RenderMode } from "../render";
+import { LineChart } from "../charts";
+
+type ColorBy = "reward" | "advantage" | "length";
+const DISCARDED_CHARTS = ["discarded/count", "discarded/pct", "discarded/zero_advantage/count", "discarded/max_async/count", "discarded/canceled/count", "discarded/tokens/completion/mean"];
+
+export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
+  const runId = ctx.primary!;
+  let steps: { step: number; count: number; reward_mean: number | null }[] = [];
+  let step: number | null = ctx.params.has("step") ? Number(ctx.params.get("step")) : null;
+  let samples: Sample[] = [];
+  let summary: RunSummary | null = null;
+  let colorBy: ColorBy = store<ColorBy>("rollouts-color", "reward");
+  let mode: RenderMode = store<RenderMode>("rollouts-render", "markdown");
+  let sideBySide = false;
+  let active = 0; // which pane a click fills
+  const panes: (number | null)[] = [ctx.params.has("seq") ? Number(ctx.params.get("seq")) : null, null];
+  let follow = step === null; // stay on the newest step while the run writes
+
+  const stepInput = h("input", { type: "number", class: "step-input", "aria-label": "Go to step" });
+  const stepInfo = h("span", { class: "muted step-info" });
+  const list = h("div", { class: "sample-list" });
+  const paneBox = h("div", { class: "panes" });
+  const searchInput = h("input", { type: "search", placeholder: "Search prompts, completions, tool output…", class: "search-input" });
+  const searchResults = h("div", { class: "search-results" });
+  const colorSelect = h("select", { onchange: () => { colorBy = colorSelect.value as ColorBy; save("rollouts-color", colorBy); renderList(); } },
+    h("option", { value: "reward" }, "reward"), h("option", { value: "advantage" }, "advantage"), h("option", { value: "length" }, "length"));
+  colorSelect.value = colorBy;
+  const modeSelect = h("select", { onchange: () => { mode = modeSelect.value as RenderMode; save("rollouts-render", mode); void renderPanes(); } },
+    h("option", { value: "markdown" }, "Markdown + LaTeX"), h("option", { value: "raw" }, "Raw text"));
+  modeSelect.value = mode;
+  const sideButton = h("button", { class: "toggle", onclick: () => {
+    sideBySide = !sideBySide; sideButton.classList.toggle("on", sideBySide); active = sideBySide ? 1 : 0; void renderPanes();
+  } }, "Side by side");
+  const chartsBox = h("div", { class: "chart-grid" });
+  const el = h("div", { class: `page rollouts${discarded ? " discarded" : ""}` },
+    h("div", { class: "toolbar" }, h("h1", null, discarded ? "Discarded rollouts" : "Rollouts"), searchInput, h("label", null, "colour ", colorSelect),
+      h("label", null, "render ", modeSelect), sideButton),
+    searchResults,
+    h("div", { class: "rollouts-layout" },
+      h("div", { class: "picker" },
+        h("div", { class: "pager" },
+          h("button", { onclick: () => go(steps[0]?.step), title: "First step" }, "«"),
+          h("button", { onclick: () => go(neighbour(-1)), title: "Previous step" }, "◀"),
+          stepInput,
+          h("button", { onclick: () => go(neighbour(1)), title: "Next step" }, "▶"),
+          h("button", { onclick: () => { follow = true; go(steps[steps.length - 1]?.step); }, title: "Last step" }, "»")),
+        stepInfo, list),
+      paneBox),
+    discarded ? h("section", { class: "card" }, h("h2", null, "Discarded rollouts over steps"), chartsBox) : null);
+  stepInput.addEventListener("change", () => go(Number(stepInput.value)));
+
+  function neighbour(delta: number): number | undefined {
+    const index = steps.findIndex((s) => s.step === step);
+    return steps[Math.min(steps.length - 1, Math.max(0, (index < 0 ? steps.length : index) + delta))]?.step;
+  }
+
+  function go(next: number | undefined): void {
+    if (next === undefined || Number.isNaN(next)) return;
+    follow = next === steps[steps.length - 1]?.step;
+    step = next;
+    ctx.setParams({ step: next });
+    void loadStep();
+  }
+
+  function rewardRange(sample: Sample): [number, number] {
+    const declared = summary?.ranges.reward[sample.environment];
+    const rewards = samples.map((s) => s.reward).filter((r): r is number => r !== null);
+    const lo = declared?.[0] ?? Math.min(...rewards, 0);
+    const hi = declared?.[1] ?? Math.max(...rewards, 1);
+    return [lo, hi];
+  }
+
+  function sampleColor(sample: Sample, groupSize: number): string {
+    if (colorBy === "advantage") {
+      const bound = Math.sqrt(Math.max(1, groupSize - 1));
+      return scaleColor(sample.advantage, -bound, bound);
+    }
+    if (colorBy === "length") {
+      const max = Number((summary?.config as Record<string, unknown> | null)?.max_tokens ?? 0) || Math.max(...samples.map((s) => s.completion_tokens ?? 0), 1);
+      return scaleColor(sample.completion_tokens, 0, max, true);
+    }
+    const [lo, hi] = rewardRange(sample);
+    return scaleColor(sample.reward, lo, hi);
+  }
+
+  function renderList(): void {
+    clear(list);
+    const groups = new Map<number, Sample[]>();
+    for (const sample of samples) groups.set(sample.group_index, [...(groups.get(sample.group_index) ?? []), sample]);
+    if (!samples.length) {
+      list.append(h("p", { class: "muted" }, discarded
+        ? "No discarded rollouts are recorded in this run store (their counts are in the charts below)."
+        : "No rollouts at this step yet."));
+    }
+    for (const [group, members] of groups) {
+      const rewards = members.map((m) => m.reward ?? 0);
+      const reason = members.find((m) => m.discard_reason)?.discard_reason;
+      list.append(h("div", { class: "group" },
+        h("div", { class: "group-head" }, `group ${group}`, h("span", { class: "muted" }, ` mean ${fmt(rewards.reduce((a, b) => a + b, 0) / rewards.length, 3)}`),
+          reason ? h("span", { class: "badge" }, reason.replace(/_/g, " ")) : null),
+        h("div", { class: "dots" }, ...members.map((sample) => h("button", {
+          class: `sample-dot${panes.includes(sample.seq) ? " current" : ""}`,
+          style: `background:${sampleColor(sample, members.length)}`,
+          title: `sample ${sample.rollout_index}: reward ${fmt(sample.reward)}, advantage ${fmt(sample.advantage)}, ${sample.completion_tokens ?? "?"} tokens`,
+          "data-seq": sample.seq,
+          onclick: () => open(sample.seq),
+        }, String(sample.rollout_index))))));
+    }
+  }
+
+  function open(seq: number): void {
+    panes[sideBySide ? active : 0] = seq;
+    if (sideBySide) active = active === 0 ? 1 : 0;
+    if (!sideBySide) ctx.setParams({ seq });
+    renderList();
+    void renderPanes();
+  }
+
+  async function renderPane(seq: number | null, index: number): Promise<HTMLElement> {
+    const pane = h("div", { class: `pane${sideBySide && active === index ? " active" : ""}`, "data-pane": index, onclick: () => { if (sideBySide) { active = index; void renderPanes(); } } });
+    if (seq === null) {
+      pane.append(h("p", { class: "muted" }, sideBySide ? "Click a sample to show it here." : "Pick a sample on the left."));
+      return pane;
+    }
+    const data = await get<{ summary: Sample; record: Record<string, unknown> }>("/api/rollouts/sample", { run: runId, seq });
+    const s = data.summary;
+    const record = data.record;
+    const messages = Array.isArray(record.messages) ? (record.messages as Record<string, unknown>[]) : [];
+    pane.append(
+      h("div", { class: "sample-head" }, `Step ${s.step} · Group ${s.group_index} · Sample ${s.rollout_index}`, s.discard_reason ? h("span", { class: "badge" }, s.discard_reason) : null),
+      h("div", { class: "kv sample-kv" },
+        h("span", null, "reward"), h("b", { style: `color:${scaleColor(s.reward, ...rewardRange(s))}` }, fmt(s.reward)),
+        h("span", null, "advantage"), h("b", null, fmt(s.advantage)),
+        h("span", null, "tokens"), h("span", null, `prompt ${s.prompt_tokens ?? "?"} · completion ${s.completion_tokens ?? "?"} · total ${s.total_tokens ?? "?"}`),
+        h("span", null, "stop reason"), h("span", null, s.stop_reason ?? "–"),
+        h("span", null, "policy version"), h("span", null, String(s.policy_version ?? "–")),
+        h("span", null, "environment"), h("span", null, `${s.environment} · ${s.sample_id}`),
+        s.error ? h("span", { class: "warn" }, "error") : null, s.error ? h("span", { class: "warn" }, s.error) : null,
+        ...Object.entries(s.sample_metrics).flatMap(([k, v]) => {
+          const range = summary?.ranges.metrics[k];
+          return [h("span", { class: "muted" }, k), h("span", { style: range ? `color:${scaleColor(v, range[0] ?? 0, range[1] ?? 1)}` : null }, fmt(v))];
+        })),
+      h("h4", null, "Prompt"), renderPrompt(record.prompt),
+    );
+    pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, renderText(String(record.completion ?? ""), mode)));
+    const turns = messages.filter((m) => m.role !== "user" && m.role !== "system");
+    if (turns.length > 1 || turns.some((m) => m.tool_calls || m.role === "tool")) {
+      pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
+      for (const message of turns) pane.append(renderMessage(message));
+    }
+    pane.append(h("details", { class: "raw-record" }, h("summary", null, "Raw record"), h("pre", { class: "raw" }, JSON.stringify(record, null, 2))));
+    return pane;
+  }
+
+  function renderPrompt(prompt: unknown): HTMLElement {
+    if (Array.isArray(prompt)) return h("div", null, ...prompt.map((m) => renderMessage(m as Record<string, unknown>)));
+    return h("div", { class: "prompt" }, renderText(String(prompt ?? ""), mode));
+  }
+
+  function renderMessage(message: Record<string, unknown>): HTMLElement {
+    const role = String(message.role ?? "?");
+    const content = typeof message.content === "string" ? message.content : JSON.stringify(message.content ?? "");
+    const box = h("div", { class: `message role-${role.replace(/[^a-z]/g, "")}` }, h("div", { class: "role" }, role), renderText(content, role === "tool" ? "raw" : mode));
+    const calls = Array.isArray(message.tool_calls) ? (message.tool_calls as Record<string, unknown>[]) : [];
+    for (const call of calls) {
+      const fn = (call.function ?? call) as Record<string, unknown>;
+      box.append(h("details", { class: "tool-call" }, h("summary", null, `tool call: ${String(fn.name ?? "?")}`),
+        h("pre", { class: "raw" }, typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments ?? call, null, 2))));
+    }
+    return box;
+  }
+
+  async function renderPanes(): Promise<void> {
+    const shown = sideBySide ? [0, 1] : [0];
+    const built = await Promise.all(shown.map((i) => renderPane(panes[i], i)));
+    paneBox.classList.toggle("two", sideBySide);
+    paneBox.replaceChildren(...built);
+  }
+
+  async function loadStep(): Promise<void> {
+    const data = await get<{ step: number | null; samples: Sample[] }>("/api/rollouts", { run: runId, step, discarded });
+    const changed = JSON.stringify(data.samples.map((s) => s.seq)) !== JSON.stringify(samples.map((s) => s.seq));
+    samples = data.samples;
+    step = data.step;
+    stepInput.value = step === null ? "" : String(step);
+    const index = steps.findIndex((s) => s.step === step);
+    stepInfo.textContent = step === null ? "no steps yet" : `step ${step} (${index + 1} of ${steps.length}), ${samples.length} samples`;
+    if (changed) {
+      if (!sideBySide && panes[0] === null && samples.length) panes[0] = samples[0].seq;
+      renderList();
+      await renderPanes();
+    }
+  }
+
+  const search = debounce(async () => {
+    const q = searchInput.value.trim();
+    clear(searchResults);
+    if (!q) return;
+    const data = await get<{ total: number; results: SearchResult[] }>("/api/rollouts/search", { run: runId, q, discarded, limit: 50 });
+    searchResults.append(h("div", { class: "muted" }, `${data.total} rollout(s) contain “${q}”${data.total > data.results.length ? ` (first ${data.results.length})` : ""}`),
+      ...data.results.map((r) => h("button", { class: "search-hit", "data-seq": r.seq, onclick: () => { step = r.step; void loadStep().then(() => open(r.seq)); } },
+        h("b", null, `step ${r.step} · group ${r.group_index} · sample ${r.rollout_index}`), h("span", { class: "muted" }, ` ${r.field}, reward ${fmt(r.reward)}: `), h("span", { class: "snippet" }, r.snippet))));
+  }, 250);
+  searchInput.addEventListener("input", search);
+
+  const charts = discarded ? DISCARDED_CHARTS.map((name) => new LineChart(name, { ema: 0, outliers: false, yMin: null, yMax: null, xLabel: "step" }, "discarded")) : [];
+  for (const chart of charts) chartsBox.append(chart.el);
+
+  return {
+    el,
+    async refresh() {
+      if (!summary) summary = await get<RunSummary>(`/api/runs/${encodeURIComponent(runId)}`);
+      const data = await get<{ steps: typeof steps }>("/api/rollouts/steps", { run: runId, discarded });
+      const newest = data.steps[data.steps.length - 1]?.step;
+      const grew = JSON.stringify(data.steps) !== JSON.stringify(steps);
+      steps = data.steps;
+      if (follow && newest !== undefined && newest !== step) step = newest;
+      if (grew || samples.length === 0) await loadStep();
+      if (charts.length) {
+        const series = await get<{ series: Series[] }>("/api/metrics/series", { runs: ctx.selected.join(","), names: DISCARDED_CHARTS.join(",") });
+        const styles = ctx.selected.map((id) => ({ id, label: ctx.runName(id), color: ctx.color(id) }));
+        charts.forEach((chart, i) => chart.setData(series.series.filter((s) => s.name === DISCARDED_CHARTS[i]), styles));
+      }
+    },
+    destroy() { for (const chart of charts) chart.destroy(); },
+  };
+}

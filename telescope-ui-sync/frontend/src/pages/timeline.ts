@@ -1,0 +1,197 @@
+// Timeline: one canvas, one row per lane (trainer steps from the metrics, then each
+// component's lanes: ranks, servers, sandboxes, ...). Wheel zooms around the pointer,
+// drag pans, a click shows the event's fields. The server sends the window's events
+// (the longest first when there are too many), fetched again after each zoom or pan.
+import { get, type Timeline, type TimelineEvent } from "../api";
+import { clear, debounce, duration, fmt, h, hashColor } from "../dom";
+import type { Ctx, Page } from "../context";
+
+const LANE_H = 22;
+const LABEL_W = 170;
+const AXIS_H = 24;
+
+export function timelinePage(ctx: Ctx): Page {
+  const runId = ctx.primary!;
+  const canvas = h("canvas", { class: "timeline-canvas", "data-testid": "timeline-canvas" });
+  const detail = h("div", { class: "card event-detail" }, h("p", { class: "muted" }, "Click an event for its details. Wheel: zoom, drag: pan."));
+  const info = h("span", { class: "muted" });
+  const legend = h("div", { class: "legend" });
+  let data: Timeline | null = null;
+  let view: { start: number; end: number } | null = null; // visible window (UNIX seconds)
+  let fullRange: { start: number; end: number } | null = null;
+  let userMoved = false;
+  let drag: { x: number; start: number; end: number; moved: boolean } | null = null;
+  let selected: number | null = null;
+  const el = h("div", { class: "page timeline" },
+    h("div", { class: "toolbar" }, h("h1", null, "Timeline"),
+      h("button", { onclick: () => { userMoved = false; view = fullRange; void load(); } }, "Reset zoom"), info),
+    legend, h("div", { class: "timeline-box" }, canvas), detail);
+
+  function laneIndex(): Map<string, number> {
+    return new Map((data?.lanes ?? []).map((lane, i) => [lane.id, i]));
+  }
+
+  function draw(): void {
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.parentElement?.clientWidth || 900;
+    const lanes = data?.lanes ?? [];
+    const height = AXIS_H + Math.max(1, lanes.length) * LANE_H + 4;
+    canvas.width = width * ratio;
+    canvas.height = height * ratio;
+    canvas.style.width = `${width}px`;
+    canvas.style.height = `${height}px`;
+    const g = canvas.getContext("2d")!;
+    g.scale(ratio, ratio);
+    g.fillStyle = "#fff";
+    g.fillRect(0, 0, width, height);
+    if (!data || !view || !lanes.length) {
+      g.fillStyle = "#6b7280";
+      g.fillText("No timeline data yet.", 12, 20);
+      return;
+    }
+    const span = Math.max(1e-6, view.end - view.start);
+    const plotW = width - LABEL_W;
+    const xOf = (t: number) => LABEL_W + ((t - view!.start) / span) * plotW;
+    // axis
+    g.fillStyle = "#374151";
+    g.font = "11px system-ui, sans-serif";
+    const origin = fullRange?.start ?? view.start;
+    for (let i = 0; i <= 8; i++) {
+      const t = view.start + (span * i) / 8;
+      const x = xOf(t);
+      g.fillRect(x, AXIS_H - 6, 1, 6);
+      g.fillText(`+${duration(t - origin)}`, Math.min(x + 2, width - 50), 12);
+    }
+    // lanes
+    lanes.forEach((lane, i) => {
+      const y = AXIS_H + i * LANE_H;
+      g.fillStyle = i % 2 ? "#f9fafb" : "#f3f4f6";
+      g.fillRect(0, y, width, LANE_H);
+      g.fillStyle = "#111827";
+      g.fillText(`${lane.component} · ${lane.lane}`.slice(0, 28), 6, y + 15);
+    });
+    g.save();
+    g.beginPath();
+    g.rect(LABEL_W, AXIS_H, plotW, height - AXIS_H);
+    g.clip();
+    const steps = data.lanes.findIndex((lane) => lane.id === "trainer|steps");
+    for (const s of data.steps) {
+      const x0 = xOf(s.start), x1 = xOf(s.end);
+      g.fillStyle = s.step % 2 ? "#60a5fa" : "#3b82f6";
+      g.fillRect(x0, AXIS_H + steps * LANE_H + 3, Math.max(1, x1 - x0), LANE_H - 6);
+      if (x1 - x0 > 30) { g.fillStyle = "#fff"; g.fillText(`step ${s.step}`, x0 + 3, AXIS_H + steps * LANE_H + 15); }
+    }
+    const index = laneIndex();
+    for (const ev of data.events) {
+      const row = index.get(ev.lane);
+      if (row === undefined) continue;
+      const x0 = xOf(ev.start), x1 = xOf(ev.start + ev.duration);
+      g.fillStyle = ev.error ? "#dc2626" : hashColor(ev.kind);
+      g.fillRect(x0, AXIS_H + row * LANE_H + 4, Math.max(2, x1 - x0), LANE_H - 8);
+      if (ev.seq === selected) { g.strokeStyle = "#111"; g.lineWidth = 2; g.strokeRect(x0, AXIS_H + row * LANE_H + 3, Math.max(2, x1 - x0), LANE_H - 6); }
+    }
+    g.restore();
+  }
+
+  function eventAt(px: number, py: number): TimelineEvent | { step: number; start: number; end: number } | null {
+    if (!data || !view || px < LABEL_W) return null;
+    const width = canvas.clientWidth;
+    const t = view.start + ((px - LABEL_W) / (width - LABEL_W)) * (view.end - view.start);
+    const slack = (4 / (width - LABEL_W)) * (view.end - view.start);
+    const row = Math.floor((py - AXIS_H) / LANE_H);
+    const lane = data.lanes[row];
+    if (!lane) return null;
+    if (lane.id === "trainer|steps") return data.steps.find((s) => s.start - slack <= t && t <= s.end + slack) ?? null;
+    return data.events.find((ev) => ev.lane === lane.id && ev.start - slack <= t && t <= ev.start + ev.duration + slack) ?? null;
+  }
+
+  async function showDetail(hit: TimelineEvent | { step: number; start: number; end: number }): Promise<void> {
+    clear(detail);
+    if ("seq" in hit) {
+      selected = hit.seq;
+      draw();
+      const ev = await get<Record<string, unknown>>(`/api/events/${encodeURIComponent(runId)}/${hit.seq}`);
+      detail.append(h("h3", null, String(ev.kind)), h("div", { class: "kv" },
+        h("span", null, "component / lane"), h("span", null, `${ev.component} · ${ev.lane}`),
+        h("span", null, "start"), h("span", null, new Date(Number(ev.start) * 1000).toISOString()),
+        h("span", null, "duration"), h("span", null, `${fmt(Number(ev.duration))} s`),
+        h("span", null, "step"), h("span", null, String(ev.step ?? "–")),
+        ev.error ? h("span", { class: "warn" }, "error") : null, ev.error ? h("span", { class: "warn" }, String(ev.error)) : null),
+        h("pre", { class: "raw" }, JSON.stringify(ev.fields, null, 2)));
+    } else {
+      detail.append(h("h3", null, `trainer step ${hit.step}`), h("p", null, `${fmt(hit.end - hit.start)} s, ended ${new Date(hit.end * 1000).toISOString()}`),
+        h("button", { onclick: () => ctx.navigate("rollouts", { step: hit.step }) }, "Its rollouts"));
+    }
+  }
+
+  const reload = debounce(() => void load(), 150);
+
+  canvas.addEventListener("wheel", (event) => {
+    if (!view) return;
+    event.preventDefault();
+    const rect = canvas.getBoundingClientRect();
+    const frac = Math.min(1, Math.max(0, (event.clientX - rect.left - LABEL_W) / (rect.width - LABEL_W)));
+    const pivot = view.start + frac * (view.end - view.start);
+    const factor = Math.exp(event.deltaY * 0.002);
+    const span = Math.max(1e-3, (view.end - view.start) * factor);
+    view = { start: pivot - frac * span, end: pivot + (1 - frac) * span };
+    userMoved = true;
+    draw();
+    reload();
+  }, { passive: false });
+  canvas.addEventListener("mousedown", (event) => {
+    if (view) drag = { x: event.clientX, start: view.start, end: view.end, moved: false };
+  });
+  window.addEventListener("mousemove", onMove);
+  window.addEventListener("mouseup", onUp);
+  function onMove(event: MouseEvent): void {
+    if (!drag || !view) return;
+    const dx = event.clientX - drag.x;
+    if (Math.abs(dx) > 3) drag.moved = true;
+    const perPx = (drag.end - drag.start) / (canvas.clientWidth - LABEL_W);
+    view = { start: drag.start - dx * perPx, end: drag.end - dx * perPx };
+    if (drag.moved) { userMoved = true; draw(); }
+  }
+  function onUp(event: MouseEvent): void {
+    if (!drag) return;
+    const wasDrag = drag.moved;
+    drag = null;
+    if (wasDrag) { reload(); return; }
+    const rect = canvas.getBoundingClientRect();
+    if (event.target !== canvas) return;
+    const hit = eventAt(event.clientX - rect.left, event.clientY - rect.top);
+    if (hit) void showDetail(hit);
+  }
+
+  function renderLegend(): void {
+    const kinds = [...new Set((data?.events ?? []).map((e) => e.kind))].sort();
+    clear(legend);
+    for (const kind of kinds) legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${hashColor(kind)}` }), kind));
+  }
+
+  async function load(): Promise<void> {
+    data = await get<Timeline>("/api/timeline", { run: runId, start: userMoved ? view?.start : null, end: userMoved ? view?.end : null });
+    fullRange = data.range;
+    if (!userMoved) view = data.window;
+    info.textContent = data.range
+      ? `${data.lanes.length} lanes, ${data.total} events in view${data.truncated ? ` (longest ${data.events.length} drawn: zoom in for the rest)` : ""}, ${data.steps.length} steps`
+      : "";
+    renderLegend();
+    draw();
+  }
+
+  const onResize = () => draw();
+  window.addEventListener("resize", onResize);
+  return {
+    el,
+    async refresh() {
+      if (drag) return;
+      await load();
+    },
+    destroy() {
+      window.removeEventListener("mousemove", onMove);
+      window.removeEventListener("mouseup", onUp);
+      window.removeEventListener("resize", onResize);
+    },
+  };
+}

@@ -1,0 +1,61 @@
+"""``telescope ui [RUN_DIR_OR_FOLDER ...] [--port 8005] [--host 127.0.0.1]``.
+
+Each argument is a run directory or a folder whose sub-directories are runs (new ones
+are picked up while the server runs); with none, ``./runs``. The synced data lives in one
+DuckDB file (``--db``, default ``~/.telescope/ui-sync.duckdb`` or
+``$TELESCOPE_UI_DB``); a second ``telescope ui`` on the same file is refused by DuckDB's
+file lock, so give it its own ``--db``.
+
+The server binds 127.0.0.1 unless ``--host`` says otherwise; any other address is served
+with a warning, since the API has no authentication and shows model outputs, configs and
+logs to whoever can reach it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+DEFAULT_PORT = 8005
+DEFAULT_HOST = "127.0.0.1"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def default_db_path() -> Path:
+    """``$TELESCOPE_UI_DB``, else ``~/.telescope/ui-sync.duckdb``."""
+    env = os.environ.get("TELESCOPE_UI_DB")
+    return Path(env).expanduser() if env else Path.home() / ".telescope" / "ui-sync.duckdb"
+
+
+@click.command("ui")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--port", default=DEFAULT_PORT, show_default=True, help="Port to serve on.")
+@click.option(
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Address to bind. Anything but loopback exposes runs to the network (no authentication).",
+)
+@click.option("--db", "db_path", type=click.Path(path_type=Path), default=None, help="DuckDB file of the synced data.")
+@click.option("--poll-interval", default=0.5, show_default=True, help="Seconds between two looks at the run folders.")
+@click.option("--open-browser/--no-browser", default=False, show_default=True, help="Open the dashboard in a browser.")
+def ui_command(
+    paths: tuple[Path, ...], port: int, host: str, db_path: Path | None, poll_interval: float, open_browser: bool
+) -> None:
+    """Serve the dashboard of the runs under PATHS (run directories or folders of runs; default ./runs)."""
+    from telescope_ui_sync.server.serve import serve
+
+    roots = [p.expanduser().resolve() for p in paths] or [Path("runs").resolve()]
+    for root in roots:
+        if not root.exists():
+            click.echo(f"telescope ui: {root} does not exist yet; it is picked up when it appears", err=True)
+    if host not in LOOPBACK_HOSTS:
+        click.echo(
+            f"telescope ui: WARNING: binding {host}: anyone who can reach this address sees these runs' "
+            "configs, rollouts and logs (there is no authentication). Use --host 127.0.0.1 to keep it local.",
+            err=True,
+        )
+    db = (db_path or default_db_path()).expanduser()
+    serve(roots, db_path=db, host=host, port=port, poll_interval=poll_interval, open_browser=open_browser)

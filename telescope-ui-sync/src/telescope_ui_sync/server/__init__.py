@@ -1,0 +1,1 @@
+"""The dashboard server: a JSON API over the synced DuckDB file, and the built front end."""

@@ -1,0 +1,163 @@
+"""Routes about runs: the list with progress, one run's summary, config diff, files, health."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import PlainTextResponse
+
+from telescope_ui_sync.server.deps import cursor, inside, loads, run_row, state
+
+router = APIRouter(prefix="/api")
+
+FINAL = frozenset({"completed", "failed", "interrupted"})
+#: Files a run directory may show through /api/files (logs and the config; nothing else).
+FILE_PREFIXES: tuple[str, ...] = ("logs/", "config.yaml", "config.json", "status.json")
+MAX_FILE_BYTES = 2 * 1024 * 1024
+
+
+def progress(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """Fraction done, runtime and ETA (from the mean time per step so far) of a run row."""
+    now = time.time() if now is None else now
+    step, total, start = run.get("step"), run.get("number_of_steps"), run.get("start_time")
+    end = run.get("end_time")
+    runtime = ((end or now) - start) if start else None
+    fraction = min(step / total, 1.0) if step is not None and total else None
+    eta = None
+    if run.get("status") not in FINAL and runtime and step and total and step < total:
+        eta = runtime / step * (total - step)
+    return {"step": step, "total": total, "fraction": fraction, "runtime_s": runtime, "eta_s": eta}
+
+
+@router.get("/health")
+def health(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+    service = state(request).service
+    (count,) = cur.execute("SELECT count(*) FROM runs").fetchone() or (0,)
+    return {
+        "ok": True,
+        "runs": count,
+        "sync_passes": service.passes if service else None,
+        "last_error": service.last_error if service else None,
+    }
+
+
+@router.get("/runs")
+def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+    """Every run under the served folders, oldest first, with its progress."""
+    service = state(request).service
+    roots = service.root_strings if service else None
+    rows = cur.execute(
+        "SELECT run_id, name, path, root, source, status, step, number_of_steps, start_time, end_time, "
+        "updated_time, missing, skipped_lines FROM runs ORDER BY coalesce(start_time, first_seen), run_id"
+    ).fetchall()
+    names = ["run_id", "name", "path", "root", "source", "status", "step", "number_of_steps", "start_time",
+             "end_time", "updated_time", "missing", "skipped_lines"]  # fmt: skip
+    runs = []
+    for row in rows:
+        run = dict(zip(names, row, strict=True))
+        if roots is not None and run["source"] == "local" and run["root"] not in roots:
+            continue
+        run["progress"] = progress(run)
+        runs.append(run)
+    return {"runs": runs, "roots": roots or [], "server_time": time.time()}
+
+
+def environment_ranges(config: dict[str, Any] | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """Declared ranges: ``reward`` per environment (config) and ``metrics`` per sample metric (metadata)."""
+    reward: dict[str, list[float | None]] = {}
+    for entry in (config or {}).get("environments") or []:
+        if isinstance(entry, dict) and entry.get("name"):
+            reward[str(entry["name"])] = [entry.get("reward_min"), entry.get("reward_max")]
+    metrics: dict[str, Any] = {}
+    for source in ((metadata or {}).get("metrics_ranges"), (metadata or {}).get("environments")):
+        if isinstance(source, dict):
+            for key, value in source.items():
+                if isinstance(value, dict) and ("min" in value or "max" in value):
+                    metrics[key] = [value.get("min"), value.get("max")]
+                elif isinstance(value, dict) and isinstance(value.get("metrics_ranges"), dict):
+                    for metric, bounds in value["metrics_ranges"].items():
+                        if isinstance(bounds, dict):
+                            metrics[metric] = [bounds.get("min"), bounds.get("max")]
+    return {"reward": reward, "metrics": metrics}
+
+
+@router.get("/runs/{run_id}")
+def run_summary(run_id: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+    """One run: its row, progress, config (parsed and as YAML), ranges and how much was synced."""
+    run = run_row(cur, run_id)
+    extra = cur.execute(
+        "SELECT config_json, config_yaml, status_json, metadata_json FROM runs WHERE run_id = ?", [run_id]
+    ).fetchone()
+    config_json, config_yaml, status_json, metadata_json = extra or (None, None, None, None)
+    config, status, metadata = loads(config_json), loads(status_json), loads(metadata_json)
+    counts = {}
+    for table in ("metrics", "rollouts", "events", "evals", "logs"):
+        (counts[table],) = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone() or (0,)
+    (steps,) = cur.execute("SELECT count(DISTINCT step) FROM metrics WHERE run_id = ?", [run_id]).fetchone() or (0,)
+    counts["steps"] = steps
+    logs = [row[0] for row in cur.execute(
+        "SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()]  # fmt: skip
+    return {
+        "run": {**run, "progress": progress(run)},
+        "config": config,
+        "config_yaml": config_yaml,
+        "status": status,
+        "metadata": metadata,
+        "ranges": environment_ranges(config, metadata),
+        "counts": counts,
+        "log_files": logs,
+    }
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys (lists stay values)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(flatten(inner, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+@router.get("/config-diff")
+def config_diff(a: str, b: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+    """The config keys whose values differ between runs ``a`` and ``b``."""
+    configs = []
+    for run_id in (a, b):
+        run_row(cur, run_id)
+        row = cur.execute("SELECT config_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        configs.append(flatten(loads(row[0]) if row else {}) or {})
+    keys = sorted(set(configs[0]) | set(configs[1]))
+    missing = object()
+    diffs = []
+    for key in keys:
+        left, right = configs[0].get(key, missing), configs[1].get(key, missing)
+        if left != right:
+            diffs.append({"key": key, "a": None if left is missing else left, "b": None if right is missing else right,
+                          "only_in": "a" if right is missing else "b" if left is missing else None})  # fmt: skip
+    return {"a": a, "b": b, "differences": diffs, "same": len(keys) - len(diffs)}
+
+
+@router.get("/files/{run_id}", response_class=PlainTextResponse)
+def run_file(run_id: str, path: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> PlainTextResponse:
+    """A log or config file of the run, as text (last 2 MB). Refuses any path outside the run directory."""
+    run = run_row(cur, run_id)
+    base = Path(run["path"])
+    target = inside(base, path)
+    relative = target.relative_to(base.resolve()).as_posix()
+    if not any(relative == p or (p.endswith("/") and relative.startswith(p)) for p in FILE_PREFIXES):
+        raise HTTPException(403, "only the run's logs and config are served")
+    if not base.is_dir():
+        raise HTTPException(410, "the run directory has been deleted")
+    try:
+        with target.open("rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - MAX_FILE_BYTES))
+            data = handle.read()
+    except (FileNotFoundError, IsADirectoryError):
+        raise HTTPException(404, f"no file {relative!r} in this run") from None
+    return PlainTextResponse(data.decode("utf-8", errors="replace"))

@@ -1,0 +1,46 @@
+"""Run ``telescope ui``: open the database, start syncing, serve until interrupted."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import webbrowser
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import uvicorn
+
+from telescope_ui_sync.server.app import create_app
+from telescope_ui_sync.sync.schema import SchemaVersionError, connect
+from telescope_ui_sync.sync.syncer import SyncService
+
+
+def serve(
+    roots: Sequence[Path],
+    *,
+    db_path: Path,
+    host: str,
+    port: int,
+    poll_interval: float = 0.5,
+    open_browser: bool = False,
+) -> None:
+    """Sync ``roots`` into ``db_path`` in the background and serve the dashboard on ``host:port``."""
+    try:
+        con = connect(db_path)
+    except duckdb.IOException as exc:
+        sys.exit(f"telescope ui: cannot open {db_path} ({exc}); is another telescope ui using it? Pass --db.")
+    except SchemaVersionError as exc:
+        sys.exit(f"telescope ui: {exc}")
+    service = SyncService(con.cursor(), roots, poll_interval=poll_interval)
+    service.start()  # syncs in the background; pages poll, so data appears as it is synced
+    app = create_app(con, service)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+    print(f"telescope ui: serving {', '.join(map(str, roots))} at {url} (database {db_path})", file=sys.stderr)
+    if open_browser:
+        threading.Timer(1.0, webbrowser.open, [url]).start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        service.stop()
+        con.close()

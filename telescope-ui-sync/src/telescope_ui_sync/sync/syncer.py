@@ -1,0 +1,376 @@
+"""The incremental syncer of one run directory, and the service that watches folders of runs.
+
+:class:`RunSyncer` copies one run directory into the database. Each :meth:`RunSyncer.sync_once`
+reads only what was appended since the last pass (see :mod:`.streams`), writes it with the
+stream's new position in one transaction, and refreshes the run's row (status, config,
+metadata) when status.json changed. A stream the run has not created yet gives nothing
+until it appears; a half-written last line waits for the next pass; a corrupt line is
+skipped and counted (``runs.skipped_lines``); a run directory that disappears marks the run
+``missing`` (its synced data stays viewable) and is synced again if it comes back.
+
+:class:`SyncService` discovers runs: each root is a run directory itself or a folder whose
+sub-directories are runs (checked again on every pass, so new runs appear while the server
+runs). A background thread runs a pass every ``poll_interval`` seconds; a pass over runs
+with nothing new costs a few ``stat`` calls each.
+
+Limits: a resumed run that writes a step again replaces that step's metrics; rollouts,
+events and evals are appended as written (a resumed run may repeat some). Runs are synced
+one after the other in one thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from telescope.recording.run_reader import RunReader
+from telescope_ui_sync.sync import records as rec
+from telescope_ui_sync.sync.streams import Stream, TextTail, open_stream
+
+log = logging.getLogger(__name__)
+
+STREAMS: tuple[str, ...] = ("metrics", "rollouts", "events", "evals")
+#: What a stream's rows are deleted from when the stream starts again from its beginning.
+STREAM_TABLES: dict[str, tuple[str, ...]] = {
+    "metrics": ("metrics",),
+    "rollouts": ("rollouts",),
+    "events": ("events", "system_metrics"),
+    "evals": ("evals",),
+}
+#: Passes read at most this many chunks of one stream, so one huge run cannot starve the others.
+MAX_CHUNKS_PER_PASS = 1_000_000
+
+
+def run_id_for(path: Path) -> str:
+    """A stable, URL-safe id: the directory name and a hash of its absolute path."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", path.name)[:80] or "run"
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:6]
+    return f"{name}-{digest}"
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory: what :meth:`RunReader.exists` says, or one holding a config written by a run."""
+    if not path.is_dir():
+        return False
+    return RunReader(path).exists() or (path / "config.json").is_file()
+
+
+def discover(roots: Iterable[Path]) -> list[tuple[Path, Path]]:
+    """(run directory, root) for each run under ``roots``: a root that is a run, or its sub-directories."""
+    found: list[tuple[Path, Path]] = []
+    for root in roots:
+        if is_run_dir(root):
+            found.append((root, root))
+            continue
+        try:
+            children = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        found.extend((child, root) for child in children if is_run_dir(child))
+    return found
+
+
+@dataclass
+class PassResult:
+    """What one pass of a run's syncer added."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    missing: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())
+
+
+class RunSyncer:
+    """Syncs one run directory into the database (see the module docstring)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_dir: Path, root: Path | None = None) -> None:
+        self.con = con
+        self.run_dir = run_dir
+        self.root = root or run_dir
+        self.run_id = run_id_for(run_dir)
+        self.reader = RunReader(run_dir)
+        self._status_text: str | None = None
+        self._has_config = False
+        self._missing: bool | None = None
+        self.streams: dict[str, Stream] = {}
+        self.next_seq: dict[str, int] = {}
+        self.log_tails: dict[str, TextTail] = {}
+        self.log_times: dict[str, float | None] = {}
+        self._ensure_run_row()
+        self._restore()
+
+    # ----------------------------------------------------------------- state
+
+    def _ensure_run_row(self) -> None:
+        self.con.execute(
+            "INSERT INTO runs (run_id, name, path, root, source, first_seen) VALUES (?, ?, ?, ?, 'local', ?) "
+            "ON CONFLICT (run_id) DO UPDATE SET root = excluded.root",
+            [self.run_id, self.run_dir.name, str(self.run_dir), str(self.root), time.time()],
+        )
+
+    def _restore(self) -> None:
+        saved = dict(
+            self.con.execute("SELECT stream, cursor_json FROM sync_cursors WHERE run_id = ?", [self.run_id]).fetchall()
+        )
+        for name in STREAMS:
+            stream = open_stream(self.reader, name)
+            if name in saved:
+                stream.restore(json.loads(saved[name]))
+            self.streams[name] = stream
+        for name, table in (("rollouts", "rollouts"), ("events", "events"), ("evals", "evals")):
+            row = self.con.execute(f"SELECT max(seq) FROM {table} WHERE run_id = ?", [self.run_id]).fetchone()
+            self.next_seq[name] = (row[0] + 1) if row and row[0] is not None else 0
+        for key, text in saved.items():
+            if key.startswith("log:"):
+                relative = key[4:]
+                tail = TextTail(self.run_dir / "logs" / relative)
+                position = json.loads(text)
+                tail.restore(position)
+                self.log_tails[relative] = tail
+                self.log_times[relative] = position.get("last_time")
+
+    def _save_cursor(self, stream: str, position: dict[str, Any]) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO sync_cursors VALUES (?, ?, ?)", [self.run_id, stream, json.dumps(position)]
+        )
+
+    # ------------------------------------------------------------------ pass
+
+    def sync_once(self) -> PassResult:
+        """Read what is new in every stream and write it; never raises for a bad or missing file."""
+        result = PassResult()
+        if not self.run_dir.is_dir():
+            self._set_missing(True)
+            result.missing = True
+            return result
+        self._set_missing(False)
+        self._refresh_run_row()
+        for name in STREAMS:
+            result.rows[name] = self._sync_stream(name)
+        result.rows["logs"] = self._sync_logs()
+        skipped = sum(stream.skipped for stream in self.streams.values())
+        self.con.execute(
+            "UPDATE runs SET last_sync = ?, skipped_lines = ? WHERE run_id = ?", [time.time(), skipped, self.run_id]
+        )
+        return result
+
+    def _set_missing(self, missing: bool) -> None:
+        if self._missing is missing:
+            return
+        self._missing = missing
+        self.con.execute("UPDATE runs SET missing = ? WHERE run_id = ?", [missing, self.run_id])
+        if missing:
+            log.warning("run directory %s has gone; its synced data stays viewable", self.run_dir)
+
+    def _refresh_run_row(self) -> None:
+        status = self.reader.status()
+        status_text = json.dumps(status, sort_keys=True) if status is not None else None
+        if status_text == self._status_text and self._has_config:
+            return
+        self._status_text = status_text
+        config = self.reader.config()
+        self._has_config = config is not None
+        metadata_reader = getattr(self.reader, "metadata", None)
+        metadata = metadata_reader() if callable(metadata_reader) else None
+        status = status or {}
+        number_of_steps = (config or {}).get("number_of_steps")
+        self.con.execute(
+            "UPDATE runs SET status = ?, step = ?, start_time = ?, end_time = ?, updated_time = ?, "
+            "number_of_steps = ?, status_json = ?, config_json = ?, config_yaml = ?, metadata_json = ?, "
+            "name = ? WHERE run_id = ?",
+            [
+                status.get("status"),
+                rec._integer(status.get("step")),
+                rec._number(status.get("start_time")),
+                rec._number(status.get("end_time")),
+                rec._number(status.get("updated_time")),
+                rec._integer(number_of_steps),
+                status_text,
+                json.dumps(config) if config is not None else None,
+                self.reader.config_text(),
+                json.dumps(metadata) if metadata is not None else None,
+                self.run_dir.name,
+                self.run_id,
+            ],
+        )
+
+    def _sync_stream(self, name: str) -> int:
+        stream = self.streams[name]
+        added = 0
+        for _ in range(MAX_CHUNKS_PER_PASS):
+            try:
+                records = stream.read()
+            except Exception as exc:  # a reader error on one file must not stop the others
+                log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
+                return added
+            if not records and not stream.reset:
+                return added
+            self.con.begin()
+            try:
+                if stream.reset:
+                    for table in STREAM_TABLES[name]:
+                        self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [self.run_id])
+                    self.next_seq[name] = 0
+                added += self._insert(name, records)
+                self._save_cursor(name, stream.position())
+                self.con.commit()
+            except BaseException:
+                self.con.rollback()
+                raise
+            if not records:
+                return added
+        return added
+
+    def _insert(self, name: str, records: Sequence[dict[str, Any]]) -> int:
+        if not records:
+            return 0
+        if name == "metrics":
+            latest: dict[Any, dict[str, Any]] = {}
+            for record in records:  # a resumed run may write a step again: the last one wins
+                latest[record.get("step")] = record
+            table = rec.metrics_columns(self.run_id, latest.values())
+            self._append("metrics", table, replace_steps=True)
+            return len(latest)
+        first = self.next_seq.get(name, 0)
+        self.next_seq[name] = first + len(records)
+        if name == "rollouts":
+            self._append("rollouts", rec.rollout_columns(self.run_id, first, records))
+        elif name == "events":
+            events, system = rec.event_columns(self.run_id, first, records)
+            self._append("events", events)
+            self._append("system_metrics", system)
+        elif name == "evals":
+            self._append("evals", rec.eval_columns(self.run_id, first, records))
+        return len(records)
+
+    def _append(self, table: str, rows: pa.Table, *, replace_steps: bool = False) -> None:
+        if rows.num_rows == 0:
+            return
+        self.con.register("_batch", rows)
+        try:
+            if replace_steps:
+                self.con.execute(
+                    f"DELETE FROM {table} WHERE run_id = ? AND step IN (SELECT DISTINCT step FROM _batch)",
+                    [self.run_id],
+                )
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM _batch")
+        finally:
+            self.con.unregister("_batch")
+
+    def _sync_logs(self) -> int:
+        logs_dir = self.run_dir / "logs"
+        added = 0
+        for path in self.reader.logs():
+            relative = path.relative_to(logs_dir).as_posix()
+            if path.suffix not in (".log", ".txt", ".out", ".err"):
+                continue
+            tail = self.log_tails.get(relative)
+            if tail is None:
+                tail = self.log_tails[relative] = TextTail(path)
+            first, lines = tail.read_lines()
+            if not lines and not tail.reset:
+                continue
+            component = relative[: -len(path.suffix)]
+            table, last_time = rec.log_columns(
+                self.run_id, relative, component, first, lines, self.log_times.get(relative)
+            )
+            self.log_times[relative] = last_time
+            self.con.begin()
+            try:
+                if tail.reset:
+                    self.con.execute("DELETE FROM logs WHERE run_id = ? AND file = ?", [self.run_id, relative])
+                self._append("logs", table)
+                self._save_cursor(f"log:{relative}", {**tail.position(), "last_time": last_time})
+                self.con.commit()
+            except BaseException:
+                self.con.rollback()
+                raise
+            added += len(lines)
+        return added
+
+
+class SyncService:
+    """Watches root folders for runs and keeps each one synced (see the module docstring)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, roots: Sequence[Path], poll_interval: float = 0.5) -> None:
+        self.con = con
+        self.roots = [Path(root) for root in roots]
+        self.poll_interval = poll_interval
+        self.syncers: dict[str, RunSyncer] = {}
+        self.passes = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def root_strings(self) -> list[str]:
+        return [str(root) for root in self.roots]
+
+    def sync_all(self) -> dict[str, PassResult]:
+        """One pass: discover runs, then sync each known run once."""
+        with self._lock:
+            for run_dir, root in discover(self.roots):
+                run_id = run_id_for(run_dir)
+                if run_id not in self.syncers:
+                    self.syncers[run_id] = RunSyncer(self.con, run_dir, root)
+            results = {}
+            for run_id, syncer in list(self.syncers.items()):
+                try:
+                    results[run_id] = syncer.sync_once()
+                except Exception as exc:  # one broken run must not stop the others
+                    self.last_error = f"{syncer.run_dir}: {type(exc).__name__}: {exc}"
+                    log.exception("syncing %s failed", syncer.run_dir)
+            self._mark_missing_known_runs()
+            self.passes += 1
+            return results
+
+    def _mark_missing_known_runs(self) -> None:
+        """Runs synced by an earlier server whose directory is gone are marked missing."""
+        if self.passes % 20:
+            return
+        rows = self.con.execute("SELECT run_id, path, missing FROM runs WHERE source = 'local'").fetchall()
+        roots = set(self.root_strings)
+        for run_id, path, missing in rows:
+            if run_id in self.syncers:
+                continue
+            gone = not Path(path).is_dir()
+            if gone != missing and (str(Path(path).parent) in roots or path in roots):
+                self.con.execute("UPDATE runs SET missing = ? WHERE run_id = ?", [gone, run_id])
+
+    def start(self) -> None:
+        """Sync in a background thread until :meth:`stop`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="telescope-ui-sync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sync_all()
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("sync pass failed")
+            self._stop.wait(max(0.0, self.poll_interval - (time.monotonic() - started)))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

@@ -1,0 +1,199 @@
+"""Fixtures of the dashboard tests: run directories written by the real run store, a real
+short training run (once per session), and a served dashboard.
+
+``real_run`` trains ``configs/examples/countdown_tiny.yaml`` for 3 steps (about two
+minutes on Ray); set ``TELESCOPE_UI_TEST_RUN`` to an existing run directory to reuse one.
+Tests get copies, so they may append to or delete them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("fastapi")
+
+from telescope.recording.run_store import RunStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_run(
+    run_dir: Path, steps: int = 4, *, status: str = "completed", completion: str = "<answer>4</answer>"
+) -> Path:
+    """A small run directory written through the real :class:`RunStore`."""
+    store = RunStore(run_dir)
+    store.write_config(
+        "number_of_steps: 10\n",
+        {
+            "number_of_steps": 10,
+            "max_tokens": 32,
+            "environments": [{"name": "countdown", "reward_min": 0.0, "reward_max": 2.0}],
+        },
+    )
+    store.set_status("running", step=0)
+    for step in range(steps):
+        store.log_metrics(
+            step,
+            {
+                "reward/mean": 0.1 * step,
+                "grad_norm": 1.0 + step,
+                "timing_step_total": 0.5,
+                "sample_metrics/correct/mean": 0.5,
+            },
+        )
+        store.log_rollouts(
+            step,
+            [
+                {
+                    "group_index": g,
+                    "rollout_index": i,
+                    "sample_id": f"s{g}",
+                    "environment": "countdown",
+                    "prompt": f"prompt {step} {g}",
+                    "completion": completion if i == 0 else f"c{step}{g}{i}",
+                    "reward": float(i % 2),
+                    "advantage": 0.5 - (i % 2),
+                    "completion_tokens": 5,
+                    "messages": [
+                        {"role": "user", "content": "q"},
+                        {"role": "tool", "content": f"tool output {step}-{g}-{i}"},
+                    ],
+                }
+                for g in range(2)
+                for i in range(4)
+            ],
+        )
+        store.log_event(
+            {
+                "kind": "sandbox.execute",
+                "start": 1000.0 + step,
+                "duration_s": 0.2,
+                "component": "sandbox",
+                "sandbox_id": "sb-1",
+                "command": "python main.py",
+                "exit_code": step % 2,
+                "step": step,
+            }
+        )
+    store.log_event(
+        {
+            "kind": "infra.system",
+            "start": 1000.0,
+            "duration_s": 0.0,
+            "component": "system",
+            "node": 0,
+            "cpu_utilization_percent": 42.0,
+        }
+    )
+    store.log_eval("countdown", steps, {"eval/countdown/reward_mean": 0.25}, phase="after")
+    with store.log_path("orchestrator").open("w") as log:
+        log.write("2026-01-02 03:04:05,678 INFO telescope.orchestrator: step 0 done\n")
+        log.write("2026-01-02 03:04:06,000 ERROR telescope.orchestrator: something failed\n")
+    store.set_status(status, step=steps)  # type: ignore[arg-type]
+    store.close()
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def real_run_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 3-step training run's directory (made once per session)."""
+    reuse = os.environ.get("TELESCOPE_UI_TEST_RUN")
+    if reuse:
+        return Path(reuse)
+    pytest.importorskip("telescope_envs")
+    run_dir = tmp_path_factory.mktemp("real") / "countdown-tiny"
+    code = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            str(REPO / "configs/examples/countdown_tiny.yaml"),
+            "--number_of_steps",
+            "3",
+            "--warm_start_steps",
+            "20",
+            "--run_dir",
+            str(run_dir),
+            "--inference_base_port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture
+def real_runs(real_run_source: Path, tmp_path: Path) -> Path:
+    """A folder holding a copy of the real run (``countdown-tiny``); tests may change it."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    shutil.copytree(real_run_source, folder / "countdown-tiny", ignore=shutil.ignore_patterns("checkpoints"))
+    return folder
+
+
+@dataclass
+class Served:
+    url: str
+    service: object
+    con: object
+
+
+@pytest.fixture
+def serve() -> Iterator[object]:
+    """``serve(roots) -> Served``: the dashboard over ``roots`` on a free port, syncing every 0.2 s."""
+    import uvicorn
+
+    from telescope_ui_sync.server.app import create_app
+    from telescope_ui_sync.sync.schema import connect
+    from telescope_ui_sync.sync.syncer import SyncService
+
+    started: list[tuple[uvicorn.Server, SyncService, threading.Thread]] = []
+
+    def start(roots: list[Path], db: Path | str = ":memory:") -> Served:
+        con = connect(db)
+        service = SyncService(con.cursor(), roots, poll_interval=0.2)
+        service.sync_all()
+        service.start()
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(con, service), host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 20
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        started.append((server, service, thread))
+        return Served(url=f"http://127.0.0.1:{port}", service=service, con=con)
+
+    yield start
+    for server, service, thread in started:
+        server.should_exit = True
+        thread.join(10)
+        service.stop()

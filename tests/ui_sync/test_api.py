@@ -1,0 +1,228 @@
+"""The JSON API over synced runs, the CLI, path safety and the shipped assets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from tests.ui_sync.conftest import REPO, free_port, write_run
+
+from telescope_ui_sync import build
+from telescope_ui_sync.server.app import create_app
+from telescope_ui_sync.sync.schema import connect
+from telescope_ui_sync.sync.syncer import SyncService, run_id_for
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> tuple[TestClient, str, Path]:
+    run = write_run(tmp_path / "runs" / "a", steps=6)
+    write_run(tmp_path / "runs" / "b", steps=2)
+    con = connect(":memory:")
+    service = SyncService(con.cursor(), [tmp_path / "runs"])
+    service.sync_all()
+    return TestClient(create_app(con, service)), run_id_for(run), run
+
+
+def test_runs_and_summary(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, _ = client
+    runs = api.get("/api/runs").json()["runs"]
+    assert [r["name"] for r in runs] == ["a", "b"]
+    summary = api.get(f"/api/runs/{rid}").json()
+    assert summary["run"]["progress"]["fraction"] == 0.6
+    assert summary["ranges"]["reward"] == {"countdown": [0.0, 2.0]}
+    assert summary["counts"]["steps"] == 6 and summary["log_files"] == ["orchestrator.log"]
+    assert api.get("/api/runs/nope").status_code == 404
+
+
+def test_catalog_and_series_compare_runs(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, _ = client
+    other = run_id_for(client[2].parent / "b")
+    sections = api.get("/api/metrics/catalog", params={"runs": f"{rid},{other}"}).json()["sections"]
+    assert [s["name"] for s in sections][:3] == ["General", "Reward", "Sample Metrics"]
+    assert "Evals" in [s["name"] for s in sections]
+    series = api.get("/api/metrics/series", params={"runs": f"{rid},{other}", "names": "grad_norm"}).json()["series"]
+    assert [(s["run_id"], s["x"], s["y"]) for s in series] == [
+        (rid, [0, 1, 2, 3, 4, 5], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        (other, [0, 1], [1.0, 2.0]),
+    ]
+    evals = api.get("/api/metrics/series", params={"runs": rid, "names": "eval/countdown/reward_mean"}).json()
+    assert evals["series"][0]["x"] == [6]
+
+
+def test_long_series_are_downsampled_keeping_extremes(tmp_path: Path) -> None:
+    from telescope.recording.run_store import RunStore
+
+    store = RunStore(tmp_path / "long")
+    store.set_status("running", step=0)
+    for step in range(5000):
+        store.log_metrics(step, {"grad_norm": 100.0 if step == 2345 else 1.0})
+    store.close()
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "long"]).sync_all()
+    api = TestClient(create_app(con))
+    rid = run_id_for(tmp_path / "long")
+    series = api.get("/api/metrics/series", params={"runs": rid, "names": "grad_norm", "max_points": 200}).json()
+    [one] = series["series"]
+    assert len(one["x"]) <= 200 and max(one["y"]) == 100.0 and one["x"] == sorted(one["x"])
+    full = api.get("/api/metrics/series", params={"runs": rid, "names": "grad_norm", "max_points": 0}).json()
+    assert len(full["series"][0]["x"]) == 5000
+
+
+def test_rollouts_by_step_sample_and_search(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, _ = client
+    steps = api.get("/api/rollouts/steps", params={"run": rid}).json()["steps"]
+    assert [s["step"] for s in steps] == list(range(6)) and steps[0]["count"] == 8
+    samples = api.get("/api/rollouts", params={"run": rid, "step": 2}).json()["samples"]
+    assert len(samples) == 8 and {s["group_index"] for s in samples} == {0, 1}
+    latest = api.get("/api/rollouts", params={"run": rid}).json()
+    assert latest["step"] == 5
+    full = api.get("/api/rollouts/sample", params={"run": rid, "seq": samples[0]["seq"]}).json()
+    assert full["record"]["prompt"] == "prompt 2 0"
+    found = api.get("/api/rollouts/search", params={"run": rid, "q": "TOOL OUTPUT 3-1"}).json()
+    assert found["total"] == 4 and {r["field"] for r in found["results"]} == {"tool"}
+    assert all(r["step"] == 3 and r["group_index"] == 1 for r in found["results"])
+    assert api.get("/api/rollouts/search", params={"run": rid, "q": "prompt 4 1"}).json()["total"] == 4
+    assert api.get("/api/rollouts/search", params={"run": rid, "q": "100%_"}).json()["total"] == 0  # wildcards literal
+
+
+def test_timeline_sandboxes_infra_evals_logs(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, _ = client
+    timeline = api.get("/api/timeline", params={"run": rid}).json()
+    assert {lane["id"] for lane in timeline["lanes"]} == {"trainer|steps", "sandbox|sandbox_id sb-1"}
+    assert len(timeline["events"]) == 6 and len(timeline["steps"]) == 6
+    window = api.get("/api/timeline", params={"run": rid, "start": 1001.5, "end": 1002.1}).json()
+    assert [e["step"] for e in window["events"]] == [2]
+    capped = api.get("/api/timeline", params={"run": rid, "limit": 2}).json()
+    assert capped["truncated"] and len(capped["events"]) == 2
+    detail = api.get(f"/api/events/{rid}/{window['events'][0]['seq']}").json()
+    assert detail["fields"]["command"] == "python main.py"
+    [box] = api.get("/api/sandboxes", params={"run": rid}).json()["sandboxes"]
+    assert (box["sandbox_id"], box["commands"], box["failures"]) == ("sb-1", 6, 3)
+    events = api.get(f"/api/sandboxes/{rid}/sb-1").json()["events"]
+    assert [e["failed"] for e in events] == [False, True] * 3
+    [cpu] = api.get("/api/infra", params={"run": rid}).json()["series"]
+    assert cpu["name"] == "cpu_utilization_percent" and cpu["v"] == [42.0]
+    evals = api.get("/api/evals", params={"run": rid}).json()["evals"]
+    assert evals[0]["metrics"] == {"eval/countdown/reward_mean": 0.25} and evals[0]["phase"] == "after"
+    logs = api.get("/api/logs", params={"run": rid, "levels": "ERROR"}).json()
+    assert [line["message"] for line in logs["lines"]] == ["something failed"]
+    assert api.get("/api/logs", params={"run": rid, "q": "step 0"}).json()["total"] == 1
+
+
+def test_config_diff(client: tuple[TestClient, str, Path], tmp_path: Path) -> None:
+    api, rid, _ = client
+    other = run_id_for(client[2].parent / "b")
+    diff = api.get("/api/config-diff", params={"a": rid, "b": other}).json()
+    assert diff["differences"] == [] and diff["same"] > 0
+
+
+@pytest.mark.parametrize("path", ["../b/config.json", "/etc/passwd", "logs/../../b/status.json", "metrics.jsonl", ""])
+def test_file_route_refuses_paths_outside_the_run(client: tuple[TestClient, str, Path], path: str) -> None:
+    api, rid, _ = client
+    assert api.get(f"/api/files/{rid}", params={"path": path}).status_code in (400, 403)
+
+
+def test_file_route_refuses_a_symlink_out_of_the_run(client: tuple[TestClient, str, Path], tmp_path: Path) -> None:
+    api, rid, run = client
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    (run / "logs" / "evil.log").symlink_to(secret)
+    assert api.get(f"/api/files/{rid}", params={"path": "logs/evil.log"}).status_code == 403
+    served = api.get(f"/api/files/{rid}", params={"path": "logs/orchestrator.log"})
+    assert served.status_code == 200 and "something failed" in served.text
+
+
+def test_pages_are_served_with_a_strict_content_security_policy(client: tuple[TestClient, str, Path]) -> None:
+    api, _, _ = client
+    page = api.get("/")
+    assert page.status_code == 200 and "/assets/app.js" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert api.get("/assets/app.js").status_code == 200
+
+
+def test_built_assets_are_up_to_date_and_load_nothing_from_the_network() -> None:
+    assert not build.is_stale(), "front end sources changed: run python -m telescope_ui_sync.build"
+    index = (build.STATIC_DIR / "index.html").read_text()
+    assert "http://" not in index and "https://" not in index
+    css = (build.STATIC_DIR / "assets" / "app.css").read_text()
+    assert "url(http" not in css and "@import" not in css
+
+
+def test_the_cli_module_stays_light() -> None:
+    code = (
+        "import sys, telescope_ui_sync.plugin, telescope_ui_sync.cli; "
+        "print(sorted(m for m in ('duckdb', 'fastapi', 'uvicorn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def entry_point_site(tmp_path: Path) -> Path:
+    """A dist-info that registers telescope-ui-sync's entry point (the package itself comes from PYTHONPATH)."""
+    site = tmp_path / "site"
+    info = site / "telescope_ui_sync-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: telescope-ui-sync\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[telescope]\ntelescope_ui_sync = telescope_ui_sync.plugin\n")
+    return site
+
+
+def telescope_cli(tmp_path: Path, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(entry_point_site(tmp_path)), *sys.path])}
+    code = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )  # type: ignore[call-overload]
+
+
+def test_telescope_ui_is_added_through_the_hook(tmp_path: Path) -> None:
+    helped = telescope_cli(tmp_path, "ui", "--help")
+    out, err = helped.communicate(timeout=120)
+    assert helped.returncode == 0, err
+    assert "--port" in out and "--host" in out and "PATHS" in out
+
+
+@pytest.mark.slow
+def test_telescope_ui_serves_and_warns_off_loopback(tmp_path: Path) -> None:
+    import httpx
+
+    write_run(tmp_path / "runs" / "a", steps=2)
+    port = free_port()
+    process = telescope_cli(
+        tmp_path,
+        "ui",
+        str(tmp_path / "runs"),
+        "--port",
+        str(port),
+        "--host",
+        "0.0.0.0",
+        "--db",
+        str(tmp_path / "ui.duckdb"),
+    )
+    try:
+        deadline = time.time() + 60
+        runs = None
+        while time.time() < deadline:
+            try:
+                runs = httpx.get(f"http://127.0.0.1:{port}/api/runs", timeout=2).json()["runs"]
+                if runs:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert runs and runs[0]["name"] == "a"
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    assert "WARNING: binding 0.0.0.0" in err

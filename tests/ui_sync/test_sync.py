@@ -1,0 +1,157 @@
+"""The syncer: incremental, resumable, tolerant of runs being written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.ui_sync.conftest import write_run
+
+from telescope.recording.run_store import RunStore
+from telescope_ui_sync.sync.schema import connect
+from telescope_ui_sync.sync.syncer import SyncService, discover, run_id_for
+
+
+def counts(con, run_id: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    return {
+        t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
+        for t in ("metrics", "rollouts", "events", "system_metrics", "evals", "logs")
+    }
+
+
+def test_first_pass_syncs_every_stream_and_a_second_reads_nothing(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "runs" / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [tmp_path / "runs"])
+    first = service.sync_all()[run_id_for(run)]
+    assert first.rows == {"metrics": 4, "rollouts": 32, "events": 5, "evals": 1, "logs": 2}
+    rid = run_id_for(run)
+    assert counts(con, rid) == {"metrics": 16, "rollouts": 32, "events": 5, "system_metrics": 1, "evals": 1, "logs": 2}
+    assert service.sync_all()[rid].total == 0
+    status, step, total = con.execute("SELECT status, step, number_of_steps FROM runs").fetchone()
+    assert (status, step, total) == ("completed", 4, 10)
+
+
+def test_only_appended_records_are_read(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    service.sync_all()
+    store = RunStore(run)
+    store.log_metrics(4, {"reward/mean": 9.0})
+    store.close()
+    result = service.sync_all()[run_id_for(run)]
+    assert result.rows["metrics"] == 1 and result.rows["rollouts"] == 0
+    assert con.execute("SELECT value FROM metrics WHERE step = 4").fetchall() == [(9.0,)]
+
+
+def test_a_restarted_syncer_resumes_without_duplicates(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    db = tmp_path / "ui.duckdb"
+    con = connect(db)
+    SyncService(con, [run]).sync_all()
+    con.close()
+    store = RunStore(run)
+    store.log_metrics(4, {"reward/mean": 1.0})
+    store.log_rollouts(4, [{"group_index": 0, "prompt": "p", "completion": "new", "reward": 1.0}])
+    store.close()
+    con = connect(db)
+    rows = SyncService(con, [run]).sync_all()[run_id_for(run)].rows
+    assert rows["metrics"] == 1 and rows["rollouts"] == 1 and rows["events"] == 0 and rows["logs"] == 0
+    assert counts(con, run_id_for(run))["rollouts"] == 33
+    assert con.execute("SELECT max(seq) FROM rollouts").fetchone()[0] == 32
+
+
+def test_a_half_written_last_line_waits_and_a_corrupt_line_is_skipped(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    service.sync_all()
+    metrics = run / "metrics.jsonl"
+    with metrics.open("a") as handle:
+        handle.write("{not json}\n")
+        handle.write('{"step": 7, "time": 1.0, "reward/mean": 0.7')  # still being written
+    assert service.sync_all()[run_id_for(run)].rows["metrics"] == 0
+    assert con.execute("SELECT skipped_lines FROM runs").fetchone()[0] == 1
+    with metrics.open("a") as handle:
+        handle.write("}\n")
+    assert service.sync_all()[run_id_for(run)].rows["metrics"] == 1
+    assert con.execute("SELECT value FROM metrics WHERE step = 7").fetchone()[0] == 0.7
+
+
+def test_a_file_that_appears_late_is_read_and_a_new_run_is_discovered(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    con = connect(":memory:")
+    service = SyncService(con, [root])
+    assert service.sync_all() == {}
+    store = RunStore(root / "late")
+    store.set_status("running", step=0)
+    service.sync_all()
+    rid = run_id_for(root / "late")
+    assert counts(con, rid)["metrics"] == 0
+    store.log_metrics(0, {"loss": 1.0})
+    store.log_eval("e", 0, {"eval/e/acc": 0.5})
+    store.close()
+    rows = service.sync_all()[rid].rows
+    assert rows["metrics"] == 1 and rows["evals"] == 1
+
+
+def test_a_replaced_file_is_read_again_from_its_start(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    service.sync_all()
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "time": 1.0, "loss": 3.0}) + "\n")
+    service.sync_all()
+    assert con.execute("SELECT step, name, value FROM metrics").fetchall() == [(0, "loss", 3.0)]
+
+
+def test_a_step_written_again_replaces_the_old_values(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    service.sync_all()
+    store = RunStore(run)  # a resumed run writes step 3 again
+    store.log_metrics(3, {"reward/mean": 5.0})
+    store.close()
+    service.sync_all()
+    assert con.execute("SELECT name, value FROM metrics WHERE step = 3").fetchall() == [("reward/mean", 5.0)]
+
+
+def test_a_deleted_run_is_marked_missing_and_comes_back(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run = write_run(root / "a")
+    con = connect(":memory:")
+    service = SyncService(con, [root])
+    service.sync_all()
+    saved = tmp_path / "saved"
+    shutil.move(run, saved)
+    service.sync_all()
+    assert con.execute("SELECT missing FROM runs").fetchone()[0] is True
+    assert counts(con, run_id_for(run))["rollouts"] == 32  # what was synced stays viewable
+    shutil.move(saved, run)
+    service.sync_all()
+    assert con.execute("SELECT missing FROM runs").fetchone()[0] is False
+
+
+def test_discover_takes_a_run_or_a_folder_of_runs(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "runs" / "a", steps=1)
+    b = write_run(tmp_path / "runs" / "b", steps=1)
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    assert [p for p, _ in discover([tmp_path / "runs"])] == [a, b]
+    assert discover([a]) == [(a, a)]
+    assert discover([tmp_path / "absent"]) == []
+
+
+def test_the_real_run_syncs_every_stream(real_runs: Path) -> None:
+    con = connect(":memory:")
+    run = real_runs / "countdown-tiny"
+    SyncService(con, [real_runs]).sync_all()
+    rid = run_id_for(run)
+    got = counts(con, rid)
+    steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE run_id = ?", [rid]).fetchone()[0]
+    assert steps == 3 and got["rollouts"] > 0 and got["evals"] > 0 and got["logs"] > 0
+    assert con.execute("SELECT status FROM runs").fetchone()[0] == "completed"
