@@ -22,7 +22,8 @@ CAPABILITIES: dict[str, AlgorithmCapabilities] = {
         default_advantage_norm="batch",
     ),
     "cispo": _RATIO,
-    "gspo": _RATIO,
+    # its loss is a PPO-clipped sequence ratio: clip_ratio_c (dual clip) applies to it
+    "gspo": AlgorithmCapabilities(group_based=True, supports_ppo_clip=False, ratio_based=True, clipped_ratio=True),
     "sapo": _RATIO,
 }
 

@@ -2,6 +2,8 @@
 
 Per token ``-sg(clip(rho, 1 - clip_low, 1 + clip_high)) A lp``: the weight is
 detached, so every token keeps a gradient (no token is zeroed by the clip, unlike PPO).
+There is no ``max(-rho A, -clip(rho) A)`` term, so dual clipping (``clip_ratio_c``)
+does not apply (the validator rejects it).
 """
 
 from __future__ import annotations

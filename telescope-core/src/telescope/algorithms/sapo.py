@@ -4,6 +4,8 @@ Per token ``-(4 / tau) sigmoid(tau (rho - 1)) A`` with ``tau = sapo_tau_pos`` wh
 ``A > 0`` else ``sapo_tau_neg``. Its derivative in ``lp`` is
 ``-4 sigmoid'(tau (rho - 1)) rho A``, which equals ``-A`` at ``rho = 1``: on-policy it
 is the plain policy gradient, and it fades smoothly as the ratio moves away.
+The gate already bounds the loss (``|loss| <= 4 |A| / tau``), so dual clipping
+(``clip_ratio_c``) does not apply (the validator rejects it).
 """
 
 from __future__ import annotations

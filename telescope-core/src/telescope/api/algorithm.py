@@ -57,6 +57,9 @@ class AlgorithmCapabilities:
     #: The loss itself uses the ratio exp(lp - lp_ref) (cispo, gspo, sapo); TIS
     #: against the rollout reference would count the correction twice.
     ratio_based: bool = False
+    #: The loss is itself a PPO-clipped ratio ``max(-s A, -clip(s) A)`` (gspo's sequence
+    #: ratio), so dual clipping (``clip_ratio_c``) applies without ``use_ppo_clip``.
+    clipped_ratio: bool = False
     #: The advantage normalisations allowed, and the one used when none is configured.
     advantage_norms: tuple[AdvantageNorm, ...] = ("group", "batch")
     default_advantage_norm: AdvantageNorm = "group"
@@ -79,7 +82,11 @@ class AlgorithmConfig:
 
     A field that one algorithm alone reads is that algorithm's own setting
     (``sapo_tau_pos``, ``dr_grpo_loss_agg_mode``), declared at its registration and
-    passed to the constructor as ``settings``.
+    passed to the constructor as ``settings``. The shared loss controls
+    (``clip_ratio_c``, ``tis_mode``/``tis_floor``, ``kl_penalty_tau``/``kl_estimator``,
+    ``entropy_coef``, ``seq_is_masking``/``seq_is_mask_*``) are applied by
+    :meth:`Algorithm.loss_terms` and :func:`~telescope.algorithms.common.ppo_clip_loss`;
+    their formulas are documented there.
     """
 
     advantage_norm: AdvantageNorm = "group"
@@ -90,6 +97,20 @@ class AlgorithmConfig:
     use_tis: bool = False
     tis_cap: float = 2.0
     tis_logprob_clamp: float = 20.0
+    #: Dual-clip PPO bound (> 1); None = off. See :func:`~telescope.algorithms.common.ppo_clip_loss`.
+    clip_ratio_c: float | None = None
+    #: ``truncate``: ``clamp(w, tis_floor, tis_cap)``; ``icepop``: ``w`` inside ``[tis_floor, tis_cap]``, else 0.
+    tis_mode: Literal["truncate", "icepop"] = "truncate"
+    tis_floor: float = 0.0
+    #: Coefficient of the per-token KL penalty against the sampler; 0 = off.
+    kl_penalty_tau: float = 0.0
+    kl_estimator: Literal["k2", "k3"] = "k2"
+    #: Coefficient of the entropy bonus (subtracted from the loss); 0 = off.
+    entropy_coef: float = 0.0
+    #: Drop whole sequences whose geometric-mean ratio ``pi_old / pi_inf`` leaves ``[low, high]``.
+    seq_is_masking: bool = False
+    seq_is_mask_low: float = 0.8
+    seq_is_mask_high: float = 1.2
     max_tokens: int = 3700
     eps: float = 1e-6
 
@@ -112,6 +133,10 @@ class LossInputs:
     *batch reference* ``lp_old``, when :attr:`Algorithm.uses_batch_reference`).
     ``sequence_ids`` numbers the samples of the micro-batch (``-1`` on padding) and
     ``sequence_lengths[sequence_ids]`` is each sample's count of loss tokens.
+    ``entropy`` is the entropy of the trainer's (temperature-scaled) next-token
+    distribution at each position, *with* gradient from the logits; the trainer
+    computes it only when :attr:`Algorithm.needs_entropy` (``entropy_coef > 0``),
+    else it is None.
     """
 
     logprobs: torch.Tensor
@@ -121,6 +146,24 @@ class LossInputs:
     loss_mask: torch.Tensor
     sequence_ids: torch.Tensor
     sequence_lengths: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossMetrics:
+    """What the shared loss controls contributed in one micro-batch (no gradient).
+
+    ``kl_penalty`` and ``entropy_bonus`` are *sums* over the kept loss tokens of the
+    terms :meth:`Algorithm.loss_terms` adds (``tau k_t g_t``) and subtracts (``coef H_t
+    g_t``), ``g_t`` being :meth:`Algorithm.regulariser_weight`; divided by
+    :meth:`Algorithm.loss_denominator` they are the parts of the objective, so
+    ``loss = policy part + kl_penalty - entropy_bonus``. ``masked_sequences`` counts
+    the samples ``seq_is_masking`` dropped. Each is None when its control is off.
+    """
+
+    kl_penalty: torch.Tensor | None = None
+    entropy_bonus: torch.Tensor | None = None
+    masked_sequences: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -171,29 +214,116 @@ class Algorithm(ABC):
         """
         return self.uses_ratio and self.config.ppo_clip_ref_logprobs == "batch"
 
-    def loss_terms(self, inputs: LossInputs) -> torch.Tensor:
-        """Masked per-token losses ``[T]``, times the truncated-IS weight when ``use_tis``.
+    @property
+    def needs_entropy(self) -> bool:
+        """The loss reads ``LossInputs.entropy`` (``entropy_coef > 0``); the trainer then computes it."""
+        return self.config.entropy_coef > 0
 
-        The TIS weight is ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``:
+    def old_logprobs(self, inputs: LossInputs) -> torch.Tensor:
+        """``lp_old`` of the corrections against the sampler (TIS weight, sequence IS masking), detached.
 
-        - with a batch reference (:attr:`uses_batch_reference`), ``lp_old`` is
-          ``ref_logprobs``, the trainer's log-probabilities before the first
-          optimizer step of the batch. The loss's ratio covers ``pi / pi_old`` and
-          TIS only ``pi_old / pi_inf``, on every minibatch; weighting by the
-          current ``pi / pi_inf`` would count ``pi / pi_old`` twice from the second
-          minibatch on.
-        - without one, ``lp_old`` is ``sg(logprobs)``, the current policy. The loss
-          then has no ratio (TIS with a ratio against the rollout reference is
-          rejected at load time), so nothing else covers ``pi / pi_old``: the
-          weight ``pi / pi_inf`` is the whole correction from the sampler to the
-          policy being differentiated, and equals ``pi_old / pi_inf`` on the first
-          minibatch.
+        The batch reference ``ref_logprobs`` when :attr:`uses_batch_reference`, else
+        the current ``sg(logprobs)``; :meth:`loss_terms` says why.
         """
+        return inputs.ref_logprobs.detach() if self.uses_batch_reference else inputs.logprobs.detach()
+
+    def loss_terms(self, inputs: LossInputs) -> torch.Tensor:
+        """Per-token losses ``[T]``: the policy loss with the shared corrections and regularisers.
+
+        ``term_t = keep_t * (token_loss_t * w_t + tau * k_t * g_t - coef * H_t * g_t)``:
+
+        - ``keep_t``: ``loss_mask`` minus the sequences ``seq_is_masking`` drops
+          (:meth:`kept_tokens`).
+        - ``w_t``: the importance weight, when ``use_tis`` (:func:`tis_weight`), of
+          ``pi_old / pi_inf``. With a batch reference (:attr:`uses_batch_reference`),
+          ``lp_old`` is ``ref_logprobs``, the trainer's log-probabilities before the
+          first optimizer step of the batch: the loss's ratio covers ``pi / pi_old``
+          and the weight only ``pi_old / pi_inf``, on every minibatch (weighting by
+          the current ``pi / pi_inf`` would count ``pi / pi_old`` twice from the
+          second minibatch on). Without one, ``lp_old`` is ``sg(logprobs)``: the loss
+          then has no ratio (TIS with a ratio against the rollout reference is
+          rejected at load time), so the weight ``pi / pi_inf`` is the whole
+          correction from the sampler to the policy being differentiated.
+        - ``tau * k_t``: the KL penalty against the sampler, when ``kl_penalty_tau >
+          0`` (:func:`kl_penalty`); not importance-weighted.
+        - ``coef * H_t``: the entropy bonus, when ``entropy_coef > 0``, with ``H_t``
+          the entropy of the full next-token distribution (``inputs.entropy``, with
+          gradient); not importance-weighted.
+        - ``g_t``: :meth:`regulariser_weight`, so that the KL penalty and entropy
+          bonus are aggregated like the policy loss (1 per token; ``1 / |y_i|`` for
+          a sequence-level loss such as gspo's).
+
+        Divided by :meth:`loss_denominator` the regularisers are the (token- or
+        sequence-) mean KL penalty and entropy bonus. A sequence dropped by
+        ``seq_is_masking`` still counts in that denominator (it is fixed before the
+        backward pass, from the loss mask), as do tokens ``icepop`` weighs 0.
+        """
+        keep, _ = self.kept_tokens(inputs)
         loss = self.token_loss(inputs)
         if self.config.use_tis:
-            old = inputs.ref_logprobs if self.uses_batch_reference else inputs.logprobs
-            loss = loss * tis_weight(old, inputs.inference_logprobs, self.config)
-        return masked(loss, inputs.loss_mask)
+            loss = loss * tis_weight(self.old_logprobs(inputs), inputs.inference_logprobs, self.config)
+        kl, bonus = self.regularisers(inputs)
+        if kl is not None:
+            loss = loss + kl
+        if bonus is not None:
+            loss = loss - bonus
+        return masked(loss, keep)
+
+    def kept_tokens(self, inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``loss_mask`` minus the sequences ``seq_is_masking`` drops, and how many it dropped.
+
+        Off: ``(loss_mask, None)``. On: see :func:`sequence_is_mask`, with ``lp_old``
+        from :meth:`old_logprobs`.
+        """
+        if not self.config.seq_is_masking:
+            return inputs.loss_mask.bool(), None
+        keep, dropped = sequence_is_mask(self.old_logprobs(inputs), inputs, self.config)
+        return inputs.loss_mask.bool() & keep, dropped
+
+    def regulariser_weight(self, inputs: LossInputs) -> torch.Tensor | float:
+        """``g_t``: each token's weight in the KL penalty and entropy bonus; 1 (a token-level mean).
+
+        A loss aggregated per sequence (gspo divides each token by ``|y_i|`` and the
+        sum by the number of samples) overrides it to return ``1 / |y_i|``, so that
+        its regularisers are sequence means too.
+        """
+        return 1.0
+
+    def regularisers(self, inputs: LossInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-token ``tau * k_t * g_t`` (KL penalty) and ``coef * H_t * g_t`` (entropy bonus), None when off.
+
+        Not masked (:meth:`loss_terms` masks). Raises ``ValueError`` when
+        ``entropy_coef > 0`` and ``inputs.entropy`` is None.
+        """
+        kl = bonus = None
+        if not (self.config.kl_penalty_tau > 0 or self.needs_entropy):
+            return kl, bonus
+        weight = self.regulariser_weight(inputs)
+        if self.config.kl_penalty_tau > 0:
+            k = kl_penalty(inputs.logprobs, inputs.inference_logprobs, self.config.kl_estimator)
+            kl = self.config.kl_penalty_tau * k * weight
+        if self.needs_entropy:
+            if inputs.entropy is None:
+                raise ValueError("entropy_coef > 0 needs LossInputs.entropy (computed when needs_entropy)")
+            bonus = self.config.entropy_coef * inputs.entropy * weight
+        return kl, bonus
+
+    def loss_metrics(self, inputs: LossInputs) -> LossMetrics:
+        """The shared controls' contributions in this micro-batch (see :class:`LossMetrics`), without gradient.
+
+        Recomputed from ``inputs`` (all per-token, cheap) by the base class's rules;
+        an algorithm that overrides :meth:`loss_terms` should override this to match.
+        """
+        import torch
+
+        with torch.no_grad():
+            keep, dropped = self.kept_tokens(inputs)
+            kl, bonus = self.regularisers(inputs)
+            return LossMetrics(
+                kl_penalty=masked(kl, keep).sum() if kl is not None else None,
+                entropy_bonus=masked(bonus, keep).sum() if bonus is not None else None,
+                masked_sequences=dropped,
+            )
 
     def loss_denominator(self, counts: LossCounts) -> float:
         """What the summed loss terms are divided by: the global loss-token count by default."""
@@ -237,7 +367,15 @@ def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def tis_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
-    """Truncated importance weight ``sg(min(exp(clamp(lp_old - lp_inf, -c, c)), tis_cap))``.
+    """Importance weight of ``pi_old / pi_inf`` per token, detached; ``tis_mode`` chooses the bound.
+
+    ``w = exp(clamp(lp_old - lp_inf, -c, c))`` with ``c = tis_logprob_clamp``, then
+
+    - ``truncate``: ``clamp(w, tis_floor, tis_cap)`` (``tis_floor = 0``, the default,
+      is no lower bound: the classic truncated IS ``min(w, tis_cap)``);
+    - ``icepop``: ``w`` where ``tis_floor <= w <= tis_cap``, else 0 (the token is
+      dropped from the policy loss rather than down-weighted; it still counts in
+      the loss denominator).
 
     ``old_logprobs`` is the trainer's policy the loss is taken relative to: the
     batch reference (log-probabilities before the first optimizer step of the
@@ -250,5 +388,75 @@ def tis_weight(old_logprobs: torch.Tensor, inference_logprobs: torch.Tensor, con
     import torch
 
     c = config.tis_logprob_clamp
-    diff = torch.clamp(old_logprobs.detach() - inference_logprobs, -c, c)
-    return torch.clamp(torch.exp(diff), max=config.tis_cap)
+    w = torch.exp(torch.clamp(old_logprobs.detach() - inference_logprobs, -c, c))
+    if config.tis_mode == "icepop":
+        inside = (w >= config.tis_floor) & (w <= config.tis_cap)
+        return torch.where(inside, w, torch.zeros_like(w))
+    return torch.clamp(w, min=config.tis_floor, max=config.tis_cap)
+
+
+#: ``|lp - lp_inf|`` bound inside the KL penalty (keeps ``exp`` finite) and the cap of its k3 value.
+KL_LOG_RATIO_CLAMP = 20.0
+KL_K3_MAX = 10.0
+
+
+def kl_penalty(logprobs: torch.Tensor, inference_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL estimate between the policy and the sampler, with gradient through ``logprobs``.
+
+    ``d = clamp(lp - lp_inf, -20, 20)``; the reference is the rollout (sampler)
+    log-probability, as in the reference implementation, for every algorithm and
+    minibatch (not the batch reference ``lp_old``):
+
+    - ``k2``: ``d^2`` (the reference's scale, twice Schulman's ``k2 = d^2 / 2``):
+      non-negative, symmetric in ``d``; for ``pi`` near ``pi_inf`` its mean is
+      about ``2 KL``. Gradient ``2 d grad(lp)``.
+    - ``k3``: ``min(exp(d) - 1 - d, 10)``. The tokens were drawn from the sampler
+      ``q = pi_inf``, and with ``r = pi / q``, ``E_q[r - 1 - log r] = KL(q || pi)``:
+      unbiased, non-negative per token, and its expected gradient
+      ``E_q[(r - 1) grad(lp)]`` is exactly ``grad KL(pi_inf || pi)``. (The
+      reference writes ``exp(-d) - 1 + d``, the on-policy form for ``KL(pi ||
+      q)``; on sampler tokens its mean is ``chi2(q || pi) - KL(q || pi)``, the same
+      sign slip as in the ``kl_divergence_inference`` note.) The cap at 10 bounds
+      one token's penalty; tokens beyond it (``d`` above about 2.6 or below about
+      -11) carry no KL gradient.
+    """
+    import torch
+
+    d = torch.clamp(logprobs - inference_logprobs, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    if estimator == "k2":
+        return d * d
+    if estimator == "k3":
+        return torch.clamp(torch.expm1(d) - d, max=KL_K3_MAX)
+    raise ValueError(f"kl_estimator must be 'k2' or 'k3', got {estimator!r}")
+
+
+def per_sequence_sum(values: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
+    """``[num_sequences]`` sums of ``values`` over each sample's loss tokens (padding excluded)."""
+    import torch
+
+    seq = inputs.sequence_ids.clamp(min=0)
+    sums = torch.zeros(int(inputs.sequence_lengths.numel()), dtype=values.dtype, device=values.device)
+    return sums.index_add(0, seq, masked(values, inputs.loss_mask))
+
+
+def sequence_is_mask(
+    old_logprobs: torch.Tensor, inputs: LossInputs, config: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence-level importance masking: a per-token keep mask ``[T]`` and the count of dropped samples.
+
+    A sample ``i`` with loss tokens is dropped when its geometric-mean ratio
+    ``g_i = exp(mean_{t in i}(lp_old_t - lp_inf_t))`` leaves ``[seq_is_mask_low,
+    seq_is_mask_high]`` (compared in log space, so no overflow); every token of it
+    gets ``keep = False``. A sample without loss tokens is never counted. Samples
+    are whole within a micro-batch (packing never splits one), so the counts of
+    the micro-batches add up to the batch's.
+    """
+    import math
+
+    log_ratio = old_logprobs.detach() - inputs.inference_logprobs
+    lengths = inputs.sequence_lengths.to(log_ratio.device)
+    mean = per_sequence_sum(log_ratio, inputs) / lengths.clamp(min=1).to(log_ratio.dtype)
+    outside = (mean < math.log(config.seq_is_mask_low)) | (mean > math.log(config.seq_is_mask_high))
+    dropped = outside & (lengths > 0)
+    keep = ~dropped[inputs.sequence_ids.clamp(min=0)]
+    return keep, dropped.sum()

@@ -109,6 +109,12 @@ def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, de
             f"use_ppo_clip=true cannot be combined with algorithm={name!r}, whose loss already "
             "bounds the ratio; PPO clipping combines with grpo, rloo, reinforce_pp and dr_grpo"
         )
+    if config.clip_ratio_c is not None and not (config.use_ppo_clip or caps.clipped_ratio):
+        problems.append(
+            f"clip_ratio_c (dual clip) bounds a PPO-clipped ratio loss, which algorithm={name!r} does not "
+            "have here: set use_ppo_clip=true (grpo, rloo, reinforce_pp, dr_grpo), use gspo, or "
+            "clip_ratio_c: null"
+        )
     if config.use_tis and caps.ratio_based and config.ppo_clip_ref_logprobs == "rollout":
         problems.append(
             f"use_tis=true with algorithm={name!r} and ppo_clip_ref_logprobs='rollout' counts the "

@@ -142,10 +142,43 @@ class TelescopeConfig(BaseModel):
     )
     clip_low: float = Field(0.4, ge=0, le=1, description="Ratio lower bound is 1 - clip_low")
     clip_high: float = Field(0.5, ge=0, description="Ratio upper bound is 1 + clip_high")
+    clip_ratio_c: float | None = Field(
+        None,
+        description="Dual-clip PPO: for negative advantages the loss is at most -clip_ratio_c * A (must be > 1). "
+        "Needs use_ppo_clip or gspo. null = disabled",
+    )
     use_tis: bool = Field(False, description="Truncated importance sampling for inference/trainer logprob mismatch")
     tis_cap: float = Field(2.0, gt=0, description="Max importance weight for TIS")
     tis_logprob_clamp: float = Field(20.0, gt=0, description="Logprob-difference clamp for TIS")
+    tis_mode: Literal["truncate", "icepop"] = Field(
+        "truncate",
+        description='"truncate" = clamp IS weights to [tis_floor, tis_cap]; '
+        '"icepop" = weight 0 for tokens outside [tis_floor, tis_cap]. Needs use_tis',
+    )
+    tis_floor: float = Field(
+        0.0, ge=0, description="Lower bound of the IS weight (0 = none in truncate mode). Must be below tis_cap"
+    )
+    kl_penalty_tau: float = Field(
+        0.0,
+        ge=0,
+        description="Coefficient of the per-token KL penalty against the rollout policy. 0 or null = disabled",
+    )
+    kl_estimator: Literal["k2", "k3"] = Field(
+        "k2", description='KL penalty estimator: "k2" = d^2; "k3" = exp(d) - 1 - d, with d = logprob - rollout logprob'
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: subtract entropy_coef * entropy from the loss; 0 = disabled"
+    )
     entropy_chunk_size: int = Field(1024, ge=1, description="Positions per chunk in the entropy computation")
+    seq_is_masking: bool = Field(
+        False, description="Drop whole sequences whose geometric-mean IS ratio falls outside [low, high]"
+    )
+    seq_is_mask_low: float = Field(
+        0.8, gt=0, lt=1, description="Lower bound of the geometric-mean IS ratio (must be < 1; on-policy is 1)"
+    )
+    seq_is_mask_high: float = Field(
+        1.2, gt=1, description="Upper bound of the geometric-mean IS ratio (must be > 1; on-policy is 1)"
+    )
 
     # --------------------------------------------------------- rollout/sampling
     group_size: int = Field(8, ge=1, description="Number of completions sampled per prompt")
@@ -281,6 +314,11 @@ class TelescopeConfig(BaseModel):
             raise ValueError("checkpoint_every takes a step count (e.g. 50), or 0/false to disable")
         return value
 
+    @field_validator("kl_penalty_tau", mode="before")
+    @classmethod
+    def _kl_penalty_off(cls, value: Any) -> Any:
+        return 0.0 if value is None else value
+
     @field_validator("resume_from_checkpoint")
     @classmethod
     def _resume_step(cls, value: bool | int) -> bool | int:
@@ -316,6 +354,17 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             "use_tis=true with use_ppo_clip=true and ppo_clip_ref_logprobs='rollout' counts the "
             "importance-sampling correction twice; set ppo_clip_ref_logprobs: batch (or turn one off)"
         )
+    if c.clip_ratio_c is not None and c.clip_ratio_c <= 1.0:
+        problems.append(
+            f"clip_ratio_c ({c.clip_ratio_c}) must be > 1 (dual clip bounds the loss of negative advantages "
+            "at -clip_ratio_c * A, above the PPO clip's -(1 - clip_low) * A); null disables it"
+        )
+    if c.tis_floor >= c.tis_cap:
+        problems.append(f"tis_floor ({c.tis_floor}) must be below tis_cap ({c.tis_cap})")
+    if not c.use_tis and c.tis_mode == "icepop":
+        problems.append("tis_mode='icepop' needs use_tis=true (it chooses how the TIS weight is bounded)")
+    if not c.use_tis and c.tis_floor > 0:
+        problems.append(f"tis_floor ({c.tis_floor}) bounds the TIS weight and needs use_tis=true")
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         problems.append(
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
@@ -395,8 +444,9 @@ _section("trainer", [
 ])  # fmt: skip
 _section("algorithm", [
     "algorithm", "number_of_minibatches", "advantage_norm", "use_ppo_clip", "ppo_clip_ref_logprobs",
-    "clip_low", "clip_high", "use_tis",
-    "tis_cap", "tis_logprob_clamp", "entropy_chunk_size",
+    "clip_low", "clip_high", "clip_ratio_c", "use_tis",
+    "tis_cap", "tis_logprob_clamp", "tis_mode", "tis_floor", "kl_penalty_tau", "kl_estimator", "entropy_coef",
+    "entropy_chunk_size", "seq_is_masking", "seq_is_mask_low", "seq_is_mask_high",
 ])  # fmt: skip
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])

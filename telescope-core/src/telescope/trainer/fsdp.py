@@ -21,7 +21,11 @@ builds AdamW and the LR schedule.
 3. For each minibatch the global counts (loss tokens, samples) are all-reduced
    *before* any backward; each micro-batch's loss is ``sum(loss_terms) /
    algorithm.loss_denominator(counts)``, so the accumulated gradient is that of the
-   minibatch objective whatever the split into micro-batches and ranks.
+   minibatch objective whatever the split into micro-batches and ranks. With
+   ``entropy_coef > 0`` the per-position entropy is computed with gradient
+   (:func:`~telescope.trainer.logprobs.token_entropy`, chunked) for the entropy
+   bonus; the shared loss controls report ``loss/kl_penalty``,
+   ``loss/entropy_bonus`` and ``seq_is/masked_sequences`` when enabled.
 4. Gradients are clipped to ``grad_clip``; a non-finite norm skips the optimizer
    step (counted in ``optimizer/skipped_steps``). The LR schedule advances once per
    trainer step.
@@ -50,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from telescope.api.algorithm import LossCounts, LossInputs
+from telescope.api.algorithm import LossCounts, LossInputs, LossMetrics
 from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
 from telescope.trainer import checkpoint as ckpt
@@ -61,7 +65,7 @@ from telescope.trainer.distributed import (
     init_process_group,
     resolve_device,
 )
-from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_logprobs
+from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_entropy, token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import (
@@ -80,6 +84,23 @@ if TYPE_CHECKING:
     from telescope.api.context import TrainerContext
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+#: Sums of the shared loss controls (:class:`~telescope.api.algorithm.LossMetrics`), always all-reduced
+#: (zeros when off) and reported when enabled: ``loss/kl_penalty`` and ``loss/entropy_bonus`` are the
+#: parts of ``loss`` (``loss = policy + kl_penalty - entropy_bonus``, same averaging over minibatches),
+#: ``seq_is/masked_sequences`` the samples ``seq_is_masking`` dropped in the step.
+LOSS_PART_KEYS = ("loss/kl_penalty", "loss/entropy_bonus", "seq_is/masked_sequences")
+
+
+def _loss_parts(parts: LossMetrics, denominator: float) -> dict[str, float]:
+    """One micro-batch's :class:`LossMetrics` as floats; the loss parts divided by the loss denominator."""
+    kl, bonus, dropped = parts.kl_penalty, parts.entropy_bonus, parts.masked_sequences
+    return {
+        "loss/kl_penalty": float(kl) / denominator if kl is not None else 0.0,
+        "loss/entropy_bonus": float(bonus) / denominator if bonus is not None else 0.0,
+        "seq_is/masked_sequences": float(dropped) if dropped is not None else 0.0,
+    }
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -197,7 +218,7 @@ class FSDPBackend(TrainerBackend):
         ref_logprobs = self._reference_logprobs(local, timers) if self._needs_batch_reference() else None
 
         learning_rate = float(self.optimizer.param_groups[0]["lr"])
-        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "tokens": 0.0}
+        sums = dict.fromkeys(("loss", "entropy", "kl", "tokens", *LOSS_PART_KEYS), 0.0)
         grad_norms: list[float] = []
         skipped = optimizer_steps = micro_count = 0
         for m, sequences in enumerate(local):
@@ -231,10 +252,13 @@ class FSDPBackend(TrainerBackend):
             sum(len(p.sequences) for p in packed),
         ]
         timing = timers.metrics(micro_count)
-        local_values = [sums["loss"], sums["entropy"], sums["kl"], sums["tokens"], *timing.values()]
+        parts = len(LOSS_PART_KEYS)
+        local_values = [sums["loss"], sums["entropy"], sums["kl"], sums["tokens"]]
+        local_values += [sums[k] for k in LOSS_PART_KEYS] + list(timing.values())
         reduced = all_reduce_sum(local_values, self.device)
         loss_sum, entropy_sum, kl_sum, tokens = reduced[:4]
-        timing_mean = [v / self.world_size for v in reduced[4:]]
+        part_sums = dict(zip(LOSS_PART_KEYS, reduced[4 : 4 + parts], strict=True))
+        timing_mean = [v / self.world_size for v in reduced[4 + parts :]]
         step_time = time.perf_counter() - step_start
         metrics: dict[str, float] = {
             "loss": loss_sum / max(optimizer_steps, 1),
@@ -252,8 +276,21 @@ class FSDPBackend(TrainerBackend):
             "throughput/tokens_per_second": packing_stats[0] / max(step_time, 1e-9),
             "timing_trainer_step_total": step_time,
         }
+        metrics.update(self._loss_part_metrics(part_sums, optimizer_steps))
         metrics.update(zip(timing.keys(), timing_mean, strict=True))
         return metrics
+
+    def _loss_part_metrics(self, part_sums: dict[str, float], optimizer_steps: int) -> dict[str, float]:
+        """The enabled shared loss controls' metrics (see ``LOSS_PART_KEYS``)."""
+        config = self.algorithm.config
+        out: dict[str, float] = {}
+        if config.kl_penalty_tau > 0:
+            out["loss/kl_penalty"] = part_sums["loss/kl_penalty"] / max(optimizer_steps, 1)
+        if config.entropy_coef > 0:
+            out["loss/entropy_bonus"] = part_sums["loss/entropy_bonus"] / max(optimizer_steps, 1)
+        if config.seq_is_masking:
+            out["seq_is/masked_sequences"] = part_sums["seq_is/masked_sequences"]
+        return out
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         """Cross-entropy on the completion tokens, normalised by the global token count (see the interface).
@@ -347,6 +384,11 @@ class FSDPBackend(TrainerBackend):
             logits = self._logits(mb)
         with timers.section("loss_computation"):
             logprobs = token_logprobs(logits, mb.target_ids, self.context.temperature)
+            grad_entropy = (
+                token_entropy(logits, self.context.temperature, self.context.entropy_chunk_size)
+                if self.algorithm.needs_entropy
+                else None
+            )
             inputs = LossInputs(
                 logprobs=logprobs,
                 ref_logprobs=ref_logprobs if ref_logprobs is not None else mb.inference_logprobs,
@@ -355,11 +397,16 @@ class FSDPBackend(TrainerBackend):
                 loss_mask=mb.loss_mask,
                 sequence_ids=mb.sequence_ids,
                 sequence_lengths=mb.sequence_lengths,
+                entropy=grad_entropy,
             )
             loss = self.algorithm.loss_terms(inputs).sum() / denominator
+            parts = _loss_parts(self.algorithm.loss_metrics(inputs), denominator)
         mask = mb.loss_mask
         with timers.section("compute_entropy"):
-            entropy = chunked_entropy(logits.detach(), self.context.temperature, self.context.entropy_chunk_size)
+            if grad_entropy is not None:
+                entropy = grad_entropy.detach()
+            else:
+                entropy = chunked_entropy(logits.detach(), self.context.temperature, self.context.entropy_chunk_size)
             entropy_sum = float(entropy[mask].sum())
         with timers.section("compute_kl"):
             kl_sum = float(inference_kl_k3(logprobs, mb.inference_logprobs)[mask].sum())
@@ -368,7 +415,13 @@ class FSDPBackend(TrainerBackend):
             # gradients must be summed over ranks; FSDP averages them, hence the factor.
             # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
             (loss * self.world_size).backward()
-        return {"loss": float(loss.detach()), "entropy": entropy_sum, "kl": kl_sum, "tokens": float(mb.num_loss_tokens)}
+        return {
+            "loss": float(loss.detach()),
+            "entropy": entropy_sum,
+            "kl": kl_sum,
+            "tokens": float(mb.num_loss_tokens),
+            **parts,
+        }
 
     def _optimizer_step(self) -> float:
         """Clip, step unless the norm is non-finite, zero the gradients; returns the pre-clip norm."""

@@ -11,7 +11,9 @@ distribution is over the full vocabulary: it never applies top-p (the engine's
 reported log-probabilities do, when ``top_p`` is set; see
 :mod:`telescope.inference.embedded.sampling`). The entropy is a metric (no
 gradient) computed ``chunk_size`` positions at a time, so at most ``chunk_size x
-V`` probabilities exist at once.
+V`` probabilities exist at once; :func:`token_entropy` is the same quantity with
+gradient (for the ``entropy_coef`` bonus), recomputed chunk by chunk in the
+backward pass to keep that bound.
 """
 
 from __future__ import annotations
@@ -41,6 +43,33 @@ def chunked_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_size: 
         log_p = torch.log_softmax(z, dim=-1)
         out[start : start + chunk_size] = -(log_p.exp() * log_p).sum(-1)
     return out
+
+
+def _entropy_rows(logits: torch.Tensor, t: float) -> torch.Tensor:
+    log_p = torch.log_softmax(logits.float() / t, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy ``H = -sum p log p`` of ``p = softmax(logits / T)`` per position, shape ``[S]``, *with* gradient.
+
+    ``dH/dz_v = -p_v (log p_v + H) / T``. Each chunk of ``chunk_size`` positions is
+    activation-checkpointed: the forward keeps only the chunk's logits (a view of
+    the input), and the backward recomputes that chunk's softmax, so at most
+    ``chunk_size x V`` float32 probabilities (and their gradient) exist at once, in
+    the forward and in the backward pass. Values equal :func:`chunked_entropy`'s.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    t = logprob_temperature(temperature)
+    step = max(chunk_size, 1)
+    parts = [
+        checkpoint(_entropy_rows, logits[start : start + step], t, use_reentrant=False)
+        for start in range(0, logits.shape[0], step)
+    ]
+    if not parts:
+        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    return torch.cat(parts)
 
 
 def inference_kl_k3(logprobs: torch.Tensor, inference_logprobs: torch.Tensor) -> torch.Tensor:
