@@ -45,8 +45,10 @@ METADATA_FILE = "metadata.json"
 CODE_DIR = "code"
 #: File types that count as source code.
 CODE_SUFFIXES = frozenset({".py", ".pyi", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".sh", ".md", ".txt"})
-#: At most this many files go into a snapshot.
+#: At most this many files go into a snapshot...
 MAX_CODE_FILES = 5000
+#: ...and at most this many files are looked at (a run started from a home directory stays quick).
+MAX_FILES_SCANNED = 200_000
 VERSIONED_PACKAGES = (
     "telescope-core", "telescope-envs", "telescope-sandbox", "torch", "transformers", "ray", "vllm", "wandb",
 )  # fmt: skip
@@ -62,12 +64,16 @@ def code_files(
     """Source files under ``root``, sorted; excluded folders (and ``skip``) are not descended into.
 
     ``exclude_patterns`` are globs matched against each file or folder name and its path
-    relative to ``root``.
+    relative to ``root``. Stops at ``max_files`` found or :data:`MAX_FILES_SCANNED` looked at.
     """
     max_bytes = max_file_size_mb * 1024 * 1024
     skipped = skip.resolve() if skip is not None else None
     found: list[Path] = []
+    scanned = 0
     for dirpath, dirnames, filenames in os.walk(root):
+        scanned += len(filenames)
+        if scanned > MAX_FILES_SCANNED:
+            return found
         relative_dir = os.path.relpath(dirpath, root)
         dirnames[:] = sorted(
             d

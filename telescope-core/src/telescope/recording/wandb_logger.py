@@ -45,8 +45,8 @@ disables itself; later calls do nothing. ``wandb`` is imported only when the log
 
 Limits: W&B drops a ``log`` whose step is lower than one already logged (a resumed run
 starts a new W&B run); two results of the same eval that land in one history row keep
-the later one (the run store keeps both). A hung W&B service can still block ``wandb.init`` or ``finish``
-up to W&B's own timeouts.
+the later one (the run store keeps both). A hung W&B service can still block
+``wandb.init`` or ``finish`` up to W&B's own timeouts.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ from telescope.api.logger import Logger
 from telescope.api.settings import PluginSettings
 from telescope.recording.plugin import WandbSettings
 from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE, code_files
-from telescope.recording.run_store import to_jsonable
 
 if TYPE_CHECKING:
     from telescope.api.context import LoggerContext
@@ -159,7 +158,7 @@ def _event_row(event: dict[str, Any]) -> list[Any]:
         else:
             row.append(None if value is None else str(value))
     rest = {k: v for k, v in event.items() if k not in EVENT_COLUMNS}
-    row.append(json.dumps(to_jsonable(rest), separators=(",", ":")))
+    row.append(json.dumps(rest, separators=(",", ":"), default=str))
     return row
 
 
