@@ -128,6 +128,7 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert "eval/countdown/pass@2" in reader.evals()[-1]["metrics"]
     assert "step 3/3" in err or "train step 3/3" in err
     assert processes_mentioning(str(run_dir)) == []
+    assert_timeline_and_metadata(reader)
 
     # `telescope eval` scores the saved checkpoint with the same evals, without a trainer
     assert (run_dir / "checkpoints" / "step_00000003" / "model.safetensors").exists()
@@ -142,6 +143,37 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert standalone["phase"] == "standalone"
     assert set(standalone["metrics"]) == set(reader.evals()[-1]["metrics"])
     assert processes_mentioning(str(output)) == []
+
+
+#: Event kinds every run of the quick start records (issue 10: inference, trainer, weights, orchestrator,
+#: reward and eval categories; the quick start uses no tools or sandboxes).
+EXPECTED_KINDS = {
+    "inference.request", "inference.queue", "inference.prefill", "inference.decode",
+    "trainer.step", "trainer.data_to_device", "trainer.forward", "trainer.loss_computation", "trainer.backward",
+    "trainer.optimizer", "weights.send", "weights.load", "weights.sync",
+    "orchestrator.group_dispatched", "orchestrator.group_completed", "orchestrator.batch_assembled",
+    "orchestrator.step", "orchestrator.checkpoint", "reward.compute", "eval.run",
+}  # fmt: skip
+
+
+def assert_timeline_and_metadata(reader: RunReader) -> None:
+    """The run store holds every category's events with the ids that draw their lanes, the metadata and logs."""
+    events = reader.events()
+    kinds = {e["kind"] for e in events}
+    assert EXPECTED_KINDS <= kinds, sorted(EXPECTED_KINDS - kinds)
+    requests = [e for e in events if e["kind"] == "inference.request"]
+    assert all(e["server"] == 0 and e["sample_id"] and e["request_id"] and "turn" in e for e in requests)
+    assert any("group_id" in e for e in requests) and any("eval" in e for e in requests)
+    trainer = [e for e in events if e["kind"].startswith("trainer.")]
+    assert {e["step"] for e in trainer} == {0, 1, 2} and {e["rank"] for e in trainer} == {0}
+    assert {e["version"] for e in events if e["kind"] == "weights.load"} == {0, 1, 2, 3}
+    assert [e["step"] for e in events if e["kind"] == "orchestrator.step"] == [0, 1, 2]
+    run_dir = reader.run_dir
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert metadata["environments"][0]["name"] == "countdown" and metadata["host"]["versions"]["ray"]
+    assert (run_dir / "code" / "telescope-core" / "src" / "telescope" / "recording" / "events.py").exists()
+    trainer_log = (run_dir / "logs" / "trainer_0.log").read_text()
+    assert "trainer rank 0 of 1" in trainer_log and "step 2: loss" in trainer_log
 
 
 @pytest.mark.slow

@@ -111,7 +111,8 @@ def test_events_and_usage(captured: list[dict[str, object]]) -> None:
     usage_fields = first["resource_usage"]
     assert isinstance(usage_fields, dict) and {"cpu_s", "max_rss_mb", "disk_mb"} <= set(usage_fields)
     assert captured[3]["exit_code"] == 2 and captured[4]["timed_out"] is True
-    assert all(e["sandbox_id"] == sandbox.sandbox_id for e in captured)
+    assert first["stdout"] == "hi\n" and first["stderr"] == ""  # output excerpts for the timeline and sandboxes.log
+    assert all(e["sandbox_id"] == sandbox.sandbox_id and e["component"] == "sandbox" for e in captured)
     m = usage.as_metrics()
     assert m["sandbox_commands"] == 3 and m["sandbox_command_errors"] == 1 and m["sandbox_timeouts"] == 1
     assert usage.creates == 1 and m["sandbox_command_time_s"] > 0
@@ -125,3 +126,13 @@ def test_unknown_provider_says_what_exists() -> None:
 def test_pool_accepts_a_provider_object() -> None:
     with SandboxPool(LocalProvider(), size=0) as pool, pool.acquire() as sb:
         assert sb.execute("echo ok").stdout.strip() == "ok"
+
+
+def test_output_excerpts_keep_head_and_tail() -> None:
+    from telescope_sandbox.observed import output_excerpt
+
+    assert output_excerpt("short") == "short"
+    text = "a" * 600 + "MIDDLE" + "z" * 600
+    excerpt = output_excerpt(text, limit=1000)
+    assert excerpt.startswith("a" * 500) and excerpt.endswith("z" * 500) and "MIDDLE" not in excerpt
+    assert "[... 206 characters ...]" in excerpt

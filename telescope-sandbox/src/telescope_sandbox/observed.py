@@ -11,11 +11,18 @@ kind                 fields (besides ``start`` and ``duration_s``)
 ``sandbox.create``   ``provider``, ``sandbox_id``, the limits; ``error`` when it failed
 ``sandbox.execute``  ``provider``, ``sandbox_id``, ``command`` (first 200 characters),
                      ``exit_code``, ``timed_out``, ``resource_usage`` (CPU s, peak RSS MB,
-                     disk MB, leftover processes, as the provider reports them)
+                     disk MB, leftover processes, as the provider reports them),
+                     ``stdout`` and ``stderr`` excerpts (head and tail, 1,000 characters)
 ``sandbox.upload``   ``provider``, ``sandbox_id``, ``path``, ``bytes``
 ``sandbox.download`` ``provider``, ``sandbox_id``, ``path``, ``bytes``
+``sandbox.reset``    ``provider``, ``sandbox_id``
 ``sandbox.destroy``  ``provider``, ``sandbox_id``
 ===================  =====================================================================
+
+Every event has ``component: "sandbox"``; one that failed has ``error``. Emitted inside
+a rollout (a reward function or a tool call) they also carry its ``group_id``,
+``sample_id``, ``rollout_index`` and ``turn`` (the event context). The run writes
+them, readable, to ``logs/sandboxes.log`` as well (:mod:`telescope.recording.run_logs`).
 
 A :class:`SandboxUsage` attached to a sandbox (per sample, by the pool's ``acquire``)
 counts the same things, so an environment can put them in its sample metrics
@@ -33,6 +40,7 @@ from telescope.api.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxPro
 from telescope.recording.events import timed
 
 _COMMAND_CHARS = 200
+_OUTPUT_CHARS = 1000
 
 
 @dataclass
@@ -85,6 +93,14 @@ def _command_text(command: str | list[str]) -> str:
     return text if len(text) <= _COMMAND_CHARS else text[:_COMMAND_CHARS] + "..."
 
 
+def output_excerpt(text: str, limit: int = _OUTPUT_CHARS) -> str:
+    """``text`` itself, or its first and last ``limit / 2`` characters with the number left out between."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters ...]\n{text[-half:]}"
+
+
 class ObservedSandbox(Sandbox):
     """Wraps a sandbox: same behaviour, plus events and optional usage counting."""
 
@@ -95,7 +111,7 @@ class ObservedSandbox(Sandbox):
         self.usage = usage
 
     def _fields(self) -> dict[str, Any]:
-        return {"provider": self.provider, "sandbox_id": self.sandbox_id}
+        return {"component": "sandbox", "provider": self.provider, "sandbox_id": self.sandbox_id}
 
     def execute(
         self,
@@ -111,6 +127,8 @@ class ObservedSandbox(Sandbox):
                 event["exit_code"] = result.exit_code
                 event["timed_out"] = result.timed_out
                 event["resource_usage"] = dict(result.resource_usage)
+                event["stdout"] = output_excerpt(result.stdout)
+                event["stderr"] = output_excerpt(result.stderr)
         except Exception:
             if self.usage is not None:
                 self.usage.record_error()
@@ -160,6 +178,7 @@ class ObservedProvider(SandboxProvider):
         try:
             with timed(
                 "sandbox.create",
+                component="sandbox",
                 provider=self.provider_name,
                 cpu=limits.cpu,
                 memory_mb=limits.memory_mb,

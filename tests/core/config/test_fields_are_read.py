@@ -33,7 +33,6 @@ PENDING: dict[str, str] = {
             "metrics_logger_interval_seconds",
             "ray_torch_memory_drain_interval_seconds",
             "rollout_block_size",
-            "track_gpu_events",
         )
     },
     "sandbox_provider": "issue 15 (examples: the run context chooses the provider)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from inference_helpers import mean_k3, trainer_logprobs
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
 from telescope.inference.embedded.server import ServerThread
+from telescope.recording import events
 from telescope.transports.memory import MemoryTransport
 
 
@@ -159,7 +161,7 @@ def test_weight_update_through_memory_transport(server: ServerThread, engine: En
     prompt = [40, 41, 42, 43]
 
     async def go() -> tuple[Any, Any, Any, int]:
-        async with InferenceClient(server.base_url) as client:
+        async with InferenceClient(server.base_url, server_index=0) as client:
             before = await client.complete(prompt, max_tokens=16, seed=3, ignore_eos=True)
             await client.init_weight_transfer("memory", info, rank_offset=1)
             inflight = asyncio.create_task(client.complete(prompt, max_tokens=300, seed=5, ignore_eos=True))
@@ -169,9 +171,16 @@ def test_weight_update_through_memory_transport(server: ServerThread, engine: En
             after = await client.complete(prompt, max_tokens=16, seed=3, ignore_eos=True)
             return before, after, await inflight, results[1][0]["policy_version"]
 
+    seen: list[dict[str, Any]] = []
+    unsubscribe = events.subscribe(seen.append)
     try:
+        started = time.time()
         before, after, inflight, version = run(go())
         assert version == 1 and engine.policy_version == 1
+        [load] = [e for e in seen if e["kind"] == "weights.load"]  # one per server worker, with its own timing
+        assert (load["server"], load["worker"], load["version"]) == (0, 0, 1)
+        assert load["tensors"] == len(trainer.state_dict()) and load["duration_s"] > 0
+        assert started <= load["start"] <= time.time() and load["component"] == "inference"
         old_tokens = before.completions[0]
         new_ref_on_old = trainer_logprobs(trainer, prompt, old_tokens.token_ids, 1.0)
         assert mean_k3(old_tokens.logprobs, new_ref_on_old) > 1e-2, "the update must change the distribution"
@@ -182,6 +191,7 @@ def test_weight_update_through_memory_transport(server: ServerThread, engine: En
         assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
         assert inflight.completions[0].policy_version_start == 0 and inflight.completions[0].policy_version_end == 1
     finally:
+        unsubscribe()
         engine.update_weights(list(original.items()), version=0)
         sender.close()
 
@@ -193,3 +203,46 @@ def test_unknown_rpc_method_is_rejected(server: ServerThread) -> None:
 
     with pytest.raises(InferenceServerError, match="unknown method"):
         run(go())
+
+
+def test_requests_are_timeline_events_with_the_server_phases(server: ServerThread) -> None:
+    """One ``inference.request`` per request (ids from the event context), and queue, prefill and decode phases."""
+    seen: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        async with InferenceClient(server.base_url, server_index=3) as client:
+            with events.context(group_id=7, sample_id="q1", turn=0):
+                await client.complete([40, 41, 42], max_tokens=6, seed=1, ignore_eos=True, request_id="r-ok")
+            task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="r-gone"))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        run(go())
+    finally:
+        unsubscribe()
+    by_request: dict[str, dict[str, dict[str, Any]]] = {}
+    for event in seen:
+        by_request.setdefault(event["request_id"], {})[event["kind"]] = event
+    ok = by_request["r-ok"]
+    assert set(ok) == {"inference.request", "inference.queue", "inference.prefill", "inference.decode"}
+    request = ok["inference.request"]
+    assert (request["server"], request["group_id"], request["sample_id"], request["turn"]) == (3, 7, "q1", 0)
+    assert request["component"] == "inference" and request["aborted"] is False
+    assert (request["prompt_tokens"], request["completion_tokens"], request["finish_reason"]) == (3, 6, "length")
+    assert request["policy_version_start"] == request["policy_version_end"] == 0
+    queue, prefill, decode = ok["inference.queue"], ok["inference.prefill"], ok["inference.decode"]
+    assert all(e["server"] == 3 and e["sample_id"] == "q1" for e in (queue, prefill, decode))
+    assert queue["start"] + queue["duration_s"] == pytest.approx(prefill["start"])
+    assert prefill["start"] + prefill["duration_s"] == pytest.approx(decode["start"])
+    assert prefill["duration_s"] > 0 and decode["duration_s"] > 0
+    # the server's phases lie within the client's view of the request (one clock here)
+    assert request["start"] <= queue["start"] + 0.01
+    assert decode["start"] + decode["duration_s"] <= request["start"] + request["duration_s"] + 0.01
+    gone = by_request["r-gone"]
+    assert set(gone) == {"inference.request"}  # aborted by disconnect: no response, no server phases
+    assert gone["inference.request"]["aborted"] is True and gone["inference.request"]["finish_reason"] == "aborted"
+    assert "group_id" not in gone["inference.request"]

@@ -6,6 +6,7 @@ import json
 import logging
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,20 @@ def wandb_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def read_wandb_records(run_file: Path) -> list[Any]:
+def read_wandb_records(run_file: Path, timeout_s: float = 30.0) -> list[Any]:
+    """The records of a finished run's file, once W&B's service has written its ``exit`` record.
+
+    ``run.finish()`` can return before the service has flushed the file, so poll.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _decode_wandb_records(run_file)
+        if (records and records[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _decode_wandb_records(run_file: Path) -> list[Any]:
     """Decode a ``run-*.wandb`` file: a 7-byte header, then LevelDB-log records of protobufs."""
     from wandb.proto import wandb_internal_pb2
 
@@ -92,6 +106,7 @@ def test_offline_run_records_history_code_and_logs(
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "logs" / "trainer.log").write_text("trainer says hi\n")
     config = make_config(run_dir, wandb_code_max_file_size_mb=0.002, wandb_code_exclude_patterns=["skipme", "*.pyc"])
+    monkeypatch.setattr(WandbLogger, "max_table_rows", 64)
 
     logger = make_logger(config, run_dir)
     assert logger.active, logger.failure
@@ -126,6 +141,61 @@ def test_offline_run_records_history_code_and_logs(
     table = json.loads(table_files[0].read_text())
     assert table["data"][0][4] == "user: 2+2?"
     assert len(table["data"][0][5]) < 4100  # completion clipped
+
+
+def history_rows(run_dir: Path) -> list[dict[str, Any]]:
+    [run_file] = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    return [
+        {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in r.history.item}
+        for r in read_wandb_records(run_file)
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+def test_offline_run_mirrors_events_late_evals_snapshot_and_metadata(
+    tmp_path: Path, wandb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")  # the telescope-core[wandb] extra
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    (run_dir / "code" / "pkg").mkdir(parents=True)
+    (run_dir / "code" / "pkg" / "snap.py").write_text("z = 3\n")  # the run store's snapshot is what goes up
+    (run_dir / "metadata.json").write_text('{"run_name": "unit"}\n')
+    monkeypatch.setattr(WandbLogger, "max_table_rows", 2)
+    logger = make_logger(make_config(run_dir), run_dir)
+    assert logger.active, logger.failure
+
+    logger.log_eval("countdown", 0, {"eval/countdown/reward_mean": 0.5}, phase="before")
+    for i in range(3):  # three events before step 0: two tables of at most 2 rows
+        logger.log_event({"kind": "inference.request", "start": 1.0 + i, "duration_s": 0.5, "server": 0,
+                          "sample_id": f"q{i}", "group_id": i, "finish_reason": "stop"})  # fmt: skip
+    logger.log_step(0, {"loss": 1.0})
+    logger.log_step(1, {"loss": 0.5})
+    logger.log_step(2, {"loss": 0.25})
+    logger.log_eval("countdown", 1, {"eval/countdown/reward_mean": 0.75}, phase="periodic")  # after step 2: late
+    logger.log_event({"kind": "orchestrator.step", "start": 9.0, "duration_s": 1.0, "step": 2})
+    logger.close()
+    assert logger.failure is None
+
+    history = history_rows(run_dir)
+    assert [h["_step"] for h in history] == [0, 1, 2]
+    assert history[0]["eval/countdown/reward_mean"] == 0.5 and history[0]["eval/countdown/step"] == 0
+    assert history[0]["events_table/nrows"] == 2 and history[0]["events_table_2/nrows"] == 1
+    # the late eval is kept (in the current row, with its own step as its x axis), not dropped
+    assert history[2]["eval/countdown/reward_mean"] == 0.75 and history[2]["eval/countdown/step"] == 1
+    assert history[2]["events_table_end/nrows"] == 1
+    offline = next((run_dir / "wandb").glob("offline-run-*"))
+    tables = {p.name.split("_0_")[0]: json.loads(p.read_text()) for p in offline.glob("files/media/table/*.json")}
+    first = tables["events_table"]
+    assert first["columns"][:3] == ["kind", "start", "duration_s"] and first["columns"][-1] == "fields"
+    assert first["data"][0][0] == "inference.request" and json.loads(first["data"][0][-1]) == {"finish_reason": "stop"}
+    assert (offline / "files" / "metadata.json").exists()
+    records = read_wandb_records(next(offline.glob("run-*.wandb")))
+    code = next(r.artifact for r in records if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "code")
+    assert [entry.path for entry in code.manifest.contents] == ["pkg/snap.py"]
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "eval/countdown/*" and m.step_metric == "eval/countdown/step" for m in metrics)
 
 
 def test_file_selection(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from telescope.testing.trainer import (
     weights_snapshot,
 )
 from telescope.trainer.fsdp import FSDPBackend
+from telescope.trainer.metrics import TIMED_SECTIONS
 from telescope.trainer.packing import split_minibatches
 from telescope.trainer.plugin import FSDPSettings
 
@@ -348,3 +350,39 @@ def test_gradient_checkpointing_recomputes_each_layer_in_backward(tiny_model: Pa
     assert plain_calls == [microbatches] * len(plain_calls)
     assert checkpointed_calls == [2 * microbatches] * len(plain_calls)  # once forward, once recomputed in backward
     assert_gradients_close(checkpointed_grads, plain_grads)  # recomputation does not change the gradient
+
+
+def test_phases_are_timeline_records_per_microbatch(tiny_model: Path) -> None:
+    """With track_gpu_events every section of a step is a record (wall clock on the CPU) that adds up to its metric."""
+    backend = started(tiny_model, number_of_minibatches=2, use_ppo_clip=True, ppo_clip_ref_logprobs="batch")
+    try:
+        wall = time.time()
+        metrics = backend.train_step(synthetic_batch(num_groups=4))
+        records = backend.drain_events()
+        assert backend.drain_events() == []  # drained once
+    finally:
+        backend.close()
+    kinds = {r["kind"] for r in records}
+    assert kinds == {f"trainer.{s}" for s in TIMED_SECTIONS} | {"trainer.step"}
+    assert all(r["clock"] == "wall" and wall <= r["start"] and r["duration_s"] >= 0 for r in records)
+    forward = [r for r in records if r["kind"] == "trainer.forward" and not r.get("reference")]
+    assert [r["microbatch"] for r in forward] == list(range(len(forward)))
+    assert {r["minibatch"] for r in forward} == {0, 1}
+    assert any(r.get("reference") for r in records if r["kind"] == "trainer.forward")  # the batch reference pass
+    assert {r["minibatch"] for r in records if r["kind"] == "trainer.optimizer"} == {0, 1}
+    for section in TIMED_SECTIONS:  # one rank: the records are the step's timing, split up
+        total = sum(r["duration_s"] for r in records if r["kind"] == f"trainer.{section}")
+        assert total == pytest.approx(metrics[f"timing_{section}_total"], rel=1e-9, abs=1e-12)
+    [step] = [r for r in records if r["kind"] == "trainer.step"]
+    assert step["microbatches"] == len(forward) and step["duration_s"] == metrics["timing_trainer_step_total"]
+    assert all(step["start"] <= r["start"] <= step["start"] + step["duration_s"] for r in records)
+
+
+def test_no_phase_records_without_track_gpu_events(tiny_model: Path) -> None:
+    backend = started(tiny_model, track_gpu_events=False)
+    try:
+        metrics = backend.train_step(synthetic_batch())
+        assert backend.drain_events() == []
+    finally:
+        backend.close()
+    assert metrics["timing_forward_total"] > 0

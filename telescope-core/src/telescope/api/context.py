@@ -47,6 +47,8 @@ class TrainerContext(_Context):
     entropy_chunk_size: int = 1024
     ppo_clip_ref_logprobs: Literal["rollout", "batch"] = "rollout"
     run_dir: str | None = None
+    #: record per-section timeline events (forward, backward, ...; CUDA events on a GPU)
+    track_gpu_events: bool = True
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> TrainerContext:
@@ -58,7 +60,7 @@ class TrainerContext(_Context):
             number_of_minibatches=c.number_of_minibatches, seq_len=c.seq_len,
             pad_to_multiple_of=c.pad_to_multiple_of, temperature=c.temperature,
             entropy_chunk_size=c.entropy_chunk_size, ppo_clip_ref_logprobs=c.ppo_clip_ref_logprobs,
-            run_dir=c.run_dir,
+            run_dir=c.run_dir, track_gpu_events=c.track_gpu_events,
         )  # fmt: skip
 
 
@@ -113,6 +115,9 @@ class LoggerContext(_Context):
     run_name: str
     resolved_config: dict[str, Any]
     system_metrics_interval_s: float = 1.0
+    #: the code snapshot's selection (the run directory's ``code/`` is made with it)
+    code_max_file_size_mb: float = 2.0
+    code_exclude_patterns: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: TelescopeConfig, run_dir: str) -> LoggerContext:
@@ -121,4 +126,6 @@ class LoggerContext(_Context):
             run_name=config.wandb_run_name,
             resolved_config=config.model_dump(mode="json"),
             system_metrics_interval_s=config.system_metrics_collection_interval_seconds,
+            code_max_file_size_mb=config.wandb_code_max_file_size_mb,
+            code_exclude_patterns=tuple(config.wandb_code_exclude_patterns),
         )

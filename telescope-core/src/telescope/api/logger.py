@@ -43,7 +43,12 @@ class Logger(ABC):
         self.log_step(step, metrics)
 
     def log_event(self, event: dict[str, Any]) -> None:
-        """Record a timeline event; optional."""
+        """Record a timeline event; optional.
+
+        ``telescope run`` subscribes every logger to the run's event bus
+        (:mod:`telescope.recording.events`), so this is called from any thread, often:
+        buffer, never block.
+        """
 
     def close(self) -> None:
         """Flush and finish."""

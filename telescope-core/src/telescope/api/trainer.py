@@ -25,7 +25,9 @@ Contract details every backend follows (``telescope.testing.trainer`` checks the
   collective: call them on every rank (``named_weights`` yields on every rank);
 - losses are normalised by global counts (all micro-batches, all ranks) and the
   metrics are reduced over ranks, not taken from rank 0;
-- ``step`` counts completed trainer steps and is restored by ``load_checkpoint``.
+- ``step`` counts completed trainer steps and is restored by ``load_checkpoint``;
+- ``drain_events`` returns the timeline records of the steps since its last call
+  (phases per micro-batch; with ``context.track_gpu_events``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,14 @@ class TrainerBackend(ABC):
     @abstractmethod
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint; returns what it recorded (step, ...)."""
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """Timeline records since the last call, then forgotten: ``{"kind": "trainer.<phase>", "start",
+        "duration_s", ...}`` dicts (``microbatch``, ``minibatch``); the worker adds ``rank`` and ``step``.
+
+        Backends that record none keep this default (no records).
+        """
+        return []
 
     def close(self) -> None:
         """Release the process group and memory."""

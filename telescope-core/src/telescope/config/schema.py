@@ -28,6 +28,9 @@ S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
+#: What the code snapshot (the run store's, uploaded by the W&B logger) leaves out by default.
+DEFAULT_CODE_EXCLUDES = [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"]
+
 #: Section of every field, in the order of the reference documentation; used by the
 #: defaults file and ``telescope config show``.
 SECTIONS: dict[str, str] = {}
@@ -241,7 +244,16 @@ class TelescopeConfig(BaseModel):
     metrics_logger_interval_seconds: float = Field(2.0, gt=0, description="Metrics logger flush interval")
     ray_torch_memory_drain_interval_seconds: float = Field(0.5, gt=0, description="Ray torch memory drain interval")
     rollout_block_size: int = Field(500, ge=1, description="Block size for rollout event grouping")
-    track_gpu_events: bool = Field(True, description="Track GPU timeline events")
+    track_gpu_events: bool = Field(
+        True, description="Record the trainer's phases per rank as timeline events (CUDA events on a GPU)"
+    )
+    wandb_code_max_file_size_mb: float = Field(
+        2.0, gt=0, description="Max file size for the code snapshot (run directory's code/ and W&B)"
+    )
+    wandb_code_exclude_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_CODE_EXCLUDES),
+        description="Glob patterns to exclude from the code snapshot (run directory's code/ and W&B)",
+    )
 
     # --------------------------------------------------------------------- ray
     ray_address: str = Field("auto", description='Ray cluster address ("auto" = attach to a running one)')

@@ -13,7 +13,8 @@ One :class:`InferenceClient` per server, over one ``httpx.AsyncClient``:
 - weight updates: :meth:`~InferenceClient.init_weight_transfer` once and
   :meth:`~InferenceClient.update_weights` per step, through ``/collective_rpc``
   (see :mod:`telescope.inference.weight_updates`), then ``/reset_prefix_cache`` so
-  vLLM does not reuse prompt KV computed with the old weights;
+  vLLM does not reuse prompt KV computed with the old weights (each load is a
+  ``weights.load`` event);
 - :meth:`~InferenceClient.health`, :meth:`~InferenceClient.wait_until_healthy`,
   :meth:`~InferenceClient.metrics` (Prometheus text parsed to a dict).
 
@@ -24,6 +25,14 @@ update it completed on this server) and ``policy_version_end`` with the one it
 knows when the response arrives; ``token_policy_versions`` stays ``None``. For
 staleness accounting use ``policy_version_start`` (the oldest weights that
 contributed).
+
+Timeline events (:mod:`telescope.recording.events`): every :meth:`~InferenceClient.complete`
+emits one ``inference.request`` (dispatch time, duration, ``server``, ``request_id``,
+prompt and completion tokens, ``finish_reason`` or ``aborted``, the policy versions),
+plus the server-side phases ``inference.queue``, ``inference.prefill`` and
+``inference.decode`` when the response carries ``timing`` (the embedded engine; vLLM's
+phases come from its OTLP spans). The caller's ids (``group_id``, ``sample_id``,
+``turn``) come from :func:`telescope.recording.events.context`.
 
 Retries (tenacity): connection failures and 503 are retried with exponential
 back-off (a server still starting, a restart); anything else is raised at once,
@@ -43,7 +52,8 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from telescope.inference import weight_updates
-from telescope.inference.protocol import CompletionResponse, new_request_id
+from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
+from telescope.recording.events import emit
 
 
 class InferenceServerError(RuntimeError):
@@ -77,6 +87,7 @@ class CompletionResult:
     completions: list[Completion]
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    timing: RequestTiming | None = None
 
 
 def build_completion_request(
@@ -164,7 +175,55 @@ def parse_completion_response(payload: dict[str, Any], dispatch_version: int, kn
         completions=completions,
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens or 0,
+        timing=response.timing,
     )
+
+
+#: The server-side phases of a request: (event kind, timing field it starts at, field it ends at).
+PHASES = (
+    ("inference.queue", "queued", "started"),
+    ("inference.prefill", "started", "first_token"),
+    ("inference.decode", "first_token", "finished"),
+)
+
+
+def emit_request_events(
+    result: CompletionResult | None,
+    *,
+    start: float,
+    duration_s: float,
+    server: int | None,
+    request_id: str,
+    dispatch_version: int,
+    known_version: int,
+    prompt_tokens: int | None,
+    error: str | None = None,
+) -> None:
+    """``inference.request`` for one request (``result`` None: aborted or failed), then its server phases."""
+    ids = {"component": "inference", "server": server, "request_id": request_id}
+    if result is None:
+        emit(
+            "inference.request", start=start, duration_s=duration_s, **ids, prompt_tokens=prompt_tokens,
+            completion_tokens=0, finish_reason="aborted" if error is None else "error", aborted=error is None,
+            error=error, policy_version_start=dispatch_version, policy_version_end=known_version,
+        )  # fmt: skip
+        return
+    first = result.completions[0] if result.completions else None
+    emit(
+        "inference.request", start=start, duration_s=duration_s, **ids, prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens, n=len(result.completions),
+        finish_reason=first.finish_reason if first is not None else None,
+        aborted=first is not None and first.finish_reason == "abort",
+        policy_version_start=first.policy_version_start if first is not None else dispatch_version,
+        policy_version_end=first.policy_version_end if first is not None else known_version,
+    )  # fmt: skip
+    timing = result.timing
+    if timing is None:
+        return
+    for kind, begin, end in PHASES:
+        begin_at, end_at = getattr(timing, begin), getattr(timing, end)
+        if begin_at is not None and end_at is not None:
+            emit(kind, start=begin_at, duration_s=max(0.0, end_at - begin_at), **ids)
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -187,8 +246,10 @@ class InferenceClient:
         max_connections: int = 4096,
         initial_policy_version: int = 0,
         http_transport: httpx.AsyncBaseTransport | None = None,
+        server_index: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.server_index = server_index  # the ``server`` of this client's timeline events
         self.model = model
         self.max_retries = max_retries
         self.policy_version = initial_policy_version
@@ -263,8 +324,23 @@ class InferenceClient:
         """
         body = build_completion_request(prompt, model=options.pop("model", self.model), **options)
         dispatch_version = self.policy_version
-        response = await self._request("POST", "/v1/completions", json=body)
-        return parse_completion_response(response.json(), dispatch_version, self.policy_version)
+        start, t0 = time.time(), time.perf_counter()
+        result: CompletionResult | None = None
+        error: str | None = None
+        try:
+            response = await self._request("POST", "/v1/completions", json=body)
+            result = parse_completion_response(response.json(), dispatch_version, self.policy_version)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:  # also when cancelled (the request is then aborted on the server)
+            emit_request_events(
+                result, start=start, duration_s=time.perf_counter() - t0, server=self.server_index,
+                request_id=str(body["request_id"]), dispatch_version=dispatch_version,
+                known_version=self.policy_version,
+                prompt_tokens=len(body["prompt"]) if isinstance(body["prompt"], list) else None, error=error,
+            )  # fmt: skip
+        return result
 
     async def abort(self, request_ids: Sequence[str]) -> list[str]:
         """Abort by id (embedded engine); vLLM aborts on disconnect only, so there this returns []."""
@@ -305,9 +381,23 @@ class InferenceClient:
         return await self.collective_rpc(weight_updates.INIT_METHOD, payload)
 
     async def update_weights(self, version: int) -> list[Any]:
-        """Receive and load weights ``version`` (run concurrently with the sender), then drop stale prefix KV."""
+        """Receive and load weights ``version`` (run concurrently with the sender), then drop stale prefix KV.
+
+        Emits one ``weights.load`` event per worker of the server (``worker``: its index in
+        the results), starting when the worker began receiving (its own clock; when
+        the call was made if it does not say) and lasting the seconds it reports.
+        """
+        requested = time.time()
         results = await self.collective_rpc(weight_updates.UPDATE_METHOD, weight_updates.update_payload(version))
         self.policy_version = version
+        for worker, result in enumerate(results):
+            if isinstance(result, dict):
+                emit(
+                    "weights.load", start=float(result.get("start", requested)),
+                    duration_s=float(result.get("seconds", time.time() - requested)), component="inference",
+                    server=self.server_index, worker=worker, version=result.get("policy_version", version),
+                    tensors=result.get("num_tensors"),
+                )  # fmt: skip
         await self._request("POST", "/reset_prefix_cache", retry=False)
         return results
 

@@ -17,7 +17,9 @@ These pydantic models mirror the subset of vLLM's OpenAI-compatible
 Telescope extensions (optional fields; vLLM leaves them out, the client fills what it
 can): ``policy_version_start`` / ``policy_version_end`` (the weights version that
 computed the first / last generated token) and ``token_policy_versions`` (one per
-generated token; the embedded engine only).
+generated token; the embedded engine only); on the response, ``timing`` (when the
+request was queued, admitted, got its first token and finished, in UNIX seconds on the
+server's clock; the embedded engine only, see :class:`RequestTiming`).
 
 Unknown request fields are ignored (vLLM accepts many more; a client written for
 vLLM keeps working against the embedded server). A batch of prompts in one request
@@ -129,6 +131,17 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class RequestTiming(BaseModel):
+    """Telescope extension: a request's life on the server (UNIX seconds; ``None`` where it never got there)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    queued: float
+    started: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
 class CompletionResponse(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -138,6 +151,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo = Field(default_factory=UsageInfo)
+    timing: RequestTiming | None = None  # Telescope extension (absent from vLLM responses)
 
 
 class ModelCard(BaseModel):

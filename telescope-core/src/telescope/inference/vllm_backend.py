@@ -240,7 +240,7 @@ class TelescopeWorkerExtension:
     def telescope_update_weights(self, payload: str) -> dict[str, Any]:
         if self._telescope_receiver is None:
             raise RuntimeError(f"call {weight_updates.INIT_METHOD} before {weight_updates.UPDATE_METHOD}")
-        start = time.perf_counter()
+        started_at, start = time.time(), time.perf_counter()
         version, tensors = self._telescope_receiver.receive(payload)
         counted: list[int] = [0]
 
@@ -251,7 +251,8 @@ class TelescopeWorkerExtension:
 
         self._telescope_model().load_weights(weights=counting())
         self._telescope_version = version
-        return {"policy_version": version, "num_tensors": counted[0], "seconds": time.perf_counter() - start}
+        return {"policy_version": version, "num_tensors": counted[0], "seconds": time.perf_counter() - start,
+                "start": started_at}  # fmt: skip
 
     def telescope_policy_version(self) -> dict[str, Any]:
         return {"policy_version": self._telescope_version}

@@ -12,7 +12,8 @@ server implements the same route for its one "worker"):
   creates the named transport and connects it as receiver ``rank_offset + local
   rank`` (the TP rank in a vLLM server, 0 in the embedded one);
 - :data:`UPDATE_METHOD` (every step): ``{"version"}`` receives that version and
-  loads it in place; returns ``{"policy_version", "num_tensors", "seconds"}``;
+  loads it in place; returns ``{"policy_version", "num_tensors", "seconds", "start"}``
+  (``start``: when the worker began receiving, UNIX seconds);
 - :data:`VERSION_METHOD`: the weights version the worker holds.
 
 Arguments are JSON strings because vLLM's route only forwards strings.

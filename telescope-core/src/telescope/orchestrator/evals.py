@@ -13,6 +13,10 @@ say ``correct`` > 0, else when its reward is positive.
 :func:`reserved_eval_ids`); keyed on the config's environment name and the
 sample's stable id, never on a display name an environment can override.
 
+Timeline: each eval is one ``eval.run`` event (``name``, ``phase``, ``step``, its
+metrics); the events of its rollouts (requests, rewards) carry ``eval`` (the name),
+``sample_id`` and ``rollout_index`` (the draw).
+
 pass@k and pass^k: the unbiased estimators of Chen et al. 2021 ("Evaluating Large Language
 Models Trained on Code"), see :func:`pass_at_k`.
 """
@@ -34,6 +38,7 @@ from telescope.orchestrator.scheduler import request_seed
 from telescope.orchestrator.services import GenerationService, SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
+from telescope.recording import events
 
 # ------------------------------------------------------------ pass@k / pass^k
 # Unbiased pass@k and pass^k estimators (Chen et al. 2021, "Evaluating Large Language Models
@@ -174,7 +179,11 @@ class EvalRunner:
         for index, entry in enumerate(self.config.evals):
             if entries is not None and entry not in entries:
                 continue
-            metrics = await self.evaluate(index, entry, servers)
+            with events.timed(
+                "eval.run", component="orchestrator", name=entry.name, phase=phase, step=step, servers=list(servers)
+            ) as event:
+                metrics = await self.evaluate(index, entry, servers)
+                event["metrics"] = metrics
             results[entry.name] = metrics
             self.sink.log_eval(entry.name, step, metrics, phase=phase)
         return results
@@ -205,10 +214,11 @@ class EvalRunner:
 
             async with gate:
                 messages = environment.format_prompt(sample)
-                return await run_rollout(
-                    environment, sample, messages, self.renderer.prompt_ids(messages),
-                    renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
-                )  # fmt: skip
+                with events.context(eval=entry.name, sample_id=sample.sample_id, rollout_index=draw):
+                    return await run_rollout(
+                        environment, sample, messages, self.renderer.prompt_ids(messages),
+                        renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
+                    )  # fmt: skip
 
         rollouts = await asyncio.gather(*(one(i, sample, d) for i, sample in enumerate(items) for d in range(n)))
         per_item = [rollouts[i * n : (i + 1) * n] for i in range(len(items))]

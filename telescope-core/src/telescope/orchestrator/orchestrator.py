@@ -18,6 +18,12 @@ Reads as the loop it runs (:meth:`Orchestrator.run`)::
 It talks to the workers through two handles, :class:`~telescope.orchestrator.services.GenerationService`
 and :class:`~telescope.orchestrator.services.TrainingService`.
 
+Timeline events (component ``orchestrator``): ``orchestrator.step`` (the whole step,
+timed, with ``step``), ``orchestrator.batch_assembled`` (groups, samples, tokens),
+``weights.sync`` (pushing a version to every server) and
+``orchestrator.checkpoint``; every event emitted while a step runs in this loop (the
+trainer's phases, weight sends and loads) carries its ``step``.
+
 Resume: a checkpoint holds the trainer state (weights, optimizer, LR schedule, RNG)
 and a sidecar with the orchestrator's state (step, prompt position, counters); the run
 continues at the next step with the restored weights pushed to every server first.
@@ -48,6 +54,7 @@ from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
 from telescope.orchestrator.warm_start import demonstration_examples
+from telescope.recording import events
 from telescope.recording.recorder import StepOutcome, StepRecorder
 
 
@@ -140,7 +147,8 @@ class Orchestrator:
         resumed = await self.restore()
         if not resumed and self.config.warm_start_steps > 0:
             await self.warm_start()
-        await self.training.push_weights(self.start_step)
+        with events.timed("weights.sync", component="orchestrator", version=self.start_step):
+            await self.training.push_weights(self.start_step)
         scheduler = RolloutScheduler(
             self.config, self.prompts, self.renderer, self._generate, self.train_servers,
             start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
@@ -150,7 +158,8 @@ class Orchestrator:
         scheduler.start()
         try:
             for step in range(self.start_step, self.config.number_of_steps):
-                await self._train_one_step(scheduler, step)
+                with events.context(step=step), events.timed("orchestrator.step", component="orchestrator"):
+                    await self._train_one_step(scheduler, step)
                 if self.checkpoints.due(step + 1):
                     await self._save(scheduler, step + 1)
                 self._maybe_periodic_evals(step + 1)
@@ -171,12 +180,16 @@ class Orchestrator:
         step_start = time.perf_counter()
         ready = await scheduler.next_batch(step)
         waited = time.perf_counter() - step_start
-        batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
+        with events.timed("orchestrator.batch_assembled", component="orchestrator", groups=len(ready)) as event:
+            batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
+            event.update(samples=len(batch.samples), tokens=batch.num_tokens,
+                         group_ids=[g.scheduled.group_id for g in ready if g.scheduled is not None])  # fmt: skip
         train_start = time.perf_counter()
         trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
         sync_start = time.perf_counter()
-        sync = await self.training.push_weights(step + 1)
+        with events.timed("weights.sync", component="orchestrator", version=step + 1):
+            sync = await self.training.push_weights(step + 1)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
         stats = scheduler.take_stats()
@@ -208,7 +221,8 @@ class Orchestrator:
             "prompts": prompt_state,
             "counters": dataclasses.asdict(self.counters),
         }
-        await self.checkpoints.save(step, self.training, state)
+        with events.timed("orchestrator.checkpoint", component="orchestrator", checkpoint_step=step):
+            await self.checkpoints.save(step, self.training, state)
 
     # ----------------------------------------------------------------- evals
 

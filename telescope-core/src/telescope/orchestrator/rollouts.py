@@ -14,18 +14,23 @@
   before the reward is computed (``free_lane_after_generation``).
 - Each turn's ``max_tokens`` is capped so that the trajectory stays within
   ``max_model_len``; a trajectory that reaches it ends with finish reason ``length``.
+- Timeline: events emitted during a turn's generation and environment reply carry
+  ``turn`` (an event context); scoring is one ``reward.compute`` event (``sample_id``,
+  ``environment``, ``reward``, ``error``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
 from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, Turn
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.recording import events
 
 
 @dataclass
@@ -95,7 +100,8 @@ async def run_rollout(
             dispatched_version = policy_version()
             # the server sees the whole trajectory so far: earlier turns' tokens exactly as they were
             context = [tok for t in turns for tok in (*t.input_token_ids, *t.output_token_ids)]
-            generation = await generate(context + input_ids, budget, len(turns))
+            with events.context(turn=len(turns)):
+                generation = await generate(context + input_ids, budget, len(turns))
             text = renderer.decode(generation.token_ids)
             turns.append(
                 Turn(
@@ -120,7 +126,8 @@ async def run_rollout(
                 environment.is_done, conversation, state
             ):
                 break
-            new_messages = await asyncio.to_thread(environment.env_response, conversation, state)
+            with events.context(turn=len(turns) - 1):  # the reply to this turn (its tool calls, sandboxes)
+                new_messages = await asyncio.to_thread(environment.env_response, conversation, state)
             if limits.interleaved:
                 input_ids = renderer.continuation_ids(history, reply, generation.token_ids, new_messages)
                 conversation.extend(new_messages)
@@ -159,6 +166,20 @@ def _token_versions(generation: Generation) -> list[int]:
 
 
 async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object) -> RewardResult:
+    """The rollout's reward (errors contained), as one ``reward.compute`` event."""
+    start, t0 = time.time(), time.perf_counter()
+    result = await _compute_reward(environment, rollout, renderer, state)
+    events.emit(
+        "reward.compute", start=start, duration_s=time.perf_counter() - t0, component="orchestrator",
+        sample_id=rollout.sample.sample_id, environment=rollout.sample.environment,
+        reward=float(result.total_reward), error=result.error,
+    )  # fmt: skip
+    return result
+
+
+async def _compute_reward(
+    environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object
+) -> RewardResult:
     try:
         if isinstance(environment, BaseEnvironment):
             result = await asyncio.to_thread(

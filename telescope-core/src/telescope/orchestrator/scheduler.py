@@ -23,6 +23,14 @@ Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. W
 individual sample lanes each sample holds a lane (released after generation with
 ``free_lane_after_generation``, else after scoring); otherwise a group holds one
 lane for all its samples. New work goes to the server with the most free lanes.
+
+Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
+``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
+``orchestrator.group_completed`` (accepted; timed from dispatch),
+``orchestrator.group_discarded`` (``reason``: ``zero_advantage``, ``max_async``,
+``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``. Every event
+emitted while a rollout runs (requests, rewards, tools, sandboxes) carries its
+``group_id``, ``sample_id`` and ``rollout_index`` (an event context).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, run_rollout
+from telescope.recording import events
 from telescope.recording.rollout_metrics import DiscardLog
 
 log = logging.getLogger("telescope.orchestrator")
@@ -60,6 +69,16 @@ class ScheduledGroup:
     dispatch_version: int
     server: int
     task: asyncio.Task[None] | None = None
+    group_id: int = -1
+    dispatched_at: float = field(default_factory=time.time)
+
+    def emit(self, kind: str, **fields: object) -> None:
+        """A timeline event about this group, timed from its dispatch."""
+        events.emit(
+            f"orchestrator.{kind}", start=self.dispatched_at, duration_s=time.time() - self.dispatched_at,
+            component="orchestrator", group_id=self.group_id, sample_id=self.item.sample.sample_id,
+            server=self.server, target_step=self.target_step, dispatch_version=self.dispatch_version, **fields,
+        )  # fmt: skip
 
 
 @dataclass
@@ -71,6 +90,7 @@ class ReadyGroup:
     target_step: int
     dispatch_version: int
     item: PromptItem
+    scheduled: ScheduledGroup | None = None
 
 
 @dataclass
@@ -213,11 +233,16 @@ class RolloutScheduler:
                 async with self._draw_lock:
                     item = await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
-                scheduled = ScheduledGroup(item, target, self.policy_version, server)
                 group_id = self._next_id
                 self._next_id += 1
+                scheduled = ScheduledGroup(item, target, self.policy_version, server, group_id=group_id)
                 self._in_flight[group_id] = scheduled
                 self.stats.groups_dispatched += 1
+                events.emit(
+                    "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
+                    group_id=group_id, sample_id=item.sample.sample_id, server=server, target_step=target,
+                    dispatch_version=self.policy_version, environment=self.prompts.slots[item.slot].name,
+                )  # fmt: skip
                 scheduled.task = asyncio.create_task(self._run_group(group_id, scheduled), name=f"group-{group_id}")
         except asyncio.CancelledError:
             raise
@@ -252,16 +277,18 @@ class RolloutScheduler:
                 return await self.generate(scheduled.server, prompt_ids, max_tokens, seed, turn)
 
             lane = lanes[index] if individual and index < len(lanes) else None
-            return await run_rollout(
-                slot.environment, item.sample, item.messages, item.prompt_token_ids,
-                renderer=self.renderer, generate=generate, policy_version=lambda: self.policy_version,
-                limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
-            )  # fmt: skip
+            with events.context(group_id=group_id, sample_id=item.sample.sample_id, rollout_index=index):
+                return await run_rollout(
+                    slot.environment, item.sample, item.messages, item.prompt_token_ids,
+                    renderer=self.renderer, generate=generate, policy_version=lambda: self.policy_version,
+                    limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
+                )  # fmt: skip
 
         try:
             rollouts = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
         except asyncio.CancelledError:
             self.stats.discards.add_canceled(self.config.group_size)
+            scheduled.emit("group_canceled", rollouts=self.config.group_size)
             self._in_flight.pop(group_id, None)
             self._settle(item)
             for lane in lanes:
@@ -272,6 +299,7 @@ class RolloutScheduler:
             raise
         except Exception as exc:  # a worker failure: contained, counted, the run goes on
             log.exception("group %d (sample %s) failed", group_id, item.sample.sample_id)
+            scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
             self.stats.failed_groups += 1
             self._consecutive_failures += 1
             self._in_flight.pop(group_id, None)
@@ -301,17 +329,22 @@ class RolloutScheduler:
         if errored:
             group = Group(sample=group.sample, rollouts=[r for r in group.rollouts if not r.error])
         async with self._changed:
-            keep = True
+            reason = None
             if len(group.rollouts) < 2:
-                keep = False  # errors left too few samples to compare
+                reason = "too_few_samples"  # errors left too few samples to compare
             elif self.config.discard_group_zero_advantage and group.is_zero_advantage:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
-                keep = False
-            if keep:
-                ready = ReadyGroup(group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item)
+                reason = "zero_advantage"
+            rewards = [r.reward.total_reward if r.reward is not None else None for r in group.rollouts]
+            if reason is None:
+                scheduled.emit("group_completed", rollouts=len(group.rollouts), errored=len(errored), rewards=rewards)
+                ready = ReadyGroup(
+                    group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item, scheduled
+                )
                 self._ready.setdefault(scheduled.target_step, []).append(ready)
             else:
+                scheduled.emit("group_discarded", reason=reason, errored=len(errored), rewards=rewards)
                 self._quota[scheduled.target_step] -= 1
                 self._settle(scheduled.item)
             self._changed.notify_all()
@@ -371,6 +404,8 @@ class RolloutScheduler:
                          <= self.config.max_off_policy_steps]  # fmt: skip
                 if len(fresh) < len(ready):
                     for stale in (g for g in ready if g not in fresh):
+                        if stale.scheduled is not None:
+                            stale.scheduled.emit("group_discarded", reason="max_async", step=step)
                         self.stats.discards.add_stale(stale.group.rollouts)
                         self.stats.discarded_groups += 1
                         self._settle(stale.item)

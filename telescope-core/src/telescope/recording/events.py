@@ -9,11 +9,21 @@ not be done per token.
 An event is a flat JSON-ready dict with at least ``kind`` (dotted, e.g.
 ``sandbox.execute``), ``start`` (UNIX seconds) and ``duration_s``; the rest is up
 to the emitter (``sandbox_id``, ``exit_code``, ``step``, ...).
+
+Ids that a whole stretch of work shares (the ``group_id``, ``sample_id`` and ``turn``
+of a rollout) are set once with :func:`context`; :func:`emit` adds them to every event
+emitted inside it (fields given to ``emit`` win). The context is a ``contextvars``
+value, so it follows asyncio tasks and ``asyncio.to_thread`` calls (reward functions,
+tool calls, sandbox commands) but not plain threads.
+
+Events made in another process (a trainer rank) travel as dicts and are handed to
+the sinks here with :func:`publish`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +35,9 @@ Sink = Callable[[Event], None]
 
 _lock = threading.Lock()
 _sinks: list[Sink] = []
+_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "telescope_event_context", default=None
+)
 
 
 def subscribe(sink: Sink) -> Callable[[], None]:
@@ -43,13 +56,34 @@ def subscribe(sink: Sink) -> Callable[[], None]:
 def emit(kind: str, *, start: float | None = None, duration_s: float = 0.0, **fields: Any) -> Event:
     """Record one event and hand it to every sink (a failing sink is dropped from this call)."""
     event: Event = {"kind": kind, "start": time.time() if start is None else start, "duration_s": duration_s}
+    event.update(_context.get() or {})
     event.update(fields)
+    return publish(event)
+
+
+def publish(event: Event) -> Event:
+    """Hand a finished event dict (one made in another process, say) to every sink as it is."""
     with _lock:
         sinks = list(_sinks)
     for sink in sinks:
         with contextlib.suppress(Exception):  # an observer must never break the observed code
             sink(event)
     return event
+
+
+@contextmanager
+def context(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` to every event emitted inside the block (nested blocks add to the outer ones)."""
+    token = _context.set({**(_context.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def current_context() -> dict[str, Any]:
+    """The fields :func:`context` blocks add here (a copy)."""
+    return dict(_context.get() or {})
 
 
 @contextmanager

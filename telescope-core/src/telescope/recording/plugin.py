@@ -8,11 +8,14 @@ from telescope.api.settings import PluginSettings
 from telescope.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
-DEFAULT_CODE_EXCLUDES = [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"]
-
 
 class WandbSettings(PluginSettings):
-    """The Weights & Biases logger's fields."""
+    """The Weights & Biases logger's own fields.
+
+    The code snapshot's selection (``wandb_code_max_file_size_mb``,
+    ``wandb_code_exclude_patterns``) is the core's (the run store snapshots the code
+    whether or not W&B is on); the logger reads it from its context.
+    """
 
     section = "logging"
 
@@ -23,10 +26,6 @@ class WandbSettings(PluginSettings):
     wandb_upload_logs: bool = Field(True, description="Upload trainer/inference logs to W&B")
     wandb_upload_logs_detailed: bool = Field(False, description="Include detailed logs in W&B upload")
     wandb_upload_logs_stdout: bool = Field(False, description="Include stdout logs in W&B upload")
-    wandb_code_max_file_size_mb: float = Field(2.0, gt=0, description="Max file size for code upload")
-    wandb_code_exclude_patterns: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_CODE_EXCLUDES), description="Glob patterns to exclude from code upload"
-    )
 
 
 @hookimpl

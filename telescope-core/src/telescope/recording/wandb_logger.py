@@ -14,14 +14,26 @@ mirrors it to W&B:
   ``wandb sync <run dir>/wandb/offline-run-*``.
 - :meth:`WandbLogger.log_step` logs scalars with ``step=``; :meth:`WandbLogger.log_rollouts`
   logs one ``wandb.Table`` per call (key ``rollouts_table``), bounded to
-  :attr:`WandbLogger.max_table_rows` rows and :attr:`WandbLogger.max_text_chars` characters
-  per text cell. Timeline events are not sent (they stay in events.jsonl).
-- ``wandb_upload_code``: at start, the source files (``.py``, configs, ...) under the working
-  directory, skipping ``wandb_code_exclude_patterns`` (glob patterns matched against each
-  file or folder name and relative path; excluded folders are not walked) and files over
-  ``wandb_code_max_file_size_mb``, through ``run.log_code`` (the run's Code tab; at most
-  :attr:`WandbLogger.max_code_files` files). The selected files are copied to a temporary
-  folder first, so that W&B does not walk ``.venv`` and other excluded trees.
+  :attr:`WandbLogger.max_table_rows` rows (W&B's own limit per table) and
+  :attr:`WandbLogger.max_text_chars` characters per text cell.
+- Timeline events (:meth:`WandbLogger.log_event`, subscribed to the run's event bus) are
+  buffered and flushed as a ``wandb.Table`` with each step's metrics (key
+  ``events_table``; more than :attr:`WandbLogger.max_table_rows` events go to
+  ``events_table_2``, ``events_table_3``, ...), and the rest at :meth:`close` (key
+  ``events_table_end``). Columns: :data:`EVENT_COLUMNS`; the event's other fields are
+  one JSON cell (``fields``).
+- Evals (:meth:`WandbLogger.log_eval`) are logged into the current history row
+  (``commit=False``) with their own step as a field, ``eval/<name>/step``, which
+  ``define_metric`` makes the x axis of ``eval/<name>/*``: W&B drops a ``log`` whose step
+  is lower than one already logged, and an eval that ran beside training finishes
+  after later steps were logged.
+- ``metadata.json`` of the run directory (if written) is saved with the run's files.
+- ``wandb_upload_code``: at start, the run directory's code snapshot (``code/``, see
+  :mod:`telescope.recording.run_metadata`) through ``run.log_code`` (the run's Code tab);
+  without a snapshot, the same selection is made here from the working directory
+  (``wandb_code_exclude_patterns`` and ``wandb_code_max_file_size_mb``, core fields read
+  from the logger's context) and copied to a temporary folder first, so that W&B does not
+  walk ``.venv`` and other excluded trees.
 - ``wandb_upload_logs``: at :meth:`close`, the run directory's ``logs/`` as one
   ``logs.tar.gz`` in a ``logs`` artifact: the main logs always, ``logs/detailed/`` with
   ``wandb_upload_logs_detailed`` and ``logs/stdout/`` with ``wandb_upload_logs_stdout``.
@@ -32,13 +44,14 @@ command) or any exception from W&B is reported once (a warning on the
 disables itself; later calls do nothing. ``wandb`` is imported only when the logger starts.
 
 Limits: W&B drops a ``log`` whose step is lower than one already logged (a resumed run
-starts a new W&B run). A hung W&B service can still block ``wandb.init`` or ``finish``
-up to W&B's own timeouts.
+starts a new W&B run); two results of the same eval that land in one history row keep
+the later one (the run store keeps both). A hung W&B service can still block
+``wandb.init`` or ``finish`` up to W&B's own timeouts.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import json
 import logging
 import netrc
 import os
@@ -46,6 +59,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -54,6 +68,7 @@ from urllib.parse import urlparse
 from telescope.api.logger import Logger
 from telescope.api.settings import PluginSettings
 from telescope.recording.plugin import WandbSettings
+from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE, code_files
 
 if TYPE_CHECKING:
     from telescope.api.context import LoggerContext
@@ -62,8 +77,6 @@ _log = logging.getLogger("telescope.loggers.wandb")
 
 INSTALL_HINT = "pip install 'telescope-core[wandb]'"
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")
-#: File types uploaded as source code.
-CODE_SUFFIXES = frozenset({".py", ".pyi", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".sh", ".md", ".txt"})
 
 TABLE_COLUMNS = [
     "step",
@@ -79,6 +92,11 @@ TABLE_COLUMNS = [
     "policy_version",
     "error",
 ]
+
+#: Columns of the events table; an event's other fields go into ``fields`` (JSON).
+EVENT_COLUMNS = [
+    "kind", "start", "duration_s", "component", "step", "server", "rank", "group_id", "sample_id", "request_id",
+]  # fmt: skip
 
 
 def api_key_configured() -> bool:
@@ -101,37 +119,6 @@ def wandb_mode() -> str:
             raise ValueError(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}")
         return mode
     return "online" if api_key_configured() else "offline"
-
-
-def _is_excluded(relative: str, name: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(relative, p) for p in patterns)
-
-
-def code_files(root: Path, max_file_size_mb: float, exclude_patterns: list[str], max_files: int) -> list[Path]:
-    """Source files under ``root`` to upload, sorted; excluded folders are not descended into."""
-    max_bytes = max_file_size_mb * 1024 * 1024
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        relative_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if not _is_excluded(os.path.normpath(os.path.join(relative_dir, d)), d, exclude_patterns)
-        )
-        for filename in sorted(filenames):
-            path = Path(dirpath) / filename
-            relative = os.path.normpath(os.path.join(relative_dir, filename))
-            if path.suffix not in CODE_SUFFIXES or _is_excluded(relative, filename, exclude_patterns):
-                continue
-            try:
-                if not path.is_file() or path.stat().st_size > max_bytes:
-                    continue
-            except OSError:
-                continue
-            found.append(path)
-            if len(found) >= max_files:
-                return found
-    return found
 
 
 def log_files(logs_dir: Path, *, detailed: bool, stdout: bool) -> list[Path]:
@@ -161,6 +148,20 @@ def _artifact_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
 
+def _event_row(event: dict[str, Any]) -> list[Any]:
+    """One events-table row: the :data:`EVENT_COLUMNS` (ids that are not numbers as text), then the rest as JSON."""
+    row: list[Any] = []
+    for column in EVENT_COLUMNS:
+        value = event.get(column)
+        if column in ("start", "duration_s", "step", "server", "rank"):
+            row.append(value if isinstance(value, (int, float)) and not isinstance(value, bool) else None)
+        else:
+            row.append(None if value is None else str(value))
+    rest = {k: v for k, v in event.items() if k not in EVENT_COLUMNS}
+    row.append(json.dumps(rest, separators=(",", ":"), default=str))
+    return row
+
+
 def _clip(value: Any, limit: int) -> str:
     if isinstance(value, list):  # chat messages
         value = "\n".join(
@@ -174,7 +175,7 @@ class WandbLogger(Logger):
     """Mirrors the run to Weights & Biases; see the module docstring for what and how."""
 
     name: ClassVar[str] = "wandb"
-    max_table_rows: ClassVar[int] = 64
+    max_table_rows: ClassVar[int] = 10_000
     max_text_chars: ClassVar[int] = 4000
     max_code_files: ClassVar[int] = 5000
 
@@ -185,6 +186,10 @@ class WandbLogger(Logger):
         self._run: Any = None
         self._wandb: Any = None
         self._closed = False
+        self._events: list[dict[str, Any]] = []
+        self._events_lock = threading.Lock()
+        self._eval_axes: set[str] = set()
+        self._last_step = -1
         self._start()
 
     @classmethod
@@ -226,19 +231,28 @@ class WandbLogger(Logger):
             return
         if self.wandb_settings.wandb_upload_code:
             self._guard("code upload", self._upload_code)
+        if (self.run_dir / METADATA_FILE).exists():
+            self._guard("metadata", lambda: self._run.save(
+                str(self.run_dir / METADATA_FILE), base_path=str(self.run_dir), policy="now"
+            ))  # fmt: skip
 
     def _upload_code(self) -> None:
-        """Copy the selected files to a temporary tree and hand it to ``run.log_code``.
+        """Hand the run's code snapshot to ``run.log_code``, or select and stage the files here.
 
         ``log_code`` walks its whole root without pruning (a ``.venv`` costs seconds), so
-        the selection (with pruning) is done here and only the selected files are walked.
+        the selection (with pruning) is done first and only the selected files are walked.
         """
+        snapshot = self.run_dir / CODE_DIR
+        if snapshot.is_dir():
+            self._run.log_code(root=str(snapshot), include_fn=_include_all, exclude_fn=_exclude_none)
+            return
         root = Path.cwd()
         files = code_files(
             root,
-            self.wandb_settings.wandb_code_max_file_size_mb,
-            list(self.wandb_settings.wandb_code_exclude_patterns),
+            self.context.code_max_file_size_mb,
+            list(self.context.code_exclude_patterns),
             self.max_code_files,
+            skip=self.run_dir,
         )
         if not files:
             return
@@ -253,7 +267,39 @@ class WandbLogger(Logger):
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         values = {key: value for key, value in metrics.items() if value is not None}
-        self._guard("log", lambda: self._run.log(values, step=step))
+        self._guard("log", lambda: self._run.log({**values, **self._event_tables("events_table")}, step=step))
+        self._last_step = max(self._last_step, step)
+
+    def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None:
+        """Log into the current row, with ``eval/<name>/step`` as the x axis of ``eval/<name>/*``."""
+        axis = f"eval/{name}/step"
+
+        def log() -> None:
+            if axis not in self._eval_axes:
+                self._run.define_metric(axis, hidden=True)
+                self._run.define_metric(f"eval/{name}/*", step_metric=axis)
+                self._eval_axes.add(axis)
+            values = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+            self._run.log({**values, axis: step}, commit=False)
+
+        self._guard("eval log", log)
+
+    def log_event(self, event: dict[str, Any]) -> None:
+        """Buffer one timeline event (any thread); it goes out with the next step's metrics."""
+        if self.active:
+            with self._events_lock:
+                self._events.append(event)
+
+    def _event_tables(self, key: str) -> dict[str, Any]:
+        """The buffered events as tables of at most ``max_table_rows`` rows (``key``, ``key_2``, ...)."""
+        with self._events_lock:
+            buffered, self._events = self._events, []
+        tables: dict[str, Any] = {}
+        for chunk, first in enumerate(range(0, len(buffered), self.max_table_rows)):
+            rows = [_event_row(e) for e in buffered[first : first + self.max_table_rows]]
+            name = key if chunk == 0 else f"{key}_{chunk + 1}"
+            tables[name] = self._wandb.Table(columns=[*EVENT_COLUMNS, "fields"], data=rows)
+        return tables
 
     def log_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         if not rollouts:
@@ -286,6 +332,8 @@ class WandbLogger(Logger):
         """Upload the logs (if asked for) and finish the W&B run; safe to call twice."""
         if self._closed:
             return
+        if self.active:
+            self._guard("events", self._flush_events_at_end)
         if self.active and self.wandb_settings.wandb_upload_logs:
             self._guard("log upload", self._upload_logs)
         if self.active:
@@ -313,6 +361,11 @@ class WandbLogger(Logger):
             self._run.log_artifact(artifact)
         finally:
             archive.unlink(missing_ok=True)
+
+    def _flush_events_at_end(self) -> None:
+        tables = self._event_tables("events_table_end")
+        if tables:
+            self._run.log(tables, step=max(self._last_step, 0))
 
     # ------------------------------------------------------------- failures
 

@@ -1,8 +1,10 @@
 """``telescope run``: from a validated config to a finished (or cleanly stopped) run.
 
-Order: run directory and store (resolved config, status) -> lifecycle hook
-``telescope_run_start`` -> loggers -> Ray (attach or start) -> workers -> initial
-weights -> the training loop -> evals -> shutdown. Whatever happens, the status
+Order: run directory and store (resolved config, status, ``metadata.json`` and the
+code snapshot, timeline events to the store, sandbox events to ``logs/sandboxes.log``)
+-> loggers (each also subscribed to the timeline events) -> lifecycle hook
+``telescope_run_start`` -> Ray (attach or start) -> workers -> initial weights -> the
+training loop -> evals -> shutdown. Whatever happens, the status
 file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
 every actor and server is stopped, and a local Ray cluster this run started is shut
 down. Exit codes: 0 completed, 1 failed (the message and the path of the full
@@ -45,6 +47,16 @@ def _setup_file_logging(run_dir: Path, debug: bool) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug or os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
     return handler
+
+
+def _record_metadata(run_dir: Path, config: TelescopeConfig, plugins: Plugins) -> None:
+    """``metadata.json`` and ``code/`` (a failure is a warning: the run goes on without them)."""
+    from telescope.recording.run_metadata import write_run_metadata
+
+    try:
+        write_run_metadata(run_dir, config, plugins)
+    except Exception as exc:
+        log.warning("could not write the run metadata: %s: %s", type(exc).__name__, exc)
 
 
 def _prepare_model(config: TelescopeConfig) -> None:
@@ -94,6 +106,8 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.orchestrator.run_checkpoints import RunCheckpointError
     from telescope.plugins.facade import get_plugins
     from telescope.plugins.registry import PluginError
+    from telescope.recording import events
+    from telescope.recording.run_logs import SandboxLog
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
     from telescope.runtime.ray_services import RayStartError, connect_ray
 
@@ -105,8 +119,12 @@ def launch_run(loaded: LoadedConfig) -> int:
     store.set_status("running", pid=os.getpid(), step=0)
     handler = _setup_file_logging(run_dir, config.debug)
     unsubscribe = store.capture_events()
+    sandbox_log = SandboxLog(store.log_path("sandboxes"))
+    unsubscribers = [unsubscribe, events.subscribe(sandbox_log)]
     plugins = get_plugins()
+    _record_metadata(run_dir, config, plugins)
     loggers = plugins.create_loggers(config, run_dir)
+    unsubscribers += [events.subscribe(logger.log_event) for logger in loggers]
     previous_sigterm = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -147,12 +165,14 @@ def launch_run(loaded: LoadedConfig) -> int:
         store.set_status(status, error=str(error) if error else None)
         if started_run:  # observers see run_end only for a run they saw start
             plugins.run_end(run_dir, status, error)
+        for stop in unsubscribers:  # no more events: the loggers flush what they hold as they close
+            stop()
         for logger in loggers:
             try:
                 logger.close()
             except Exception as exc:
                 print(f"warning: logger {getattr(logger, 'name', logger)} failed to close: {exc}", file=sys.stderr)
-        unsubscribe()
+        sandbox_log.close()
         store.close()
         logging.getLogger("telescope").removeHandler(handler)
         handler.close()

@@ -19,6 +19,11 @@ runtime environment. :class:`RayServices` then
   (``generation``: a :class:`~telescope.orchestrator.services.ServerPool` over the
   servers' clients).
 
+Timeline events: after each step every rank's records (its phases per micro-batch)
+are drained and published as ``trainer.<phase>`` with ``rank`` and ``step``; each
+rank's ``weights.send`` is published when the weights are pushed; servers' weight
+loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
+
 Shutdown stops every server, kills every actor and removes the placement groups;
 servers are also killed by process group from the driver (same machine), so a
 crashed actor leaves no stray process.
@@ -45,6 +50,19 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool
 
 log = logging.getLogger("telescope.run.workers")
+
+
+def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
+    """Put records made in a worker process on this process's event bus.
+
+    Each gets the fields of the current event context (the orchestrator's ``step``)
+    under its own, and ``ids`` (``rank``, ``step``, ...) over them.
+    """
+    from telescope.recording.events import current_context, publish
+
+    context = current_context()
+    for record in records:
+        publish({**context, **record, **ids})
 
 
 class RayStartError(RuntimeError):
@@ -205,7 +223,7 @@ class RayServices:
         self.server_pids = [p for p in ray.get([s.pid.remote() for s in self.servers]) if p]
         ray.get(setups)
         log.info("servers up at %s; trainer ranks set up", urls)
-        self.generation.clients = [InferenceClient(url, model=None) for url in urls]
+        self.generation.clients = [InferenceClient(url, model=None, server_index=i) for i, url in enumerate(urls)]
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
                 self.transport_name,
@@ -231,6 +249,9 @@ class RayServices:
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         results = await asyncio.gather(*(t.train_step.remote(batch) for t in self.trainers))
         metrics: dict[str, float] = results[0]  # the backend already averages over ranks
+        drained = await asyncio.gather(*(t.drain_events.remote() for t in self.trainers))
+        for rank, records in enumerate(drained):
+            publish_worker_events(records, component="trainer", rank=rank, step=batch.step)
         return metrics
 
     async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
@@ -243,12 +264,14 @@ class RayServices:
         sending = asyncio.gather(*(t.push_weights.remote(version) for t in self.trainers))
         receiving = asyncio.gather(*(client.update_weights(version) for client in self.generation.clients))
         sent, received = await asyncio.gather(sending, receiving)
+        for rank, record in enumerate(sent):
+            publish_worker_events([record], component="trainer", rank=rank)
         inference_seconds = max(
             (float(r.get("seconds", 0.0)) for per_server in received for r in per_server if isinstance(r, dict)),
             default=0.0,
         )
         return {
-            "timing_weight_sync_trainer_total": float(sent[0]),
+            "timing_weight_sync_trainer_total": float(sent[0]["duration_s"]),
             "timing_weight_sync_inference_total": inference_seconds,
             "timing_weight_sync_wall": time.perf_counter() - start,
         }

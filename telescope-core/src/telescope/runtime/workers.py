@@ -12,12 +12,20 @@ own settings and its narrow context (and the trainer the algorithm, already
 built, and where checkpoints go), so a worker never re-reads files, re-applies
 defaults or sees the whole config. Torch's intra-op threads follow the CPUs Ray
 gives the actor.
+
+A trainer rank writes its Python logging and stdout/stderr to
+``<run_dir>/logs/trainer_<rank>.log`` (:mod:`telescope.recording.run_logs`). Its
+timeline records (the backend's phases; ``weights.send``, returned by
+:meth:`TrainerWorker.push_weights`) go back to the orchestrator as dicts, which puts
+them on the run's event bus with the rank and step.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,13 +62,17 @@ class TrainerWorker:
         cpus: float,
     ) -> None:
         from telescope.plugins.facade import get_plugins
+        from telescope.recording.run_logs import capture_process_logs
 
+        self._release_logs = capture_process_logs(context.run_dir, f"trainer_{rank}") if context.run_dir else None
         _limit_threads(cpus)
         self.rank = rank
         self.world_size = world_size
         self.checkpoints = checkpoints
         self.backend = get_plugins().trainer_backend(backend)(context, algorithm, settings)
         self.transport: WeightTransport | None = None
+        self._log = logging.getLogger("telescope.trainer")
+        self._log.info("trainer rank %d of %d: backend %s (pid %d)", rank, world_size, backend, os.getpid())
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, free port) for the process group; asked of rank 0."""
@@ -86,24 +98,46 @@ class TrainerWorker:
 
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics: dict[str, float] = self.backend.train_step(batch)
+        self._log.info(
+            "step %s: loss %.4g, %.2f s", getattr(batch, "step", "?"), metrics.get("loss", float("nan")),
+            metrics.get("timing_trainer_step_total", float("nan")),
+        )  # fmt: skip
         return metrics
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """The backend's timeline records since the last call (its phases per micro-batch)."""
+        return self.backend.drain_events()
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         metrics: dict[str, float] = self.backend.supervised_step(examples, learning_rate)
         return metrics
 
-    def push_weights(self, version: int) -> float:
-        """Gather the full weights (collective on every rank); rank 0 sends them. Returns seconds."""
-        import time
+    def push_weights(self, version: int) -> dict[str, Any]:
+        """Gather the full weights (collective on every rank); rank 0 sends them.
 
-        start = time.perf_counter()
-        weights = self.backend.named_weights()
-        if self.rank == 0 and self.transport is not None:
+        Returns this rank's ``weights.send`` record: ``start``, ``duration_s``,
+        ``version``, ``tensors``, ``bytes`` and ``sender`` (whether this rank sent).
+        """
+        wall, start = time.time(), time.perf_counter()
+        counted = [0, 0]
+
+        def counting(weights: Any) -> Any:
+            for name, tensor in weights:
+                counted[0] += 1
+                counted[1] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        weights = counting(self.backend.named_weights())
+        sender = self.rank == 0 and self.transport is not None
+        if sender:
+            assert self.transport is not None
             self.transport.send(weights, version)
         else:
             for _ in weights:  # every rank takes part in gathering each tensor
                 pass
-        return time.perf_counter() - start
+        record = {"kind": "weights.send", "start": wall, "duration_s": time.perf_counter() - start,
+                  "version": version, "tensors": counted[0], "bytes": counted[1], "sender": sender}  # fmt: skip
+        return record
 
     def save_checkpoint(self, step: int) -> str:
         return str(self.checkpoints.save(self.backend, step))
@@ -116,6 +150,9 @@ class TrainerWorker:
         if self.transport is not None:
             self.transport.close()
         self.backend.close()
+        if self._release_logs is not None:
+            self._release_logs()
+            self._release_logs = None
 
 
 @ray.remote

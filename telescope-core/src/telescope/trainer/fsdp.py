@@ -30,6 +30,12 @@ builds AdamW and the LR schedule.
    step (counted in ``optimizer/skipped_steps``). The LR schedule advances once per
    trainer step.
 
+Timeline: with ``track_gpu_events`` each section of a step (``data_to_device``,
+``forward``, ``loss_computation``, ``backward``, ``optimizer``, ...) is also a record
+with its ``minibatch`` and ``microbatch`` (CUDA events on a GPU, see
+:mod:`telescope.trainer.metrics`), plus one ``trainer.step``; :meth:`FSDPBackend.drain_events`
+hands them over.
+
 Attention: ``flash_attention_2`` when the ``flash_attn`` package is installed and
 the model runs on CUDA (transformers then uses the varlen kernel from the packed
 ``position_ids``), else ``sdpa``; both keep attention inside each sample because
@@ -125,6 +131,7 @@ class FSDPBackend(TrainerBackend):
         self.model: Any = None
         self.model_path = ""
         self._supervised_optimizer: torch.optim.Optimizer | None = None
+        self._events: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -209,8 +216,8 @@ class FSDPBackend(TrainerBackend):
 
     def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """One rollout batch: ``number_of_minibatches`` optimizer steps; returns reduced metrics."""
-        step_start = time.perf_counter()
-        timers = SectionTimers(self.device)
+        step_start, step_wall = time.perf_counter(), time.time()
+        timers = SectionTimers(self.device, record_events=self.context.track_gpu_events)
         with timers.section("prepare_tensors"):
             minibatches = split_minibatches(batch.samples, self.context.number_of_minibatches)
             packed = [self._pack(mb) for mb in minibatches]
@@ -228,11 +235,13 @@ class FSDPBackend(TrainerBackend):
             denominator = self.algorithm.loss_denominator(counts)
             for i, seq in enumerate(sequences):
                 refs = ref_logprobs[m][i] if ref_logprobs is not None else None
-                part = self._forward_backward(seq, refs, denominator, timers, last=i == len(sequences) - 1)
+                part = self._forward_backward(
+                    seq, refs, denominator, timers, last=i == len(sequences) - 1, minibatch=m, microbatch=micro_count
+                )
                 for key in sums:
                     sums[key] += part[key]
                 micro_count += 1
-            with timers.section("optimizer"):
+            with timers.section("optimizer", minibatch=m):
                 norm = self._optimizer_step()
             optimizer_steps += 1
             if math.isfinite(norm):
@@ -278,6 +287,12 @@ class FSDPBackend(TrainerBackend):
         }
         metrics.update(self._loss_part_metrics(part_sums, optimizer_steps))
         metrics.update(zip(timing.keys(), timing_mean, strict=True))
+        if timers.record_events:
+            self._events.extend(timers.records)
+            self._events.append(
+                {"kind": "trainer.step", "start": step_wall, "duration_s": step_time, "clock": "wall",
+                 "microbatches": micro_count, "optimizer_steps": optimizer_steps}
+            )  # fmt: skip
         return metrics
 
     def _loss_part_metrics(self, part_sums: dict[str, float], optimizer_steps: int) -> dict[str, float]:
@@ -291,6 +306,11 @@ class FSDPBackend(TrainerBackend):
         if config.seq_is_masking:
             out["seq_is/masked_sequences"] = part_sums["seq_is/masked_sequences"]
         return out
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        """This rank's timeline records since the last call (see :class:`~telescope.trainer.metrics.SectionTimers`)."""
+        events, self._events = self._events, []
+        return events
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         """Cross-entropy on the completion tokens, normalised by the global token count (see the interface).
@@ -351,12 +371,13 @@ class FSDPBackend(TrainerBackend):
     def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
         """The trainer's log-probabilities of every micro-batch, before any optimizer step."""
         out: list[list[torch.Tensor]] = []
-        for sequences in local:
+        for m, sequences in enumerate(local):
             row: list[torch.Tensor] = []
-            for seq in sequences:
-                with timers.section("data_to_device"):
+            for i, seq in enumerate(sequences):
+                ids = {"minibatch": m, "microbatch": i, "reference": True}
+                with timers.section("data_to_device", **ids):
                     mb = MicroBatch.from_packed(seq, self.device)
-                with timers.section("forward"):
+                with timers.section("forward", **ids):
                     logits = self._logits(mb)
                 row.append(token_logprobs(logits, mb.target_ids, self.context.temperature).detach())
             out.append(row)
@@ -375,14 +396,18 @@ class FSDPBackend(TrainerBackend):
         timers: SectionTimers,
         *,
         last: bool = True,
+        **ids: int,
     ) -> dict[str, float]:
-        """Forward, loss and backward of one micro-batch; returns its local sums."""
-        with timers.section("data_to_device"):
+        """Forward, loss and backward of one micro-batch; returns its local sums.
+
+        ``ids`` (``minibatch``, ``microbatch``) label the micro-batch's timeline records.
+        """
+        with timers.section("data_to_device", **ids):
             mb = MicroBatch.from_packed(seq, self.device)
         self.model.set_requires_gradient_sync(last)
-        with timers.section("forward"):
+        with timers.section("forward", **ids):
             logits = self._logits(mb)
-        with timers.section("loss_computation"):
+        with timers.section("loss_computation", **ids):
             logprobs = token_logprobs(logits, mb.target_ids, self.context.temperature)
             grad_entropy = (
                 token_entropy(logits, self.context.temperature, self.context.entropy_chunk_size)
@@ -402,15 +427,15 @@ class FSDPBackend(TrainerBackend):
             loss = self.algorithm.loss_terms(inputs).sum() / denominator
             parts = _loss_parts(self.algorithm.loss_metrics(inputs), denominator)
         mask = mb.loss_mask
-        with timers.section("compute_entropy"):
+        with timers.section("compute_entropy", **ids):
             if grad_entropy is not None:
                 entropy = grad_entropy.detach()
             else:
                 entropy = chunked_entropy(logits.detach(), self.context.temperature, self.context.entropy_chunk_size)
             entropy_sum = float(entropy[mask].sum())
-        with timers.section("compute_kl"):
+        with timers.section("compute_kl", **ids):
             kl_sum = float(inference_kl_k3(logprobs, mb.inference_logprobs)[mask].sum())
-        with timers.section("backward"):
+        with timers.section("backward", **ids):
             # Each rank's loss is already divided by the *global* denominator, so the
             # gradients must be summed over ranks; FSDP averages them, hence the factor.
             # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)

@@ -47,6 +47,11 @@ the new weights; the KV entries they computed before the update are kept (not
 recomputed), as vLLM does. Every generated token records the version of the
 weights that produced its logits, and a result reports the versions of its
 first and last token.
+
+Timing: each request records when it was queued, admitted (prefill start), got its
+first token and finished (:class:`RequestTiming`, wall-clock seconds); the server
+returns it with the response so the orchestrator can draw queue, prefill and decode
+phases without an event per token.
 """
 
 from __future__ import annotations
@@ -149,10 +154,24 @@ class SequenceResult:
 
 
 @dataclass
+class RequestTiming:
+    """When a request was queued, admitted (its prefill began), got its first token and finished (UNIX s).
+
+    ``started`` and ``first_token`` stay ``None`` for a request aborted before it got there.
+    """
+
+    queued: float
+    started: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
 class RequestResult:
     request_id: str
     prompt_token_ids: list[int]
     sequences: list[SequenceResult]
+    timing: RequestTiming | None = None
 
 
 class _Seq:
@@ -197,6 +216,7 @@ class _Request:
         self.seqs: list[_Seq] = []
         self.aborted = False
         self.arrival = time.monotonic()
+        self.timing = RequestTiming(queued=time.time())
 
 
 class Engine:
@@ -408,6 +428,7 @@ class Engine:
     def _prefill(self, req: _Request) -> None:
         params = req.params
         n = params.n
+        req.timing.started = time.time()
         for i in range(n):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
             req.seqs.append(_Seq(req, i, make_generator(seed, self.device)))
@@ -428,6 +449,7 @@ class Engine:
                 layer.values = layer.values.repeat(n, 1, 1, 1)
         logits = out.logits[:, -1].expand(n, -1)
         self._record(req.seqs, logits)
+        req.timing.first_token = time.time()
         live = [s for s in req.seqs if s.finish is None]
         if len(live) < n:
             keep = torch.tensor([s.index for s in live], device=self.device, dtype=torch.long)
@@ -566,8 +588,9 @@ class Engine:
                 )
             )
         self.stats["requests_finished"] += 1
+        req.timing.finished = time.time()
         try:
-            req.on_done(RequestResult(req.request_id, req.prompt, sequences))
+            req.on_done(RequestResult(req.request_id, req.prompt, sequences, req.timing))
         except Exception:
             log.exception("a completion callback failed for request %s", req.request_id)
 

@@ -18,6 +18,10 @@ Routes (vLLM-compatible unless marked):
   keeps no prefix cache).
 - ``POST /abort_requests`` (extension): abort by request id.
 
+A completion response carries the request's ``timing`` (queued, admitted, first
+token, finished; a Telescope extension field), and a weight update's result its
+server-side ``start`` time, for the run's timeline.
+
 Run it as a process with ``python -m telescope.inference.embedded.server
 --engine-json engine.json --port 8100`` (what :class:`~.backend.EmbeddedBackend`
 does), or in a thread of the current process with :class:`ServerThread`
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -50,6 +55,7 @@ from telescope.inference.protocol import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    RequestTiming,
     UsageInfo,
     new_request_id,
 )
@@ -172,7 +178,8 @@ def build_response(engine: Engine, body: CompletionRequest, result: RequestResul
     completion = sum(len(s.token_ids) for s in result.sequences)
     prompt = len(result.prompt_token_ids)
     usage = UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-    return CompletionResponse(id=result.request_id, model=model, choices=choices, usage=usage)
+    timing = RequestTiming(**dataclasses.asdict(result.timing)) if result.timing is not None else None
+    return CompletionResponse(id=result.request_id, model=model, choices=choices, usage=usage, timing=timing)
 
 
 def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
@@ -253,10 +260,11 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
             if body.method == weight_updates.INIT_METHOD:
                 result = await asyncio.to_thread(receiver.init, arg, 0)
             elif body.method == weight_updates.UPDATE_METHOD:
-                start = time.perf_counter()
+                started_at, start = time.time(), time.perf_counter()
                 version, tensors = receiver.receive(arg)
                 count = await asyncio.to_thread(engine.update_weights, tensors, version)
-                result = {"policy_version": version, "num_tensors": count, "seconds": time.perf_counter() - start}
+                result = {"policy_version": version, "num_tensors": count, "seconds": time.perf_counter() - start,
+                          "start": started_at}  # fmt: skip
             elif body.method == weight_updates.VERSION_METHOD:
                 result = {"policy_version": engine.policy_version}
             else:
