@@ -7,8 +7,9 @@ Design:
 - At most ``max_concurrency`` sandboxes are leased at once (a semaphore);
   :meth:`SandboxPool.acquire` blocks for a free slot, up to ``acquire_timeout_s``.
 - A sandbox is never handed to a second sample dirty: on release it is reset
-  (working directory emptied; the local provider has already killed every process
-  when each command ended) when its provider supports ``reset`` and the sandbox
+  (working directory emptied, and the local provider's private /tmp and /dev/shm;
+  that provider has already killed every process when each command ended) when its
+  provider supports ``reset`` and the sandbox
   is not marked dirty (a timeout, disk overrun or launcher failure marks it);
   otherwise it is destroyed and a fresh one is created in its place.
 - Every lease can carry a :class:`~telescope_sandbox.observed.SandboxUsage`, so the
