@@ -65,6 +65,7 @@ import torch.nn.functional as F
 
 from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import SchedulingPolicy, WaitingQueue
+from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ class _Seq:
         "finish",
         "gen",
         "index",
+        "last_token_time",
         "logprobs",
         "next_token",
         "out",
@@ -184,6 +186,7 @@ class _Seq:
         self.text: str | None = None
         self.next_token = -1
         self.pad = 0
+        self.last_token_time = 0.0
 
 
 class _Request:
@@ -237,6 +240,7 @@ class Engine:
             "weight_updates": 0,
             "steps": 0,
         }
+        self.latencies = RequestLatencies()  # TTFT and inter-token latency, for /metrics
 
     # ------------------------------------------------------------------ control
     def start(self) -> Engine:
@@ -486,7 +490,13 @@ class Engine:
         )
         version = self.policy_version
         self.stats["generation_tokens"] += len(seqs)
+        now = time.monotonic()
         for i, seq in enumerate(seqs):
+            if seq.out:
+                self.latencies.inter_token.observe(now - seq.last_token_time)
+            elif seq.index == 0:  # a request's first token (its n samples share one prefill)
+                self.latencies.time_to_first_token.observe(now - seq.req.arrival)
+            seq.last_token_time = now
             token = result.token_ids[i]
             seq.out.append(token)
             seq.logprobs.append(result.logprobs[i])
