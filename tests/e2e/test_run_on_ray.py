@@ -123,6 +123,9 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert {"prompt", "completion", "reward", "advantage", "sample_metrics", "policy_version", "stop_reason"} <= set(
         rollouts[0]
     )
+    infra = [e for e in reader.events() if e["kind"].startswith("infra.")]  # the monitor's, in the run store
+    assert {"infra.system", "infra.torch_memory", "infra.inference"} <= {e["kind"] for e in infra}
+    assert all("node" in e for e in infra if e["kind"] != "infra.inference")
     phases = [e["phase"] for e in reader.evals()]
     assert phases == ["before", "after"]
     assert "eval/countdown/pass@2" in reader.evals()[-1]["metrics"]

@@ -26,12 +26,9 @@ PENDING: dict[str, str] = {
     **{
         name: "issue 10 (recording)"
         for name in (
-            "torch_memory_sample_interval_seconds",
             "event_tail_window_seconds",
             "event_block_duration_seconds",
             "event_upload_interval_seconds",
-            "metrics_logger_interval_seconds",
-            "ray_torch_memory_drain_interval_seconds",
             "rollout_block_size",
         )
     },

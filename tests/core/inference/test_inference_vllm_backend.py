@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib.util
 import json
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,7 +26,13 @@ from telescope.inference.client import (
 )
 from telescope.inference.plugin import VLLMSettings
 from telescope.inference.protocol import CompletionRequest
-from telescope.inference.vllm_backend import EXTENSION_CLASS, TelescopeWorkerExtension, serve_command, serve_env
+from telescope.inference.vllm_backend import (
+    EXTENSION_CLASS,
+    TelescopeWorkerExtension,
+    serve_command,
+    serve_env,
+    tracing_endpoint,
+)
 from telescope.transports.memory import MemoryTransport
 
 # A /v1/completions response as vLLM's CompletionResponse serialises it (return_token_ids=true, logprobs=0).
@@ -78,7 +87,8 @@ def _config(**overrides: Any) -> TelescopeConfig:
     return config_from_dict(base)
 
 
-def test_serve_command_carries_every_inference_setting() -> None:
+def test_serve_command_carries_every_inference_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # vLLM's tracing packages present
     config = _config(
         inference_tensor_parallel_size=2,
         inference_num_workers=4,
@@ -92,6 +102,7 @@ def test_serve_command_carries_every_inference_setting() -> None:
         model_dtype="bfloat16",
     )
     context, settings = InferenceContext.from_config(config), config.settings(VLLMSettings)
+    context = dataclasses.replace(context, traces_endpoint="http://10.1.2.3:4999/v1/traces")  # the run's receiver
     cmd = serve_command(
         context, 1, settings, model_path="/models/q", chat_template_file="/tmp/t.jinja", executable="vllm"
     )
@@ -104,13 +115,67 @@ def test_serve_command_carries_every_inference_setting() -> None:
     assert flags["--worker-extension-cls"] == EXTENSION_CLASS and flags["--dtype"] == "bfloat16"
     assert flags["--chat-template"] == "/tmp/t.jinja"
     assert json.loads(flags["--default-chat-template-kwargs"]) == {"enable_thinking": True}
-    assert flags["--otlp-traces-endpoint"] == "http://127.0.0.1:4999/v1/traces"
+    assert flags["--otlp-traces-endpoint"] == "http://10.1.2.3:4999/v1/traces"
     untraced = _config(enable_vllm_tracing=False)
     plain = serve_command(
         InferenceContext.from_config(untraced), 0, untraced.settings(VLLMSettings), model_path="m", executable="vllm"
     )
     assert "--otlp-traces-endpoint" not in plain and "--chat-template" not in plain
     assert "--default-chat-template-kwargs" not in plain
+
+
+def _traced(endpoint: str | None = "http://10.0.0.9:4318/v1/traces") -> tuple[InferenceContext, VLLMSettings]:
+    config = _config(enable_vllm_tracing=True)
+    context = dataclasses.replace(InferenceContext.from_config(config), traces_endpoint=endpoint)
+    return context, config.settings(VLLMSettings)
+
+
+def test_tracing_flag_only_when_the_receiver_runs_and_vllm_can_export(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    present = {"opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http", "opentelemetry.exporter.otlp.proto.grpc"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in present else None)
+    context, settings = _traced()
+    with caplog.at_level(logging.WARNING, logger="telescope.inference.vllm_backend"):
+        command = serve_command(context, 0, settings, model_path="m", executable="vllm")
+    assert command[command.index("--otlp-traces-endpoint") + 1] == "http://10.0.0.9:4318/v1/traces"
+    assert tracing_endpoint(context, settings) == context.traces_endpoint and not caplog.records
+
+    present.discard("opentelemetry.exporter.otlp.proto.grpc")  # vLLM imports both exporters
+    with caplog.at_level(logging.WARNING, logger="telescope.inference.vllm_backend"):
+        command = serve_command(context, 0, settings, model_path="m", executable="vllm")
+    assert "--otlp-traces-endpoint" not in command
+    [warning] = caplog.records
+    assert "opentelemetry-exporter-otlp-proto-grpc" in warning.getMessage()
+    assert "pip install opentelemetry-sdk opentelemetry-exporter-otlp" in warning.getMessage()
+
+
+def test_tracing_flag_needs_the_receiver(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    context, settings = _traced(endpoint=None)
+    with caplog.at_level(logging.WARNING, logger="telescope.inference.vllm_backend"):
+        assert "--otlp-traces-endpoint" not in serve_command(context, 0, settings, model_path="m", executable="vllm")
+    assert "no trace receiver" in caplog.text and "otlp_receiver_port=4318" in caplog.text
+    caplog.clear()
+    untraced = settings.model_copy(update={"enable_vllm_tracing": False})
+    assert tracing_endpoint(context, untraced) is None and not caplog.records  # off: no flag, no warning
+
+
+def test_tracing_packages_missing_at_the_root_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_opentelemetry(name: str, *args: object) -> object:
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")  # find_spec of a missing parent
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_opentelemetry)
+    assert tracing_endpoint(*_traced()) is None
+
+
+def test_serve_env_points_the_exporter_at_the_receiver() -> None:
+    context, _ = _traced()
+    env = serve_env(context, 2, base={"OTEL_RESOURCE_ATTRIBUTES": "team=rl", "CUDA_VISIBLE_DEVICES": "0,1,2"})
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "team=rl,telescope.server=2"
+    plain = serve_env(dataclasses.replace(context, traces_endpoint=None), 0, base={})
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in plain and "OTEL_RESOURCE_ATTRIBUTES" not in plain
 
 
 def test_serve_env_assigns_gpus_and_dev_mode() -> None:

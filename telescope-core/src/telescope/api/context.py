@@ -79,6 +79,8 @@ class InferenceContext(_Context):
     tensor_parallel_size: int = 1
     chat_template: str | None = None
     enable_thinking: bool = False
+    #: Where the run's OTLP/HTTP trace receiver listens (set by the run when it started one), else None.
+    traces_endpoint: str | None = None
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> InferenceContext:

@@ -236,13 +236,21 @@ class TelescopeConfig(BaseModel):
 
     # ------------------------------------------------------------------ logging
     wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
-    system_metrics_collection_interval_seconds: float = Field(1.0, gt=0, description="System metrics interval")
-    torch_memory_sample_interval_seconds: float = Field(0.1, gt=0, description="PyTorch memory sampling interval")
+    system_metrics_collection_interval_seconds: float = Field(
+        1.0, gt=0, description="Seconds between system metric samples (CPU, memory, disk, network, GPUs) of each node"
+    )
+    torch_memory_sample_interval_seconds: float = Field(
+        0.1, gt=0, description="Seconds between PyTorch memory samples in each trainer rank"
+    )
     event_tail_window_seconds: int = Field(60, ge=1, description="Tail window for event aggregation")
     event_block_duration_seconds: int = Field(1800, ge=1, description="Duration of event blocks")
     event_upload_interval_seconds: int = Field(5, ge=1, description="Event upload interval")
-    metrics_logger_interval_seconds: float = Field(2.0, gt=0, description="Metrics logger flush interval")
-    ray_torch_memory_drain_interval_seconds: float = Field(0.5, gt=0, description="Ray torch memory drain interval")
+    metrics_logger_interval_seconds: float = Field(
+        2.0, gt=0, description="Seconds between scrapes of each inference server's Prometheus metrics"
+    )
+    ray_torch_memory_drain_interval_seconds: float = Field(
+        0.5, gt=0, description="Seconds between collections of the trainer ranks' PyTorch memory samples"
+    )
     rollout_block_size: int = Field(500, ge=1, description="Block size for rollout event grouping")
     track_gpu_events: bool = Field(
         True, description="Record the trainer's phases per rank as timeline events (CUDA events on a GPU)"

@@ -15,8 +15,12 @@ class VLLMSettings(PluginSettings):
     section = "inference server"
 
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory allocated to vLLM")
-    enable_vllm_tracing: bool = Field(True, description="Enable OpenTelemetry tracing for vLLM")
-    otlp_receiver_port: int = Field(4318, ge=1, le=65535, description="OTLP HTTP receiver port")
+    enable_vllm_tracing: bool = Field(
+        True, description="Trace vLLM requests (queue, prefill, decode) into the run's timeline through OpenTelemetry"
+    )
+    otlp_receiver_port: int = Field(
+        4318, ge=1, le=65535, description="Port of the run's OTLP/HTTP trace receiver (another one when it is taken)"
+    )
 
 
 @hookimpl

@@ -12,8 +12,7 @@ The server (:func:`serve_command`)
     (``vllm_scheduling_policy``), ``--dtype`` (``model_dtype``), ``--seed``,
     ``--chat-template`` (``chat_template``, written to a file) and
     ``--default-chat-template-kwargs '{"enable_thinking": ...}'`` for chat
-    routes, ``--otlp-traces-endpoint`` (``enable_vllm_tracing``,
-    ``otlp_receiver_port``), and always:
+    routes, ``--otlp-traces-endpoint`` (see Tracing below), and always:
 
     - ``--logprobs-mode processed_logprobs``: log-probabilities of the
       distribution the sampler used (after temperature, then top-k/top-p with
@@ -32,6 +31,22 @@ The server (:func:`serve_command`)
     The worker's GPUs: visible devices ``i * tp .. (i + 1) * tp - 1`` (of
     ``CUDA_VISIBLE_DEVICES`` when set), unless ``TELESCOPE_VLLM_KEEP_DEVICES=1``
     (a scheduler such as Ray already narrowed them).
+
+Tracing (``enable_vllm_tracing``)
+    The run starts an OTLP/HTTP trace receiver on ``otlp_receiver_port``
+    (:mod:`telescope.recording.otlp_receiver`) and puts its address in the
+    context (``traces_endpoint``: the orchestrator node's IP when the cluster has
+    several nodes). :func:`tracing_endpoint` gives vLLM ``--otlp-traces-endpoint``
+    only when that can work: a receiver runs, and vLLM's environment has the
+    OpenTelemetry SDK and OTLP exporters (vLLM imports the gRPC and the HTTP
+    exporter). Otherwise a warning says why (and what to install) and vLLM starts
+    without tracing. :func:`serve_env` then selects the HTTP exporter
+    (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``; vLLM's default is gRPC)
+    and tags the server's spans with ``telescope.server=<worker index>``
+    (``OTEL_RESOURCE_ATTRIBUTES``). The packages are looked up in this
+    interpreter's environment, which is vLLM's when ``vllm`` is the console script
+    beside it (:func:`vllm_executable`); a ``vllm`` found elsewhere on ``PATH`` may
+    see other packages.
 
 Requests and responses
     The orchestrator's :class:`~telescope.inference.client.InferenceClient`
@@ -59,6 +74,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
@@ -76,6 +92,8 @@ if TYPE_CHECKING:
     from telescope.inference.plugin import VLLMSettings
 
 EXTENSION_CLASS = "telescope.inference.vllm_backend.TelescopeWorkerExtension"
+
+log = logging.getLogger(__name__)
 
 
 def vllm_executable() -> str:
@@ -131,9 +149,49 @@ def serve_command(
         command += ["--chat-template", chat_template_file]
     if context.enable_thinking:
         command += ["--default-chat-template-kwargs", json.dumps({"enable_thinking": True})]
-    if settings.enable_vllm_tracing:
-        command += ["--otlp-traces-endpoint", f"http://127.0.0.1:{settings.otlp_receiver_port}/v1/traces"]
+    endpoint = tracing_endpoint(context, settings)
+    if endpoint is not None:
+        command += ["--otlp-traces-endpoint", endpoint]
     return command
+
+
+#: What vLLM's tracing imports (module -> the distribution that provides it).
+TRACING_MODULES: dict[str, str] = {
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry.exporter.otlp.proto.grpc": "opentelemetry-exporter-otlp-proto-grpc",
+}
+TRACING_INSTALL_HINT = "pip install opentelemetry-sdk opentelemetry-exporter-otlp"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        return False
+
+
+def tracing_endpoint(context: InferenceContext, settings: VLLMSettings) -> str | None:
+    """The ``--otlp-traces-endpoint`` to give vLLM, or None (with a warning saying why when tracing is on)."""
+    if not settings.enable_vllm_tracing:
+        return None
+    if context.traces_endpoint is None:
+        log.warning(
+            "enable_vllm_tracing is on but no trace receiver runs for this server (the run starts one on "
+            "otlp_receiver_port=%d; see the orchestrator log); vLLM starts without tracing",
+            settings.otlp_receiver_port,
+        )
+        return None
+    missing = [dist for module, dist in TRACING_MODULES.items() if not _importable(module)]
+    if missing:
+        log.warning(
+            "enable_vllm_tracing is on but vLLM's environment lacks %s, which vLLM's tracing imports; "
+            "vLLM starts without tracing (to trace: %s, or set enable_vllm_tracing: false to silence this)",
+            ", ".join(missing),
+            TRACING_INSTALL_HINT,
+        )
+        return None
+    return context.traces_endpoint
 
 
 def _default_settings() -> VLLMSettings:
@@ -147,6 +205,10 @@ def serve_env(context: InferenceContext, worker_index: int, base: dict[str, str]
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if context.traces_endpoint is not None:  # used only when serve_command passed the endpoint
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"  # the run's receiver speaks OTLP/HTTP
+        tag = f"telescope.server={worker_index}"
+        env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(a for a in (env.get("OTEL_RESOURCE_ATTRIBUTES"), tag) if a)
     if env.get("TELESCOPE_VLLM_KEEP_DEVICES") != "1":
         tp = context.tensor_parallel_size
         visible = env.get("CUDA_VISIBLE_DEVICES")

@@ -3,8 +3,9 @@
 Order: run directory and store (resolved config, status, ``metadata.json`` and the
 code snapshot, timeline events to the store, sandbox events to ``logs/sandboxes.log``)
 -> loggers (each also subscribed to the timeline events) -> lifecycle hook
-``telescope_run_start`` -> Ray (attach or start) -> workers -> initial weights -> the
-training loop -> evals -> shutdown. Whatever happens, the status
+``telescope_run_start`` -> Ray (attach or start) -> workers and the infrastructure
+monitor (:mod:`telescope.runtime.monitoring`) -> initial weights -> the training
+loop -> evals -> shutdown. Whatever happens, the status
 file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
 every actor and server is stopped, and a local Ray cluster this run started is shut
 down. Exit codes: 0 completed, 1 failed (the message and the path of the full
@@ -81,8 +82,10 @@ async def _train(
 
     services = RayServices(config, run_dir)
     progress = StepProgress(config.number_of_steps)
+    monitor = None
     try:
         await asyncio.to_thread(services.start)
+        monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         await services.connect_weights()
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         run = build_orchestrator(
@@ -96,6 +99,8 @@ async def _train(
         return run.summary()
     finally:
         progress.close()
+        if monitor is not None:
+            await monitor.stop()
         await services.close()
 
 

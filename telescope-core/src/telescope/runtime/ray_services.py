@@ -11,6 +11,11 @@ runtime environment. :class:`RayServices` then
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
   rank 0's address);
+- starts the infrastructure monitoring (:mod:`telescope.runtime.monitoring`):
+  a system sampler per node, torch memory sampling in each trainer rank, and with
+  vLLM and ``enable_vllm_tracing`` the OTLP trace receiver whose address the
+  servers get; :meth:`RayServices.infra_monitor` builds the orchestrator's
+  collector of all of it;
 - connects the weight transport (rank 0 sends, every server receives); the
   orchestrator then pushes the trainer's weights (after a resume or a warm start)
   before the first request, so servers and trainer start identical;
@@ -25,6 +30,9 @@ rank's ``weights.send`` is published when the weights are pushed; servers' weigh
 loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
 
 Shutdown stops every server, kills every actor and removes the placement groups;
+
+Shutdown stops every server, kills every actor (samplers included), stops the
+trace receiver and removes the placement groups;
 servers are also killed by process group from the driver (same machine), so a
 crashed actor leaves no stray process.
 """
@@ -33,13 +41,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -48,6 +57,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool
+from telescope.recording.infra_monitor import InfraMonitor
+
+if TYPE_CHECKING:
+    from telescope.api.context import InferenceContext
+    from telescope.api.settings import PluginSettings
 
 log = logging.getLogger("telescope.run.workers")
 
@@ -147,6 +161,8 @@ class RayServices:
         self.groups: list[PlacementGroup] = []
         self.transport_name = ""
         self.receivers_per_server = 1
+        self.node_samplers: list[Any] = []
+        self.trace_receiver: Any = None
 
     # ----------------------------------------------------------------- start
 
@@ -169,6 +185,7 @@ class RayServices:
         self.transport_context = TransportContext.from_config(c)
         inference_context = InferenceContext.from_config(c)
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
+        inference_context = self._start_monitoring(backend, inference_settings, inference_context)
         # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
         self.receivers_per_server = plugins.inference_backend(backend)(
             inference_context, inference_settings
@@ -213,6 +230,7 @@ class RayServices:
                 r,
                 c.trainer_num_workers,
                 c.ray_trainer_cpus_per_worker,
+                torch_memory_interval_s=c.torch_memory_sample_interval_seconds,
             )
             for r in range(c.trainer_num_workers)
         ]
@@ -231,6 +249,33 @@ class RayServices:
                 self.transport_settings,
                 servers * self.receivers_per_server,
             )
+        )
+
+    def _start_monitoring(
+        self, backend: str, settings: PluginSettings | None, context: InferenceContext
+    ) -> InferenceContext:
+        """Node samplers, and the trace receiver for vLLM; returns the inference context (with its endpoint)."""
+        from telescope.runtime.monitoring import start_node_samplers, start_trace_receiver
+
+        c = self.config
+        try:
+            self.node_samplers = start_node_samplers(c.system_metrics_collection_interval_seconds, str(self.run_dir))
+        except Exception as exc:  # monitoring must never stop the run
+            log.warning("no system metrics: the node samplers could not start: %s", exc)
+        if backend == "vllm" and getattr(settings, "enable_vllm_tracing", False):
+            multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+            port = int(getattr(settings, "otlp_receiver_port", 4318))
+            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node)
+            if endpoint is not None:
+                context = dataclasses.replace(context, traces_endpoint=endpoint)
+        return context
+
+    def infra_monitor(self) -> InfraMonitor:
+        """The orchestrator's collector of system, torch memory and inference server metrics (start it in the loop)."""
+        from telescope.runtime.monitoring import build_infra_monitor
+
+        return build_infra_monitor(
+            self.config, node_samplers=self.node_samplers, trainers=self.trainers, clients=self.generation.clients
         )
 
     async def connect_weights(self) -> None:
@@ -297,9 +342,13 @@ class RayServices:
         for trainer in self.trainers:
             with contextlib.suppress(Exception):
                 ray.get(trainer.close.remote(), timeout=30)
-        for actor in [*self.servers, *self.trainers]:
+        for actor in [*self.servers, *self.trainers, *self.node_samplers]:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
+        if self.trace_receiver is not None:
+            with contextlib.suppress(Exception):
+                self.trace_receiver.stop()
+            self.trace_receiver = None
         for pid in self.server_pids:  # a server whose actor died without stopping it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
@@ -307,3 +356,4 @@ class RayServices:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
         self.servers, self.trainers, self.groups, self.server_pids = [], [], [], []
+        self.node_samplers = []

@@ -18,6 +18,14 @@ A trainer rank writes its Python logging and stdout/stderr to
 timeline records (the backend's phases; ``weights.send``, returned by
 :meth:`TrainerWorker.push_weights`) go back to the orchestrator as dicts, which puts
 them on the run's event bus with the rank and step.
+
+Each trainer rank samples its torch memory (CUDA allocator statistics of its
+device, else the process's resident memory) every ``torch_memory_interval_s`` in a
+thread; the orchestrator takes the samples with
+:meth:`TrainerWorker.drain_torch_memory`, which runs in the ``monitor`` concurrency
+group: it answers while a training step runs. (With a concurrency group Ray runs
+the other methods on one dedicated thread, always the same, so per-thread state
+such as the CUDA device set in ``setup`` persists from call to call.)
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ def _limit_threads(cpus: float) -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"monitor": 1})  # type: ignore[call-overload]  # Ray's stubs omit the option
 class TrainerWorker:
     """One trainer rank."""
 
@@ -60,9 +68,11 @@ class TrainerWorker:
         rank: int,
         world_size: int,
         cpus: float,
+        torch_memory_interval_s: float | None = None,
     ) -> None:
         from telescope.plugins.facade import get_plugins
         from telescope.recording.run_logs import capture_process_logs
+        from telescope.recording.system_metrics import PeriodicSampler, torch_memory_sample
 
         self._release_logs = capture_process_logs(context.run_dir, f"trainer_{rank}") if context.run_dir else None
         _limit_threads(cpus)
@@ -73,6 +83,12 @@ class TrainerWorker:
         self.transport: WeightTransport | None = None
         self._log = logging.getLogger("telescope.trainer")
         self._log.info("trainer rank %d of %d: backend %s (pid %d)", rank, world_size, backend, os.getpid())
+        self._cuda_device: int | None = None
+        self._memory: PeriodicSampler | None = None
+        if torch_memory_interval_s:
+            self._memory = PeriodicSampler(
+                lambda: torch_memory_sample(self._cuda_device), torch_memory_interval_s, name=f"torch-memory-{rank}"
+            ).start()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, free port) for the process group; asked of rank 0."""
@@ -85,6 +101,10 @@ class TrainerWorker:
         os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
         self.backend.setup(self.rank, self.world_size)
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._cuda_device = torch.cuda.current_device()  # the device setup chose, for the memory sampler
 
     def prepare_sender(
         self, transport: str, context: TransportContext, settings: PluginSettings | None, num_receivers: int
@@ -146,7 +166,15 @@ class TrainerWorker:
         meta: dict[str, Any] = self.backend.load_checkpoint(Path(path))
         return meta
 
+    @ray.method(concurrency_group="monitor")
+    def drain_torch_memory(self) -> dict[str, Any]:
+        """The torch memory samples taken since the last drain (answers during a training step)."""
+        samples = self._memory.drain() if self._memory is not None else []
+        return {"rank": self.rank, "node": ray.util.get_node_ip_address(), "pid": os.getpid(), "samples": samples}
+
     def close(self) -> None:
+        if self._memory is not None:
+            self._memory.stop()
         if self.transport is not None:
             self.transport.close()
         self.backend.close()

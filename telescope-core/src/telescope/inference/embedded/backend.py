@@ -42,7 +42,7 @@ class EmbeddedBackend(InferenceBackend):
         return f"cuda:{worker_index % torch.cuda.device_count()}"
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
-        from telescope.inference.embedded.engine import EngineSettings
+        from telescope.inference.embedded.records import EngineSettings
 
         context = self.context
         port = context.base_port + worker_index

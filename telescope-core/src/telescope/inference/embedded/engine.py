@@ -62,116 +62,28 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
+from telescope.inference.embedded.records import (
+    EngineSettings,
+    FinishReason,
+    GenerationParams,
+    RequestResult,
+    RequestTiming,
+    SequenceResult,
+)
 from telescope.inference.embedded.sampling import make_generator, sample
-from telescope.inference.embedded.scheduler import SchedulingPolicy, WaitingQueue
+from telescope.inference.embedded.scheduler import WaitingQueue
+from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
 
 if TYPE_CHECKING:
-    from telescope.api.context import InferenceContext
+    pass
 
 log = logging.getLogger(__name__)
-
-FinishReason = Literal["stop", "length", "abort"]
-
-
-@dataclass
-class EngineSettings:
-    """What an engine needs; :meth:`from_config` derives it from a run config."""
-
-    model_path: str
-    dtype: str = "float32"
-    device: str = "cpu"
-    max_num_seqs: int = 64
-    max_model_len: int = 4096
-    scheduling_policy: SchedulingPolicy = "fcfs"
-    seed: int = 0
-    served_model_name: str | None = None
-    initial_policy_version: int = 0
-
-    @classmethod
-    def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:
-        """``max_num_seqs`` = the context's concurrent sequences (prompts per server x group size), capped at 256."""
-        from telescope.models.tiny import resolve_model_path
-
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return cls(
-            model_path=resolve_model_path(context.model),
-            dtype=context.model_dtype,
-            device=device,
-            max_num_seqs=max(1, min(256, context.max_concurrent_sequences)),
-            max_model_len=context.max_model_len,
-            scheduling_policy=context.scheduling_policy,
-            seed=context.seed,
-            served_model_name=context.model,
-        )
-
-    def to_json(self) -> str:
-        import json
-        from dataclasses import asdict
-
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> EngineSettings:
-        import json
-
-        return cls(**json.loads(text))
-
-
-@dataclass
-class GenerationParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    seed: int | None = None
-    num_top_logprobs: int = 0
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    priority: int = 0
-    detokenize: bool = True
-
-
-@dataclass
-class SequenceResult:
-    index: int
-    token_ids: list[int]
-    logprobs: list[float]
-    token_policy_versions: list[int]
-    finish_reason: FinishReason
-    stop_reason: int | str | None
-    text: str
-    top_logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass
-class RequestTiming:
-    """When a request was queued, admitted (its prefill began), got its first token and finished (UNIX s).
-
-    ``started`` and ``first_token`` stay ``None`` for a request aborted before it got there.
-    """
-
-    queued: float
-    started: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
-
-
-@dataclass
-class RequestResult:
-    request_id: str
-    prompt_token_ids: list[int]
-    sequences: list[SequenceResult]
-    timing: RequestTiming | None = None
 
 
 class _Seq:
@@ -179,6 +91,7 @@ class _Seq:
         "finish",
         "gen",
         "index",
+        "last_token_time",
         "logprobs",
         "next_token",
         "out",
@@ -203,6 +116,7 @@ class _Seq:
         self.text: str | None = None
         self.next_token = -1
         self.pad = 0
+        self.last_token_time = 0.0
 
 
 class _Request:
@@ -257,6 +171,7 @@ class Engine:
             "weight_updates": 0,
             "steps": 0,
         }
+        self.latencies = RequestLatencies()  # TTFT and inter-token latency, for /metrics
 
     # ------------------------------------------------------------------ control
     def start(self) -> Engine:
@@ -508,7 +423,13 @@ class Engine:
         )
         version = self.policy_version
         self.stats["generation_tokens"] += len(seqs)
+        now = time.monotonic()
         for i, seq in enumerate(seqs):
+            if seq.out:
+                self.latencies.inter_token.observe(now - seq.last_token_time)
+            elif seq.index == 0:  # a request's first token (its n samples share one prefill)
+                self.latencies.time_to_first_token.observe(now - seq.req.arrival)
+            seq.last_token_time = now
             token = result.token_ids[i]
             seq.out.append(token)
             seq.logprobs.append(result.logprobs[i])

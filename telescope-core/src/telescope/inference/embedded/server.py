@@ -10,8 +10,14 @@ Routes (vLLM-compatible unless marked):
   ``GET /metrics`` (Prometheus text, with vLLM's metric names so one scraper
   reads both backends: ``vllm:num_requests_running``,
   ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``,
-  ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_total``, plus
-  ``telescope:policy_version``).
+  ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_total``,
+  ``vllm:request_success_total``, the histograms
+  ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds``
+  (see :mod:`.stats`), and ``vllm:prefix_cache_queries_total`` /
+  ``vllm:prefix_cache_hits_total`` in tokens as vLLM counts them: the engine keeps
+  no prefix cache, so every prompt token is a query and none is a hit; plus
+  ``telescope:policy_version``, ``telescope:requests_aborted_total``,
+  ``telescope:weight_updates_total``).
 - ``POST /collective_rpc`` with the weight-sync methods of
   :mod:`telescope.inference.weight_updates` (vLLM's dev-mode route; only those
   methods are accepted), ``POST /reset_prefix_cache`` (a no-op here: the engine
@@ -78,7 +84,7 @@ class _MetricsCollector:
         self.model_name = model_name
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         c = self.engine.counts()
         gauges = [
@@ -99,6 +105,8 @@ class _MetricsCollector:
             ("vllm:generation_tokens", "Generated tokens", c["generation_tokens"]),
             ("vllm:prompt_tokens", "Prefilled prompt tokens", c["prompt_tokens"]),
             ("vllm:request_success", "Finished requests", c["requests_finished"]),
+            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", c["prompt_tokens"]),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (the engine keeps none)", 0),
             ("telescope:requests_aborted", "Aborted requests", c["requests_aborted"]),
             ("telescope:weight_updates", "Weight updates applied", c["weight_updates"]),
         ]
@@ -106,6 +114,16 @@ class _MetricsCollector:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self.model_name], float(value))
             yield counter
+        latencies = self.engine.latencies
+        histograms = [
+            ("vllm:time_to_first_token_seconds", "Time to first token", latencies.time_to_first_token),
+            ("vllm:inter_token_latency_seconds", "Time between two tokens of a sequence", latencies.inter_token),
+        ]
+        for name, doc, histogram in histograms:
+            buckets, total, _ = histogram.snapshot()
+            histogram_family = HistogramMetricFamily(name, doc, labels=["model_name"])
+            histogram_family.add_metric([self.model_name], buckets, sum_value=total)
+            yield histogram_family
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -1,0 +1,169 @@
+"""The run's infrastructure monitoring on Ray: node samplers, trainer memory, server metrics, traces.
+
+:class:`~telescope.runtime.ray_services.RayServices` starts, with the workers:
+
+- one :class:`NodeSampler` actor per alive node of the cluster (``num_cpus=0``,
+  pinned with ``NodeAffinitySchedulingStrategy``), sampling the node with
+  :class:`~telescope.recording.system_metrics.SystemSampler` every
+  ``system_metrics_collection_interval_seconds`` into a buffer;
+- in each trainer rank (:class:`~telescope.runtime.workers.TrainerWorker`), a
+  thread sampling torch memory every ``torch_memory_sample_interval_seconds``;
+- with the ``vllm`` backend and ``enable_vllm_tracing``, the OTLP trace receiver
+  (:func:`start_trace_receiver`).
+
+:func:`build_infra_monitor` then gives the orchestrator one
+:class:`~telescope.recording.infra_monitor.InfraMonitor` whose collectors drain the
+node samplers (every ``max(1 s, system interval)``: ``infra.system`` events with
+``node`` and ``hostname``), drain the trainer ranks (every
+``ray_torch_memory_drain_interval_seconds``: ``infra.torch_memory`` with ``rank``
+and ``node``) and scrape each inference server's ``/metrics`` (every
+``metrics_logger_interval_seconds``: ``infra.inference`` with ``server``). Drains
+are Ray calls the orchestrator awaits; the trainer's runs in its own concurrency
+group, so it answers during a training step. Samples keep the time they were taken,
+so a late drain delays events but does not move them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from telescope.recording.infra_monitor import Collector, Event, InferenceMetricsScraper, InfraMonitor
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+    from telescope.inference.client import InferenceClient
+    from telescope.recording.otlp_receiver import OtlpTraceReceiver
+
+log = logging.getLogger("telescope.run.monitoring")
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class NodeSampler:
+    """Samples its node every ``interval_s`` (see the module docstring); :meth:`drain` takes the samples."""
+
+    def __init__(self, interval_s: float, disk_path: str = "/") -> None:
+        from telescope.recording.system_metrics import PeriodicSampler, SystemSampler
+
+        self.node = ray.util.get_node_ip_address()
+        self.hostname = socket.gethostname()
+        self.system = SystemSampler(disk_path)
+        self.sampler = PeriodicSampler(self.system.sample, interval_s, name="system-metrics").start()
+
+    def drain(self) -> dict[str, Any]:
+        return {"node": self.node, "hostname": self.hostname, "samples": self.sampler.drain()}
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.system.close()
+
+
+def start_node_samplers(interval_s: float, disk_path: str = "/") -> list[Any]:
+    """One :class:`NodeSampler` per alive node; a node where it cannot start is logged and skipped."""
+    actor: Any = NodeSampler
+    samplers = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        try:
+            strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+            samplers.append(actor.options(scheduling_strategy=strategy).remote(interval_s, disk_path))
+        except Exception as exc:
+            log.warning("no system metrics from node %s: %s", node.get("NodeManagerAddress"), exc)
+    return samplers
+
+
+def system_events(drained: dict[str, Any]) -> list[Event]:
+    """``infra.system`` events of one :meth:`NodeSampler.drain` result."""
+    where = {"component": "system", "node": drained["node"], "hostname": drained["hostname"]}
+    return [
+        {"kind": "infra.system", "start": s["time"], "duration_s": 0.0, **where, **_without_time(s)}
+        for s in drained["samples"]
+    ]
+
+
+def torch_memory_events(drained: dict[str, Any]) -> list[Event]:
+    """``infra.torch_memory`` events of one ``TrainerWorker.drain_torch_memory`` result."""
+    where = {"component": "trainer", "rank": drained["rank"], "node": drained["node"], "pid": drained["pid"]}
+    return [
+        {"kind": "infra.torch_memory", "start": s["time"], "duration_s": 0.0, **where, **_without_time(s)}
+        for s in drained["samples"]
+    ]
+
+
+def _without_time(sample: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sample.items() if k != "time"}
+
+
+def _drain_collector(name: str, interval_s: float, actors: Sequence[Any], method: str, to_events: Any) -> Collector:
+    async def collect() -> list[Event]:
+        out: list[Event] = []
+        errors: list[BaseException] = []
+        for actor in actors:  # one failing actor must not hide the others' samples
+            try:
+                out.extend(to_events(await getattr(actor, method).remote()))
+            except Exception as exc:
+                errors.append(exc)
+        if errors and not out:
+            raise errors[0]
+        if errors:
+            log.debug("%s: %d of %d actors failed: %s", name, len(errors), len(actors), errors[0])
+        return out
+
+    return Collector(name, interval_s, collect)
+
+
+def build_infra_monitor(
+    config: TelescopeConfig,
+    *,
+    node_samplers: Sequence[Any] = (),
+    trainers: Sequence[Any] = (),
+    clients: Sequence[InferenceClient] = (),
+) -> InfraMonitor:
+    """The run's monitor over these actors and clients, with the intervals of ``config``."""
+    collectors: list[Collector] = []
+    if node_samplers:
+        interval = max(1.0, config.system_metrics_collection_interval_seconds)
+        collectors.append(_drain_collector("system", interval, node_samplers, "drain", system_events))
+    if trainers:
+        collectors.append(
+            _drain_collector(
+                "torch_memory", config.ray_torch_memory_drain_interval_seconds, trainers, "drain_torch_memory",
+                torch_memory_events,
+            )
+        )  # fmt: skip
+    for index, client in enumerate(clients):
+        scraper = InferenceMetricsScraper(index, client.metrics, client.base_url)
+        collectors.append(Collector(f"inference_{index}", config.metrics_logger_interval_seconds, scraper))
+    return InfraMonitor(collectors)
+
+
+def start_trace_receiver(port: int, multi_node: bool) -> tuple[OtlpTraceReceiver | None, str | None]:
+    """The OTLP receiver on ``port`` (else on a free port, with a warning); returns it and its endpoint.
+
+    Loopback on a single node; with several nodes it listens on every interface and
+    advertises the IP Ray reports for this node. ``(None, None)`` (and a warning)
+    when it cannot start: vLLM then starts without tracing.
+    """
+    from telescope.recording.otlp_receiver import OtlpTraceReceiver
+
+    host = "0.0.0.0" if multi_node else "127.0.0.1"
+    advertised = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
+    try:
+        receiver = OtlpTraceReceiver(host, port).start()
+    except OSError as exc:
+        log.warning("otlp_receiver_port %d is not free (%s); the trace receiver takes another port", port, exc)
+        try:
+            receiver = OtlpTraceReceiver(host, 0).start()
+        except (OSError, RuntimeError) as again:
+            log.warning("the OTLP trace receiver could not start (%s); vLLM runs without tracing", again)
+            return None, None
+    except RuntimeError as exc:
+        log.warning("the OTLP trace receiver could not start (%s); vLLM runs without tracing", exc)
+        return None, None
+    return receiver, receiver.endpoint(advertised)

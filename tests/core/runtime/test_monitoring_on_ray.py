@@ -1,0 +1,101 @@
+"""The run's monitoring actors on a real (local, 2-CPU) Ray cluster: node samplers, trainer memory, the receiver."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+
+from telescope.api.context import InferenceContext, TrainerContext
+from telescope.config.composition import config_from_dict
+from telescope.inference.plugin import VLLMSettings
+from telescope.runtime.monitoring import start_node_samplers, system_events, torch_memory_events
+from telescope.runtime.ray_services import RayServices
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", namespace="telescope-monitoring-test")
+    yield
+    ray.shutdown()
+
+
+def drain_until(drain: Callable[[], dict[str, Any]], count: int, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    result = drain()
+    samples = list(result["samples"])
+    while len(samples) < count:
+        assert time.monotonic() < deadline, f"only {len(samples)} samples in time"
+        time.sleep(0.05)
+        result = drain()
+        samples += result["samples"]
+    return {**result, "samples": samples}
+
+
+def test_one_sampler_per_node_reports_the_node(tmp_path: Path) -> None:
+    samplers = start_node_samplers(0.05, str(tmp_path))
+    try:
+        assert len(samplers) == len([n for n in ray.nodes() if n["Alive"]]) == 1
+        drained = drain_until(lambda: ray.get(samplers[0].drain.remote()), 2)
+        events = system_events(drained)
+        assert {e["node"] for e in events} == {ray.util.get_node_ip_address()}
+        assert all(e["kind"] == "infra.system" and e["hostname"] == socket.gethostname() for e in events)
+        assert {"cpu_utilization_percent", "system_memory_used_gb", "disk_total_gb"} <= set(events[-1])
+        assert "network_sent_mb_s" in events[-1]  # the second sample has rates
+    finally:
+        for sampler in samplers:
+            ray.kill(sampler)
+
+
+def test_a_trainer_rank_samples_its_torch_memory_and_drains_it() -> None:
+    from telescope.runtime.workers import TrainerWorker
+
+    actor: Any = TrainerWorker
+    worker = actor.options(num_cpus=0).remote(
+        "fsdp", TrainerContext(model="not-loaded"), None, None, None, 3, 4, 1.0, torch_memory_interval_s=0.05
+    )
+    try:
+        drained = drain_until(lambda: ray.get(worker.drain_torch_memory.remote()), 2)
+        events = torch_memory_events(drained)
+        assert {(e["rank"], e["node"]) for e in events} == {(3, ray.util.get_node_ip_address())}
+        assert all(e["device"] == "cpu" and e["process_rss_gb"] > 0 for e in events)  # no GPU here: the RSS
+        assert [e["start"] for e in events] == sorted(e["start"] for e in events)
+    finally:
+        ray.kill(worker)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_run_starts_the_receiver_for_vllm_and_stops_it(tmp_path: Path) -> None:
+    config = config_from_dict({"environments": [{"name": "countdown"}]})
+    port = free_port()
+    services = RayServices(config, tmp_path)
+    context = services._start_monitoring("vllm", VLLMSettings(otlp_receiver_port=port), InferenceContext(model="m"))
+    try:
+        assert context.traces_endpoint == f"http://127.0.0.1:{port}/v1/traces"  # one node: loopback
+        assert httpx.post(context.traces_endpoint, content=b"", timeout=10).status_code == 200  # an empty export
+        assert len(services.node_samplers) == 1
+    finally:
+        services.shutdown()
+    assert services.trace_receiver is None and services.node_samplers == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(context.traces_endpoint, content=b"", timeout=10)
+    for backend, settings in (("vllm", VLLMSettings(enable_vllm_tracing=False)), ("embedded", None)):
+        other = RayServices(config, tmp_path)
+        try:
+            assert other._start_monitoring(backend, settings, InferenceContext(model="m")).traces_endpoint is None
+            assert other.trace_receiver is None
+        finally:
+            other.shutdown()
