@@ -23,6 +23,7 @@ from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.services import SamplingSettings
 from telescope.plugins.registry import Registrar
+from telescope.recording.infra_monitor import InfraMonitor
 
 #: A small, fast run over the fake workers (tokens 30..119 exist in the tiny tokenizer).
 RUN_ARGS: list[str] = [
@@ -70,6 +71,10 @@ class FakeWorkers:
 
     def start(self) -> None:
         pass
+
+    def infra_monitor(self) -> InfraMonitor:
+        """No workers, nothing to sample: a monitor with no collectors."""
+        return InfraMonitor([])
 
     async def connect_weights(self) -> None:
         pass
