@@ -107,8 +107,14 @@ def test_every_page_shows_the_real_run(page, serve, real_runs: Path) -> None:  #
     page.locator(".timeline .muted").filter(has_text="3 steps").wait_for()
     canvas = page.get_by_test_id("timeline-canvas")
     box = canvas.bounding_box()
-    canvas.click(position={"x": 200, "y": 36})  # the first step in the steps lane
-    page.locator(".event-detail h3").filter(has_text="trainer step").wait_for()
+    # a step somewhere in the steps lane (the first row): the run's events may start well
+    # before the first step (warm start, evals), so sweep the lane rather than guess an x
+    step_detail = page.locator(".event-detail h3").filter(has_text="trainer step")
+    for x in range(60, int(box["width"]) - 10, 15):
+        canvas.click(position={"x": x, "y": 36})
+        if step_detail.count():
+            break
+    step_detail.wait_for()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 36)
     page.mouse.wheel(0, -600)  # zoom in
     page.mouse.down()
