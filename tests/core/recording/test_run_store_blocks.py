@@ -62,7 +62,13 @@ def test_event_blocks_roll_over_by_time_and_round_trip(tmp_path: Path) -> None:
     from_block = RunReader(tmp_path).events()
     expected = [to_jsonable(odd), {"kind": "trainer.forward", "start": 1000.0, "duration_s": 0.25, "step": 1,
                 "custom": "x"}, {"kind": "trainer.backward", "start": 1060.0, "duration_s": 0.5}]  # fmt: skip
-    assert from_tail == expected and from_block == expected  # typed columns + extra give records back
+    assert from_tail == expected and from_block == expected  # the record column gives records back exactly
+    typed = pq.read_table(tmp_path / "events" / "block-000000.parquet", columns=["kind", "step", "rank"])
+    assert typed.to_pylist() == [  # typed copies for queries; a value of another type is a null there
+        {"kind": "tool.call", "step": None, "rank": 3},
+        {"kind": "trainer.forward", "step": 1, "rank": None},
+        {"kind": "trainer.backward", "step": None, "rank": None},
+    ]
     assert from_block[0]["step"] == "three" and from_block[0]["server"] is None and "component" not in from_block[0]
     store.log_event({"kind": "weights.push", "start": 1100.0, "duration_s": 1.0, "bytes": 10})
     store.flush()

@@ -25,9 +25,13 @@ the open tail it reads only the flushes made since the cut-off (the tail's index
 their byte offsets; an event is flushed after it ends), and earlier blocks only while they
 were still being written after the cut-off (their ``telescope.sealed_at`` metadata).
 
-Limits: a full read turns every record into a dict (about a second per million events):
-live consumers should poll with cursors. Reading a sealed block from a cursor inside it
-reads the whole block (once per block and consumer).
+Records come back exactly as written: from a block's ``record`` column (one JSON parse
+for all the block's matching rows) or from the tail's lines.
+
+Limits: a full read turns every record into a dict (a few seconds per million events on a
+slow machine): live consumers should poll with cursors. Reading a sealed block from a
+cursor inside it reads the whole block (once per block and consumer). The live tail
+assumes the writer's and the emitters' clocks agree (one machine, or synchronised clocks).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from telescope.recording.block_format import (
+    RECORD_COLUMN,
     StreamSchema,
     block_path,
     index_path,
@@ -194,7 +199,7 @@ class StreamReader:
                     continue
             try:
                 metadata = pq.read_metadata(block_path(self.directory, seq)).metadata or {}
-                table = pq.read_table(block_path(self.directory, seq), filters=expression)
+                table = pq.read_table(block_path(self.directory, seq), columns=[RECORD_COLUMN], filters=expression)
             except FileNotFoundError:
                 continue
             sealed_at = _float_meta(metadata, b"telescope.sealed_at")
@@ -218,8 +223,8 @@ class StreamReader:
         path = block_path(self.directory, seq)
         expression = where.expression() if where is not None else None
         try:
-            if skip == 0:
-                table = pq.read_table(path, filters=expression)
+            if skip == 0:  # the filter is pushed into the reader, which skips row groups by their statistics
+                table = pq.read_table(path, columns=[RECORD_COLUMN], filters=expression)
             else:
                 table = pq.read_table(path).slice(skip)
                 if expression is not None:

@@ -4,17 +4,18 @@
 Producers only :meth:`~BlockStream.put` records on an in-memory queue (a ``deque`` append:
 no I/O, no serialisation, no lock on the producer's thread). :meth:`~BlockStream.flush`,
 called by the :class:`Flusher` thread every ``flush interval`` (``event_upload_interval_seconds``),
-drains the queue: it makes the records JSON-ready, appends them to the open block's
-JSON Lines tail in one write (then, for events, one index line), and buffers them for the
-block's Parquet file, written row group by row group (at most ``row_group_rows`` records
-are held in memory) to a hidden temporary file beside the tail.
+drains the queue: it encodes each record as one JSON line (the C encoder also checks that
+it is plain JSON; records that are not go through ``to_jsonable`` first) and appends the
+lines to the open block's tail in one write, then, for events, one index line.
 
 A block is sealed when its time is up (``block_seconds`` since its first record, checked
 at every flush: blocks end on a flush, so a block covers its window plus at most one
 interval) or when it holds ``block_rows`` records (a flush that overflows it is split
-exactly). Sealing closes the Parquet file, renames it to ``block-<N>.parquet`` and only
-then deletes the tail, so every record is at every moment in a whole tail line or in a
-sealed block, never in neither; the next records open block ``N+1``.
+exactly). Sealing converts the tail to Parquet chunk by chunk in Arrow (without the GIL,
+see :meth:`~telescope.recording.block_format.StreamSchema.table_from_lines`) into a hidden
+temporary file, renames it to ``block-<N>.parquet`` and only then deletes the tail, so
+every record is at every moment in a whole tail line or in a sealed block, never in
+neither; the next records open block ``N+1``.
 
 Crashes: records still queued (at most one flush interval of events) are lost; the tail
 keeps every flushed record, perhaps followed by one partial line that readers skip. A new
@@ -44,6 +45,7 @@ import pyarrow.parquet as pq
 from telescope.recording.block_format import (
     FORMAT_VERSION,
     META_FILE,
+    SEAL_CHUNK_BYTES,
     StreamSchema,
     block_path,
     index_path,
@@ -51,11 +53,8 @@ from telescope.recording.block_format import (
     tail_path,
 )
 from telescope.recording.jsonl import (
-    Record,
     RunStoreClosedError,
     dumps_jsonable,
-    ends_without_newline,
-    parse_lines,
     to_jsonable,
     write_atomic,
 )
@@ -64,6 +63,8 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 PARQUET_COMPRESSION = "zstd"
+#: Rows of a Parquet row group: the unit that a time or step filter skips by its statistics.
+ROW_GROUP_ROWS = 65_536
 
 
 class BlockStream:
@@ -79,7 +80,6 @@ class BlockStream:
         clock: Clock = time.time,
         index: bool = False,
         max_pending: int | None = None,
-        row_group_rows: int = 16_384,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
         if block_seconds is not None and block_seconds <= 0:
@@ -93,7 +93,6 @@ class BlockStream:
         self.clock = clock
         self.index = index
         self.max_pending = max_pending
-        self.row_group_rows = row_group_rows
         self.dropped = 0
         self._pending: deque[Mapping[str, Any]] = deque()
         self._lock = threading.Lock()  # one flush at a time (writer thread or a caller)
@@ -103,8 +102,6 @@ class BlockStream:
         self._tail_bytes = 0
         self._rows = 0
         self._opened_at: float | None = None
-        self._buffer: list[Record] = []
-        self._parquet: pq.ParquetWriter | None = None
         directory.mkdir(parents=True, exist_ok=True)
         self.seq = self._recover()
         meta = {"format": FORMAT_VERSION, "stream": schema.name, **(settings or {})}
@@ -161,76 +158,48 @@ class BlockStream:
                 self._close_handles()
 
     def _drain(self) -> None:
-        batch: list[Record] = []
+        lines: list[str] = []
         pending = self._pending
         with contextlib.suppress(IndexError):
             while True:
-                batch.append(to_jsonable(pending.popleft()))
-        while batch:
-            if self.block_rows is None:
-                chunk, batch = batch, []
-            else:
-                room = self.block_rows - self._rows
-                chunk, batch = batch[:room], batch[room:]
-            self._append(chunk)
+                record: Any = pending.popleft()
+                try:  # the encoder checks the record is plain JSON: most are, and are not copied
+                    lines.append(dumps_jsonable(record))
+                except (TypeError, ValueError):  # numpy values, NaN, other objects
+                    lines.append(dumps_jsonable(to_jsonable(record)))
+        start = 0
+        while start < len(lines):
+            end = len(lines) if self.block_rows is None else min(len(lines), start + self.block_rows - self._rows)
+            self._append(lines[start:end])
+            start = end
             if self.block_rows is not None and self._rows >= self.block_rows:
                 self._seal()
 
-    def _append(self, records: list[Record]) -> None:
+    def _append(self, lines: list[str]) -> None:
         if self._tail is None:
-            self._tail = self._open_tail()
+            self._tail = tail_path(self.directory, self.seq).open("ab")
+            self._tail_bytes = self._tail.tell()
         if self._opened_at is None:
             self._opened_at = self.clock()
-        data = "".join(dumps_jsonable(r) + "\n" for r in records).encode("utf-8")
+        lines.append("")
+        data = "\n".join(lines).encode("utf-8")
         self._tail.write(data)
         self._tail.flush()
         self._tail_bytes += len(data)
-        self._rows += len(records)
+        self._rows += len(lines) - 1
         if self.index:
             if self._index is None:
                 self._index = index_path(self.directory, self.seq).open("ab")
             self._index.write(f"{self.clock()!r} {self._tail_bytes} {self._rows}\n".encode())
             self._index.flush()
-        self._buffer.extend(records)
-        if len(self._buffer) >= self.row_group_rows:
-            self._write_row_group()
-
-    def _open_tail(self) -> IO[bytes]:
-        path = tail_path(self.directory, self.seq)
-        handle = path.open("ab")
-        self._tail_bytes = handle.tell()
-        return handle
-
-    def _temp_block(self) -> Path:
-        return self.directory / f".{block_path(self.directory, self.seq).name}.tmp"
-
-    def _write_row_group(self) -> None:
-        if not self._buffer:
-            return
-        table = self.schema.to_table(self._buffer)
-        if self._parquet is None:
-            self._parquet = pq.ParquetWriter(
-                self._temp_block(), self.schema.arrow_schema, compression=PARQUET_COMPRESSION
-            )
-        self._parquet.write_table(table, row_group_size=max(self.row_group_rows, len(self._buffer)))
-        self._buffer = []
 
     def _seal(self) -> None:
         if self._rows == 0:
             self._opened_at = None
             return
-        self._write_row_group()
-        assert self._parquet is not None
-        self._parquet.add_key_value_metadata(
-            {"telescope.opened_at": repr(self._opened_at), "telescope.sealed_at": repr(self.clock())}
-        )
-        self._parquet.close()
-        self._parquet = None
-        os.replace(self._temp_block(), block_path(self.directory, self.seq))
         self._close_handles()
-        for path in (tail_path(self.directory, self.seq), index_path(self.directory, self.seq)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        metadata = {"telescope.opened_at": repr(self._opened_at), "telescope.sealed_at": repr(self.clock())}
+        seal_tail(self.directory, self.seq, self.schema, metadata)
         self.seq += 1
         self._rows = 0
         self._tail_bytes = 0
@@ -241,10 +210,6 @@ class BlockStream:
             if handle is not None:
                 handle.close()
         self._tail = self._index = None
-        if self._parquet is not None:  # only after a failure: the block stays a tail
-            with contextlib.suppress(Exception):
-                self._parquet.close()
-            self._parquet = None
 
     def _recover(self) -> int:
         """Seal orphan tails a crashed writer left, drop stale temporary files; the next block number."""
@@ -253,22 +218,41 @@ class BlockStream:
                 stale.unlink()
         listing = list_blocks(self.directory)
         for seq in sorted(listing.tails):
-            tail = tail_path(self.directory, seq)
-            if seq not in listing.sealed:
-                records, _, skipped = parse_lines(tail.read_bytes())
-                skipped += ends_without_newline(tail)
-                if skipped:
-                    log.warning("%s: sealing a crashed run's tail without %d partial line(s)", tail, skipped)
-                temp = self.directory / f".{block_path(self.directory, seq).name}.tmp"
-                meta = {b"telescope.recovered": b"1"}
-                table = self.schema.to_table(records)
-                pq.write_table(table.replace_schema_metadata(meta), temp, compression=PARQUET_COMPRESSION)
-                os.replace(temp, block_path(self.directory, seq))
-            for path in (tail, index_path(self.directory, seq)):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            if seq in listing.sealed:  # sealed, then the crash came before the tail was deleted
+                for path in (tail_path(self.directory, seq), index_path(self.directory, seq)):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            else:
+                dropped = seal_tail(self.directory, seq, self.schema, {"telescope.recovered": "1"})
+                if dropped:
+                    log.warning(
+                        "%s: sealed a crashed run's block %d without its partial last line", self.directory, seq
+                    )
         seqs = listing.seqs
         return seqs[-1] + 1 if seqs else 0
+
+
+def seal_tail(directory: Path, seq: int, schema: StreamSchema, metadata: Mapping[str, str]) -> bool:
+    """Write block ``seq`` from its tail (complete lines), rename it into place, delete the tail.
+
+    Returns whether bytes after the last newline (a crash's partial line) were left out.
+    """
+    tail = tail_path(directory, seq)
+    temp = directory / f".{block_path(directory, seq).name}.tmp"
+    carry = b""
+    with tail.open("rb") as source, pq.ParquetWriter(temp, schema.arrow_schema, compression=PARQUET_COMPRESSION) as out:
+        while chunk := source.read(SEAL_CHUNK_BYTES):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                out.write_table(schema.table_from_lines(data[:cut]), row_group_size=ROW_GROUP_ROWS)
+        out.add_key_value_metadata(dict(metadata))
+    os.replace(temp, block_path(directory, seq))
+    for path in (tail, index_path(directory, seq)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return bool(carry)
 
 
 class Flusher:

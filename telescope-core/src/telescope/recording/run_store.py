@@ -24,7 +24,8 @@ Design:
   they go through :class:`~telescope.recording.block_writer.BlockStream`. The caller only
   queues a record; one writer thread (:class:`~telescope.recording.block_writer.Flusher`)
   appends the queued records to the open block's JSON Lines tail every
-  ``event_upload_interval_seconds`` and seals blocks into Parquet
+  ``event_upload_interval_seconds`` (one JSON encoding a record: the only Python work
+  per record) and seals blocks into Parquet in Arrow, without the GIL
   (:mod:`telescope.recording.block_format` says why Parquet and how records map to
   columns). Rollouts arrive as one batch per step, so :meth:`RunStore.log_rollouts` also
   asks the thread to write them at once (without waiting): a step's rollouts are on disk
@@ -242,7 +243,6 @@ class RunStore:
         )  # fmt: skip
         self._rollouts = BlockStream(
             self.run_dir / ROLLOUTS_DIR, ROLLOUTS_SCHEMA, block_rows=int(rollout_block_size), clock=clock,
-            row_group_rows=int(rollout_block_size),
             settings={"rollout_block_size": rollout_block_size, "event_upload_interval_seconds": interval},
         )  # fmt: skip
         self._flusher = Flusher([self._events, self._rollouts], interval, name=f"run-store-writer:{self.run_dir.name}")
