@@ -17,11 +17,12 @@ and the overhead, the writer thread's throughput, bytes on disk (Parquet blocks 
 the same records as JSON Lines) and reader times (full scans, kind filter, the live tail,
 a cursor poll, one step's rollouts). No assertions; run it by hand::
 
-    python bench/bench_recording.py      # 1M events, 100k rollouts over 400 recorded 1 s steps
+    python bench/bench_recording.py      # 1M events, 100k rollouts over 300 recorded 1 s steps
     python bench/bench_recording.py --events 100000 --rollouts 10000 --steps 40 --phases 4   # quick
 
-The default rate (2,500 events/s and 250 rollouts a second-long step, 2.5 KB-4 KB each) is
-that of a large run; ``--steps 100`` makes it a 4x stress test.
+The default rate (3,300 events/s and 333 rollouts a second-long step, 2.5 KB-4 KB each) is
+that of a large run; ``--steps 100`` makes it a 3x stress test. Phases are short (5 steps
+each way) so that the load of a shared machine changes little between them.
 """
 
 from __future__ import annotations
@@ -111,8 +112,11 @@ def rollout_pool(n: int, seed: int = 0) -> list[dict[str, Any]]:
 class Emitters:
     """Threads that emit events at ``rate`` per second in total (to whatever is subscribed)."""
 
-    def __init__(self, threads: int, rate: float) -> None:
+    def __init__(self, threads: int, rate: float, budget: int) -> None:
         self.rate_per_thread = rate / threads
+        self.budget = budget  # events to emit while recording; then they idle through the on phases
+        self.recording = False
+        self.recorded = 0
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(t,), daemon=True) for t in range(threads)]
 
@@ -133,6 +137,11 @@ class Emitters:
         n = 0
         while not self.stop.is_set():
             now = time.time()
+            if self.recording:
+                if self.recorded >= self.budget:
+                    time.sleep(0.01)
+                    continue
+                self.recorded += burst  # (unlocked: may overshoot by a burst a thread)
             for _ in range(burst):
                 n += 1
                 choice = n % 10
@@ -180,9 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--rollouts", type=int, default=100_000)
-    parser.add_argument("--steps", type=int, default=400, help="recorded steps")
-    parser.add_argument("--phases", type=int, default=10, help="on/off phase pairs")
-    parser.add_argument("--off-steps", type=int, default=10, help="unrecorded steps a phase")
+    parser.add_argument("--steps", type=int, default=300, help="recorded steps")
+    parser.add_argument("--phases", type=int, default=60, help="on/off phase pairs")
+    parser.add_argument("--off-steps", type=int, default=5, help="unrecorded steps a phase")
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--emitters", type=int, default=4)
     parser.add_argument("--matrix", type=int, default=1024, help="matmul size (the step's GIL-free work)")
@@ -205,14 +214,16 @@ def main() -> None:
     writer_time = {"s": 0.0}
     for stream in (store._events, store._rollouts):  # time the writer's flushes (throughput)
         _time_flushes(stream, writer_time)
-    emitters = Emitters(args.emitters, args.events / (args.steps * args.step_seconds))
+    emitters = Emitters(args.emitters, args.events / (args.steps * args.step_seconds), args.events)
     emitters.start()
     times: dict[str, list[float]] = {"off": [], "on": []}
+    calls: list[float] = []  # the training thread's own recording calls
     step = 0
     run_start = time.perf_counter()
     for phase in range(2 * args.phases):
         mode = "off" if phase % 2 == 0 else "on"
         unsubscribe = store.capture_events() if mode == "on" else None
+        emitters.recording = mode == "on"
         for _ in range(steps_per_phase if mode == "on" else args.off_steps):
             start = time.perf_counter()
             with events.timed("trainer.step", step=step, rank=0):
@@ -224,12 +235,15 @@ def main() -> None:
                 for i in range(per_step_rollouts)
             ]
             if mode == "on":
+                calls_start = time.perf_counter()
                 store.log_rollouts(step, records)
                 store.log_metrics(step, {"loss": 0.1, "reward/mean": 0.5, "timing_step_total": 1.0})
                 store.set_status("running", step=step + 1)
+                calls.append(time.perf_counter() - calls_start)
             times[mode].append(time.perf_counter() - start)
             step += 1
         if unsubscribe is not None:
+            emitters.recording = False
             unsubscribe()
             store.flush()  # outside the timings: the next off phase starts with no backlog
     run_seconds = time.perf_counter() - run_start
@@ -262,6 +276,7 @@ def main() -> None:
         ("step time off: mean / median", f"{statistics.mean(off):.4f} s / {statistics.median(off):.4f} s"),
         ("step time on:  mean / median", f"{statistics.mean(on):.4f} s / {statistics.median(on):.4f} s"),
         ("overhead: mean / median", f"{overhead_mean:+.2f} % / {overhead_median:+.2f} %"),
+        ("recording calls on the step's thread", f"{statistics.mean(calls) * 1000:.2f} ms a step (mean)"),
         ("events / rollouts written", f"{n_events:,} / {n_rollouts:,} (dropped {store.dropped_events})"),
         ("writer thread busy", f"{writer_time['s']:.1f} s of {run_seconds:.0f} s"),
         ("writer throughput", f"{(n_events + n_rollouts) / max(writer_time['s'], 1e-9):,.0f} records/s busy"),
