@@ -1,13 +1,10 @@
 """Timeline events: timed records of what happened (sandbox commands, forward passes, ...).
 
 Any component emits an event with :func:`emit` or times a block with :func:`timed`;
-sinks subscribed with :func:`subscribe` receive every event (the run store queues
-them for its writer thread, which writes them to ``events/`` in blocks; tests
-collect them in a list). :func:`publish` hands the sinks an event made elsewhere
-(another process's, forwarded to the orchestrator) unchanged. An event costs a
-dictionary, a lock and, with the run store subscribed, a queue append: no I/O
-happens on the emitting thread, so emitting is safe on hot paths, though not per
-token.
+sinks subscribed with :func:`subscribe` receive every event (the run store writes
+them to ``events.jsonl``; tests collect them in a list). With no sink subscribed an
+event costs a dictionary and a lock, so emitting is safe on warm paths but should
+not be done per token.
 
 An event is a flat JSON-ready dict with at least ``kind`` (dotted, e.g.
 ``sandbox.execute``), ``start`` (UNIX seconds) and ``duration_s``; the rest is up
@@ -47,20 +44,12 @@ def emit(kind: str, *, start: float | None = None, duration_s: float = 0.0, **fi
     """Record one event and hand it to every sink (a failing sink is dropped from this call)."""
     event: Event = {"kind": kind, "start": time.time() if start is None else start, "duration_s": duration_s}
     event.update(fields)
-    publish(event)
-    return event
-
-
-def publish(event: Event) -> None:
-    """Hand a ready-made event (from another process, say) to every sink, unchanged.
-
-    A failing sink is dropped from this call, never raised to the caller.
-    """
     with _lock:
         sinks = list(_sinks)
     for sink in sinks:
         with contextlib.suppress(Exception):  # an observer must never break the observed code
             sink(event)
+    return event
 
 
 @contextmanager

@@ -15,7 +15,7 @@ mirrors it to W&B:
 - :meth:`WandbLogger.log_step` logs scalars with ``step=``; :meth:`WandbLogger.log_rollouts`
   logs one ``wandb.Table`` per call (key ``rollouts_table``), bounded to
   :attr:`WandbLogger.max_table_rows` rows and :attr:`WandbLogger.max_text_chars` characters
-  per text cell. Timeline events are not sent (they stay in the run store's ``events/``).
+  per text cell. Timeline events are not sent (they stay in events.jsonl).
 - ``wandb_upload_code``: at start, the source files (``.py``, configs, ...) under the working
   directory, skipping ``wandb_code_exclude_patterns`` (glob patterns matched against each
   file or folder name and relative path; excluded folders are not walked) and files over
