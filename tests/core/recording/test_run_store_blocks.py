@@ -116,6 +116,7 @@ def test_rollouts_are_written_soon_after_each_step(tmp_path: Path) -> None:
     store = RunStore(tmp_path, event_upload_interval_seconds=LONG)
     store.log_event({"kind": "a.b", "start": 1.0, "duration_s": 0.0})
     store.log_rollouts(0, [{"n": 0}])
+    store.set_status("running", step=1)  # the step is recorded
     assert wait_for(lambda: len(RunReader(tmp_path).rollouts()) == 1)  # not an interval later
     assert RunReader(tmp_path).events() == []  # events still wait for their interval
     store.close()

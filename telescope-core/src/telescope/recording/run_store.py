@@ -27,9 +27,11 @@ Design:
   ``event_upload_interval_seconds`` (one JSON encoding a record: the only Python work
   per record) and seals blocks into Parquet in Arrow, without the GIL
   (:mod:`telescope.recording.block_format` says why Parquet and how records map to
-  columns). Rollouts arrive as one batch per step, so :meth:`RunStore.log_rollouts` also
-  asks the thread to write them at once (without waiting): a step's rollouts are on disk
-  milliseconds after the step, not an interval later. :meth:`RunStore.flush` writes
+  columns). Rollouts arrive as one batch per step, so :meth:`RunStore.set_status` (which
+  the recorder calls when a step is recorded) asks the thread to write them at once,
+  without waiting: a step's rollouts are on disk milliseconds after its status, not an
+  interval later. (Asking in ``log_rollouts`` itself would start the writer while the
+  step's thread still has Python work to do, and the two would contend for the GIL.) :meth:`RunStore.flush` writes
   everything now; :meth:`RunStore.close` writes everything and seals the last blocks, so a
   finished run is all Parquet, and a resumed run starts new blocks after the old ones.
 - Metrics, evals (one small record per step) are appended synchronously to JSON Lines
@@ -299,9 +301,11 @@ class RunStore:
         self.log_metrics(step, metrics)
 
     def log_rollouts(self, step: int, records: Iterable[Mapping[str, Any] | Rollout]) -> None:
-        """Append rollout records (from :func:`rollout_record` / :func:`group_records`).
+        """Queue rollout records (from :func:`rollout_record` / :func:`group_records`).
 
-        A bare :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
+        They are written at the next :meth:`set_status` (the end of the step), flush
+        interval, :meth:`flush` or :meth:`close`, whichever comes first. A bare
+        :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
         without ``step`` gets ``step``.
         """
         lines: list[Mapping[str, Any]] = []
@@ -313,7 +317,6 @@ class RunStore:
             else:
                 lines.append({"step": int(step), **record})
         self._rollouts.put_many(lines)
-        self._flusher.request(self._rollouts)
 
     def log_event(self, event: Mapping[str, Any]) -> None:
         """Queue one timeline event (what :meth:`capture_events` subscribes): no I/O here.
@@ -366,7 +369,9 @@ class RunStore:
                 content["end_time"] = None
             write_atomic(self.run_dir / STATUS_FILE, json.dumps(to_jsonable(content), indent=2) + "\n")
             self._status = content
-            return dict(content)
+        if self._rollouts.pending:  # a step is recorded: its rollouts are written now, not an interval later
+            self._flusher.request(self._rollouts)
+        return dict(content)
 
     def flush(self) -> None:
         """Write every queued event and rollout now (in the caller's thread), sealing due blocks."""
