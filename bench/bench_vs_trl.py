@@ -29,6 +29,8 @@ ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2
 
 
 def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    from telescope.recording.run_reader import RunReader
+
     run_dir = workdir / "telescope"
     env_entry = json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}])
     command = [
@@ -45,7 +47,7 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines() if line]
+    rollouts = RunReader(run_dir).rollouts()
     train_time = sum(m["timing_step_total"] for m in metrics)
     tokens = sum(r["total_tokens"] for r in rollouts)
     return {"samples": len(rollouts), "tokens": tokens, "train_s": train_time, "wall_s": wall}

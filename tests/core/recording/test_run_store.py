@@ -178,6 +178,7 @@ def test_reader_sees_whole_records_while_writer_threads_append(tmp_path: Path) -
         thread.join()
     done.set()
     reader_thread.join()
+    store.flush()  # rollouts are written by the store's writer thread, a moment after log_rollouts
     followed.extend(follower.read_new())
     store.close()
     total = steps_per_writer * writers

@@ -4,7 +4,7 @@ Per step, :class:`StepRecorder` merges the trainer's metrics (rank-averaged by t
 backend), the rollout metrics of the trained groups (reward, advantage, sample
 metrics, Gini coefficients, token lengths, stop reasons), the discarded and
 canceled counts by reason, timings and run totals, then writes them to the run
-store (``metrics.jsonl``, and every trained rollout to ``rollouts.jsonl``) and to
+store (``metrics.jsonl``, and every trained rollout to ``rollouts/``) and to
 each enabled logger (the run store is one :class:`Sink` beside the loggers), to the
 ``telescope_step_end`` hook, and to the progress bar.
 

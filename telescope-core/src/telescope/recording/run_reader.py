@@ -1,37 +1,66 @@
 """Read a run directory, also while its run is still writing it.
 
 :class:`RunReader` reads the files of :mod:`telescope.recording.run_store`. It never locks or
-modifies them. A JSON Lines file is read up to its last newline: bytes after it are a line
-still being written (or cut short by a crash) and are left out, so a reader never sees a
-half record. A complete line that is not a JSON object (a partial line a crash left in the
-middle of a file, see :class:`~telescope.recording.run_store.JsonlWriter`) is skipped and
-counted in :attr:`JsonlFollower.skipped_lines`.
+modifies them, and never returns a half-written record:
 
-For a dashboard that polls, :meth:`RunReader.follow` returns a :class:`JsonlFollower`
-that remembers its byte offset and returns only the records appended since its last call.
+- ``metrics.jsonl`` and ``evals.jsonl`` are read up to their last newline: bytes after it
+  are a line still being written (or cut short by a crash) and are left out. A complete
+  line that is not a JSON object (a partial line a crash left in the middle of a file) is
+  skipped and counted in :attr:`JsonlFollower.skipped_lines`.
+- ``events/`` and ``rollouts/`` are block streams, read by
+  :class:`~telescope.recording.block_reader.StreamReader`: sealed Parquet blocks, then the
+  open block's JSON Lines tail, preceded by the flat ``events.jsonl`` / ``rollouts.jsonl``
+  of a run written before blocks existed.
 
-Limits: the plain methods (``metrics()``, ``rollouts()``, ...) read the whole file on each
-call; rollouts files of long runs are large, so poll with a follower instead. A file that
-is truncated or replaced under a follower is read again from its start.
+For a consumer that polls (the dashboard's sync), :meth:`RunReader.read_events_since` and
+:meth:`RunReader.read_rollouts_since` take a
+:class:`~telescope.recording.block_reader.StreamCursor` and return only the records after
+it (reading only new blocks and the tail from a byte offset) with the new cursor; nothing
+is lost or repeated when a block is sealed between or during calls. :meth:`RunReader.follow`
+wraps the same in an object with ``read_new()``. :meth:`RunReader.event_tail` returns the
+events of the last ``event_tail_window_seconds`` cheaply, for live views.
+
+Limits: ``metrics()``, ``evals()`` and the full-stream reads (``events()``, ``rollouts()``)
+read everything on each call; poll with cursors instead. A JSON Lines file that is
+truncated or replaced under a follower is read again from its start.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from telescope.recording.block_format import EVENTS_SCHEMA, META_FILE, ROLLOUTS_SCHEMA
+from telescope.recording.block_reader import RecordFilter, StreamCursor, StreamReader
+from telescope.recording.jsonl import parse_lines
 from telescope.recording.run_store import (
     CONFIG_JSON,
     CONFIG_YAML,
+    DEFAULT_EVENT_TAIL_WINDOW_S,
     EVALS_FILE,
-    EVENTS_FILE,
+    EVENTS_DIR,
+    LEGACY_EVENTS_FILE,
+    LEGACY_ROLLOUTS_FILE,
     METRICS_FILE,
-    ROLLOUTS_FILE,
+    ROLLOUTS_DIR,
     STATUS_FILE,
 )
 
+__all__ = ["Follower", "JsonlFollower", "RecordFilter", "RunReader", "StreamCursor", "StreamFollower", "read_jsonl"]
+
 Record = dict[str, Any]
+
+
+class Follower(Protocol):
+    """An incremental reader: each ``read_new()`` returns the records added since the last call."""
+
+    @property
+    def skipped_lines(self) -> int: ...
+
+    def read_new(self) -> list[Record]: ...
 
 
 class JsonlFollower:
@@ -45,33 +74,34 @@ class JsonlFollower:
     def read_new(self) -> list[Record]:
         """Records of the complete lines appended since the last call (empty if none or no file)."""
         try:
-            size = self.path.stat().st_size
+            with self.path.open("rb") as handle:
+                size = handle.seek(0, 2)
+                if size < self.offset:  # truncated or replaced: start again
+                    self.offset = 0
+                handle.seek(self.offset)
+                data = handle.read(size - self.offset)
         except FileNotFoundError:
             return []
-        if size < self.offset:  # truncated or replaced: start again
-            self.offset = 0
-        if size == self.offset:
-            return []
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read(size - self.offset)
-        end = data.rfind(b"\n")
-        if end < 0:  # only a line still being written
-            return []
-        self.offset += end + 1
-        records: list[Record] = []
-        for raw_line in data[: end + 1].splitlines():
-            if not raw_line.strip():
-                continue
-            try:
-                value = json.loads(raw_line)
-            except ValueError:
-                self.skipped_lines += 1
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-            else:
-                self.skipped_lines += 1
+        records, consumed, skipped = parse_lines(data)
+        self.offset += consumed
+        self.skipped_lines += skipped
+        return records
+
+
+@dataclass
+class StreamFollower:
+    """Incremental reader of a block stream (``events`` or ``rollouts``) through a cursor."""
+
+    reader: StreamReader
+    cursor: StreamCursor | None = None
+
+    @property
+    def skipped_lines(self) -> int:
+        return self.reader.skipped_lines
+
+    def read_new(self) -> list[Record]:
+        """The records written since the last call (all of them at the first call)."""
+        records, self.cursor = self.reader.read_since(self.cursor)
         return records
 
 
@@ -99,19 +129,58 @@ class RunReader:
         return {int(record["step"]): record for record in self.metrics() if "step" in record}
 
     def rollouts(self, step: int | None = None) -> list[Record]:
-        """Rollout records, all or those of one ``step``."""
-        records = read_jsonl(self.run_dir / ROLLOUTS_FILE)
-        if step is None:
-            return records
-        return [record for record in records if record.get("step") == step]
+        """Rollout records in the order they were logged, all or those of one ``step``."""
+        return self._rollouts().read_all(RecordFilter(step=step))
 
-    def events(self, kind: str | None = None) -> list[Record]:
-        """Timeline events, all or those whose ``kind`` equals ``kind`` or starts with ``kind + '.'``."""
-        records = read_jsonl(self.run_dir / EVENTS_FILE)
-        if kind is None:
-            return records
-        prefix = kind + "."
-        return [r for r in records if r.get("kind") == kind or str(r.get("kind", "")).startswith(prefix)]
+    def read_rollouts_since(
+        self, cursor: StreamCursor | None = None, *, step: int | None = None
+    ) -> tuple[list[Record], StreamCursor]:
+        """The rollouts logged after ``cursor`` (from the start when ``None``) and the next cursor."""
+        return self._rollouts().read_since(cursor, RecordFilter(step=step))
+
+    def events(
+        self,
+        kind: str | None = None,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        step: int | None = None,
+    ) -> list[Record]:
+        """Timeline events in the order they were written, filtered (see
+        :class:`~telescope.recording.block_reader.RecordFilter`): ``kind`` equals it or starts with
+        ``kind + '.'``; the event overlaps ``[since, until)``; its ``step`` equals ``step``."""
+        return self._events().read_all(RecordFilter(kind=kind, since=since, until=until, step=step))
+
+    def read_events_since(
+        self,
+        cursor: StreamCursor | None = None,
+        *,
+        kind: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        step: int | None = None,
+    ) -> tuple[list[Record], StreamCursor]:
+        """The events written after ``cursor`` (from the start when ``None``) that match the
+        filters, and the next cursor (past every event read, matching or not)."""
+        return self._events().read_since(cursor, RecordFilter(kind=kind, since=since, until=until, step=step))
+
+    def event_tail(
+        self, seconds: float | None = None, *, kind: str | None = None, now: float | None = None
+    ) -> list[Record]:
+        """The events that ended in the last ``seconds`` before ``now`` (default: the run's
+        ``event_tail_window_seconds``, and the current time), read cheaply from the open block."""
+        if seconds is None:
+            seconds = float(self.recording_settings().get("event_tail_window_seconds", DEFAULT_EVENT_TAIL_WINDOW_S))
+        now = time.time() if now is None else now
+        return self._events().tail_window(now - seconds, RecordFilter(kind=kind, until=now))
+
+    def recording_settings(self) -> Record:
+        """The block and flush settings the run store recorded (empty for a run without blocks)."""
+        settings: Record = {}
+        for directory in (ROLLOUTS_DIR, EVENTS_DIR):
+            settings.update(_read_json_object(self.run_dir / directory / META_FILE) or {})
+        settings.pop("stream", None)
+        return settings
 
     def evals(self, name: str | None = None) -> list[Record]:
         """Eval results, all or those of the eval ``name``."""
@@ -142,12 +211,22 @@ class RunReader:
             return []
         return sorted(path for path in logs_dir.rglob("*") if path.is_file())
 
-    def follow(self, name: str) -> JsonlFollower:
+    def follow(self, name: str) -> Follower:
         """An incremental reader of ``metrics``, ``rollouts``, ``events`` or ``evals``."""
-        files = {"metrics": METRICS_FILE, "rollouts": ROLLOUTS_FILE, "events": EVENTS_FILE, "evals": EVALS_FILE}
+        if name == "events":
+            return StreamFollower(self._events())
+        if name == "rollouts":
+            return StreamFollower(self._rollouts())
+        files = {"metrics": METRICS_FILE, "evals": EVALS_FILE}
         if name not in files:
-            raise ValueError(f"no stream {name!r} in a run directory; use one of {', '.join(files)}")
+            raise ValueError(f"no stream {name!r} in a run directory; use one of metrics, rollouts, events, evals")
         return JsonlFollower(self.run_dir / files[name])
+
+    def _events(self) -> StreamReader:
+        return StreamReader(self.run_dir / EVENTS_DIR, EVENTS_SCHEMA, self.run_dir / LEGACY_EVENTS_FILE)
+
+    def _rollouts(self) -> StreamReader:
+        return StreamReader(self.run_dir / ROLLOUTS_DIR, ROLLOUTS_SCHEMA, self.run_dir / LEGACY_ROLLOUTS_FILE)
 
 
 def _read_json_object(path: Path) -> Record | None:

@@ -5,49 +5,97 @@ Layout of a run directory (``runs/<wandb_run_name>/`` unless ``run_dir`` is set)
     config.yaml     the resolved config, as text (with provenance comments)
     config.json     the same config as a JSON object
     metrics.jsonl   one object per step: {"step": int, "time": float, <metric>: value, ...}
-    rollouts.jsonl  one object per rollout (see :func:`rollout_record` for the fields)
-    events.jsonl    timeline events from :mod:`telescope.recording.events` (see :meth:`RunStore.capture_events`)
     evals.jsonl     one object per eval run: {"name", "step", "time", "metrics": {...}, ...}
+    events/         timeline events from :mod:`telescope.recording.events`, in blocks of
+                    ``event_block_duration_seconds``: block-<N>.parquet (sealed) and
+                    tail-<N>.jsonl + tail-<N>.idx (the open block), _meta.json
+    rollouts/       one record per rollout (see :func:`rollout_record`), in blocks of
+                    ``rollout_block_size`` rollouts, same files
     status.json     {"status", "step", "pid", "start_time", "end_time", "updated_time", ...}
     logs/           process logs: ``<name>.log``; ``detailed/`` and ``stdout/`` hold the
                     detailed and captured-stdout logs (see :meth:`RunStore.log_path`)
 
+A run written before blocks existed has flat ``events.jsonl`` and ``rollouts.jsonl``;
+:class:`~telescope.recording.run_reader.RunReader` still reads them (before any blocks).
+
 Design:
 
-- JSON Lines files are append-only. Each record is serialised first and written with one
-  ``write`` call of a whole line followed by ``flush``, under a per-file lock, so threads
-  never interleave and a crash leaves at most one partial *last* line; earlier lines are
-  never rewritten. When a file is reopened for appending (a resumed run) and its last
-  line is partial, a newline is written first, so the partial line stays a lone bad line
-  that readers skip instead of corrupting the next record.
-- ``config.*`` and ``status.json`` are replaced atomically (write a temporary file in the
-  same directory, then ``os.replace``): a reader sees the old or the new file, never half.
-- Values are made JSON-safe: numpy scalars and arrays become numbers and lists, paths and
-  other objects their ``str``, and non-finite floats (NaN, inf) become ``null`` so that
-  every line is strict JSON that any reader (a browser dashboard) parses.
+- Events and rollouts are the volume (millions of events, rollouts of kilobytes each):
+  they go through :class:`~telescope.recording.block_writer.BlockStream`. The caller only
+  queues a record; one writer thread (:class:`~telescope.recording.block_writer.Flusher`)
+  appends the queued records to the open block's JSON Lines tail every
+  ``event_upload_interval_seconds`` (one JSON encoding a record: the only Python work
+  per record) and seals blocks into Parquet in Arrow, without the GIL
+  (:mod:`telescope.recording.block_format` says why Parquet and how records map to
+  columns). Rollouts arrive as one batch per step, so :meth:`RunStore.set_status` (which
+  the recorder calls when a step is recorded) asks the thread to write them at once,
+  without waiting: a step's rollouts are on disk milliseconds after its status, not an
+  interval later. (Asking in ``log_rollouts`` itself would start the writer while the
+  step's thread still has Python work to do, and the two would contend for the GIL.) :meth:`RunStore.flush` writes
+  everything now; :meth:`RunStore.close` writes everything and seals the last blocks, so a
+  finished run is all Parquet, and a resumed run starts new blocks after the old ones.
+- Metrics, evals (one small record per step) are appended synchronously to JSON Lines
+  files by :class:`~telescope.recording.jsonl.JsonlWriter`: whole lines, flushed, so a
+  crash leaves at most one partial *last* line, which readers skip.
+- ``config.*``, ``status.json`` and ``_meta.json`` are replaced atomically (temporary file
+  + ``os.replace``): a reader sees the old or the new file, never half.
+- Values are made JSON-safe (:func:`~telescope.recording.jsonl.to_jsonable`): numpy scalars
+  and arrays become numbers and lists, other objects their ``str``, NaN and inf ``null``.
 
-Limits: ``flush`` hands the data to the operating system; there is no ``fsync``, so a
-power loss (not a process crash) may lose the last writes. Only one process should
-write a run directory at a time (the orchestrator); nothing enforces it.
+Limits: a record is serialised on the writer thread, after the call that logged it: do not
+mutate a logged event or rollout record (:func:`group_records` builds fresh ones). A crash
+(kill -9) loses the events of at most the last flush interval; everything flushed stays
+readable, and the next writer on the directory seals the crashed run's open block. There
+is no ``fsync`` (a power loss may lose more). Only one process should write a run
+directory at a time (the orchestrator; other processes hand their events to it, see
+:func:`telescope.recording.events.publish`); nothing enforces it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
-import math
+import logging
 import os
 import socket
-import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from telescope.api.records import Group, Rollout
 from telescope.recording import events as telescope_events
+from telescope.recording.block_format import EVENTS_SCHEMA, ROLLOUTS_SCHEMA
+from telescope.recording.block_writer import BlockStream, Clock, Flusher
+from telescope.recording.jsonl import (
+    JsonlWriter,
+    RunStoreClosedError,
+    dumps_line,
+    to_jsonable,
+    write_atomic,
+)
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+__all__ = [
+    "FINAL_STATUSES",
+    "RUN_STATUSES",
+    "JsonlWriter",
+    "RunStatus",
+    "RunStore",
+    "RunStoreClosedError",
+    "dumps_line",
+    "group_records",
+    "resolve_run_dir",
+    "resolve_run_dir_from_config",
+    "rollout_record",
+    "to_jsonable",
+    "write_atomic",
+]
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "interrupted")
@@ -57,112 +105,28 @@ FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "interrupted"
 CONFIG_YAML = "config.yaml"
 CONFIG_JSON = "config.json"
 METRICS_FILE = "metrics.jsonl"
-ROLLOUTS_FILE = "rollouts.jsonl"
-EVENTS_FILE = "events.jsonl"
 EVALS_FILE = "evals.jsonl"
 STATUS_FILE = "status.json"
 LOGS_DIR = "logs"
+EVENTS_DIR = "events"
+ROLLOUTS_DIR = "rollouts"
+#: The flat files of runs written before blocks existed (still read, never written).
+LEGACY_EVENTS_FILE = "events.jsonl"
+LEGACY_ROLLOUTS_FILE = "rollouts.jsonl"
+
+#: Defaults of the config's logging fields of the same names.
+DEFAULT_EVENT_BLOCK_DURATION_S = 1800.0
+DEFAULT_EVENT_UPLOAD_INTERVAL_S = 5.0
+DEFAULT_EVENT_TAIL_WINDOW_S = 60.0
+DEFAULT_ROLLOUT_BLOCK_SIZE = 500
+#: Events queued beyond this (the disk cannot keep up) are dropped and counted.
+MAX_PENDING_EVENTS = 1_000_000
 
 LogKind = Literal["main", "detailed", "stdout"]
 
+log = logging.getLogger(__name__)
+
 _RESERVED_METRIC_KEYS = frozenset({"step", "time"})
-
-
-class RunStoreClosedError(RuntimeError):
-    """A write was attempted after :meth:`RunStore.close`."""
-
-
-# --------------------------------------------------------------------------- JSON
-
-
-def to_jsonable(value: Any) -> Any:
-    """``value`` as plain JSON types; non-finite floats become ``None`` (strict JSON)."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in value]
-    if is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(asdict(value))
-    # numpy scalars and arrays (without importing numpy): .item() / .tolist()
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return to_jsonable(tolist())
-    item = getattr(value, "item", None)
-    if callable(item):
-        return to_jsonable(item())
-    return str(value)
-
-
-def dumps_line(record: Mapping[str, Any]) -> str:
-    """One JSON Lines line (with the trailing newline) for ``record``."""
-    return json.dumps(to_jsonable(record), ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (temporary file + ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-
-
-class JsonlWriter:
-    """An append-only, thread-safe JSON Lines file: whole lines, flushed on every write."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._handle: IO[str] | None = None
-        self._closed = False
-
-    def _open(self) -> IO[str]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        needs_newline = False
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with self.path.open("rb") as existing:
-                existing.seek(-1, os.SEEK_END)
-                needs_newline = existing.read(1) != b"\n"
-        handle = self.path.open("a", encoding="utf-8")
-        if needs_newline:  # isolate a partial line left by a crash
-            handle.write("\n")
-            handle.flush()
-        return handle
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        self.write_many([record])
-
-    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append records; each line is serialised first, then written whole and flushed."""
-        lines = [dumps_line(r) for r in records]
-        if not lines:
-            return
-        with self._lock:
-            if self._closed:
-                raise RunStoreClosedError(f"cannot write to {self.path}: the run store is closed")
-            if self._handle is None:
-                self._handle = self._open()
-            for line in lines:
-                self._handle.write(line)
-                self._handle.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._handle is not None:
-                self._handle.close()
-                self._handle = None
 
 
 # ----------------------------------------------------------------------- records
@@ -241,7 +205,7 @@ class RunStore:
 
     Typical use by the orchestrator::
 
-        store = RunStore(run_dir)
+        store = RunStore.from_config(run_dir, config)
         store.write_config(loaded.render(), config.model_dump(mode="json"))
         store.set_status("running", step=0)
         unsubscribe = store.capture_events()
@@ -253,18 +217,54 @@ class RunStore:
         store.close()   # also stops capturing events
     """
 
-    def __init__(self, run_dir: Path | str) -> None:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        *,
+        event_block_duration_seconds: float = DEFAULT_EVENT_BLOCK_DURATION_S,
+        event_upload_interval_seconds: float = DEFAULT_EVENT_UPLOAD_INTERVAL_S,
+        event_tail_window_seconds: float = DEFAULT_EVENT_TAIL_WINDOW_S,
+        rollout_block_size: int = DEFAULT_ROLLOUT_BLOCK_SIZE,
+        clock: Clock = time.time,
+    ) -> None:
+        """``clock`` (UNIX seconds) dates blocks and flushes; tests inject one."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
         self._metrics = JsonlWriter(self.run_dir / METRICS_FILE)
-        self._rollouts = JsonlWriter(self.run_dir / ROLLOUTS_FILE)
-        self._events = JsonlWriter(self.run_dir / EVENTS_FILE)
         self._evals = JsonlWriter(self.run_dir / EVALS_FILE)
+        interval = float(event_upload_interval_seconds)
+        self._events = BlockStream(
+            self.run_dir / EVENTS_DIR, EVENTS_SCHEMA, block_seconds=float(event_block_duration_seconds), clock=clock,
+            index=True, max_pending=MAX_PENDING_EVENTS,
+            settings={
+                "event_block_duration_seconds": event_block_duration_seconds,
+                "event_upload_interval_seconds": interval,
+                "event_tail_window_seconds": event_tail_window_seconds,
+            },
+        )  # fmt: skip
+        self._rollouts = BlockStream(
+            self.run_dir / ROLLOUTS_DIR, ROLLOUTS_SCHEMA, block_rows=int(rollout_block_size), clock=clock,
+            settings={"rollout_block_size": rollout_block_size, "event_upload_interval_seconds": interval},
+        )  # fmt: skip
+        self._flusher = Flusher([self._events, self._rollouts], interval, name=f"run-store-writer:{self.run_dir.name}")
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] = self._read_existing_status()
         self._unsubscribers: list[Callable[[], None]] = []
         self._closed = False
+        self._atexit = _flush_at_exit(weakref.ref(self))
+        atexit.register(self._atexit)
+
+    @classmethod
+    def from_config(cls, run_dir: Path | str, config: TelescopeConfig) -> RunStore:
+        """A store with the config's block and flush settings (its logging section)."""
+        return cls(
+            run_dir,
+            event_block_duration_seconds=config.event_block_duration_seconds,
+            event_upload_interval_seconds=config.event_upload_interval_seconds,
+            event_tail_window_seconds=config.event_tail_window_seconds,
+            rollout_block_size=config.rollout_block_size,
+        )
 
     # ------------------------------------------------------------------ paths
 
@@ -301,9 +301,11 @@ class RunStore:
         self.log_metrics(step, metrics)
 
     def log_rollouts(self, step: int, records: Iterable[Mapping[str, Any] | Rollout]) -> None:
-        """Append rollout records (from :func:`rollout_record` / :func:`group_records`).
+        """Queue rollout records (from :func:`rollout_record` / :func:`group_records`).
 
-        A bare :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
+        They are written at the next :meth:`set_status` (the end of the step), flush
+        interval, :meth:`flush` or :meth:`close`, whichever comes first. A bare
+        :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
         without ``step`` gets ``step``.
         """
         lines: list[Mapping[str, Any]] = []
@@ -311,14 +313,17 @@ class RunStore:
             if isinstance(record, Rollout):
                 lines.append(rollout_record(record, step=step, group_index=-1))
             elif "step" in record:
-                lines.append(record)
+                lines.append(dict(record))
             else:
                 lines.append({"step": int(step), **record})
-        self._rollouts.write_many(lines)
+        self._rollouts.put_many(lines)
 
     def log_event(self, event: Mapping[str, Any]) -> None:
-        """Append one timeline event (what :meth:`capture_events` subscribes)."""
-        self._events.write(event)
+        """Queue one timeline event (what :meth:`capture_events` subscribes): no I/O here.
+
+        It is written with the next flush (every ``event_upload_interval_seconds``).
+        """
+        self._events.put(dict(event))
 
     def log_eval(self, name: str, step: int, metrics: Mapping[str, Any], **extra: Any) -> None:
         """Append one eval result: ``{"name", "step", "time", "metrics": {...}, **extra}``."""
@@ -327,7 +332,7 @@ class RunStore:
         self._evals.write(record)
 
     def capture_events(self) -> Callable[[], None]:
-        """Write every :func:`telescope.recording.events.emit` event to events.jsonl from now on.
+        """Write every :func:`telescope.recording.events.emit` event to ``events/`` from now on.
 
         Returns the function that stops it (``close`` also stops it). A write that fails
         (the store closed meanwhile) is dropped by the event bus, never raised at the emitter.
@@ -364,17 +369,42 @@ class RunStore:
                 content["end_time"] = None
             write_atomic(self.run_dir / STATUS_FILE, json.dumps(to_jsonable(content), indent=2) + "\n")
             self._status = content
-            return dict(content)
+        if self._rollouts.pending:  # a step is recorded: its rollouts are written now, not an interval later
+            self._flusher.request(self._rollouts)
+        return dict(content)
+
+    def flush(self) -> None:
+        """Write every queued event and rollout now (in the caller's thread), sealing due blocks."""
+        self._events.flush()
+        self._rollouts.flush()
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped because the queue was full (the disk could not keep up)."""
+        return self._events.dropped
 
     def close(self) -> None:
-        """Stop capturing events and close the files; later writes raise :class:`RunStoreClosedError`."""
+        """Stop capturing events, write everything queued, seal the last blocks and close the files.
+
+        Later writes raise :class:`RunStoreClosedError`; closing twice does nothing.
+        """
         with self._status_lock:
             unsubscribers, self._unsubscribers = self._unsubscribers, []
-            self._closed = True
+            was_closed, self._closed = self._closed, True
         for unsubscribe in unsubscribers:
             unsubscribe()
-        for writer in (self._metrics, self._rollouts, self._events, self._evals):
-            writer.close()
+        if was_closed:
+            return
+        atexit.unregister(self._atexit)
+        self._flusher.stop()
+        try:
+            self._events.close()
+            self._rollouts.close()
+        finally:
+            self._metrics.close()
+            self._evals.close()
+        if self._events.dropped:
+            log.warning("the run store dropped %d events: its queue was full", self._events.dropped)
 
     def __enter__(self) -> RunStore:
         return self
@@ -395,6 +425,18 @@ class RunStore:
         except (FileNotFoundError, ValueError):
             return {}
         return content if isinstance(content, dict) else {}
+
+
+def _flush_at_exit(ref: weakref.ref[RunStore]) -> Callable[[], None]:
+    """At interpreter exit, write what an unclosed store still queues (the writer thread is a daemon)."""
+
+    def flush() -> None:
+        store = ref()
+        if store is not None and not store._closed:
+            with contextlib.suppress(Exception):  # nothing to report to at exit
+                store.flush()
+
+    return flush
 
 
 # -------------------------------------------------------------------- run dir

@@ -119,7 +119,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     config = loaded.config.model_copy(deep=True)
     run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
     config.run_dir = str(run_dir)
-    store = RunStore(run_dir)
+    store = RunStore.from_config(run_dir, config)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
     store.set_status("running", pid=os.getpid(), step=0)
     handler = _setup_file_logging(run_dir, config.debug)
