@@ -23,15 +23,6 @@ SOURCES = [ROOT / "telescope-core" / "src", ROOT / "telescope-envs" / "src", ROO
 
 #: Fields read by nothing yet, and the issue that makes each work.
 PENDING: dict[str, str] = {
-    **{
-        name: "issue 10 (recording)"
-        for name in (
-            "event_tail_window_seconds",
-            "event_block_duration_seconds",
-            "event_upload_interval_seconds",
-            "rollout_block_size",
-        )
-    },
     "sandbox_provider": "issue 15 (examples: the run context chooses the provider)",
     "weight_broadcast_free_grad_buffers": "issue 13 (Megatron)",
 }
