@@ -2,7 +2,7 @@
 
 Any component emits an event with :func:`emit` or times a block with :func:`timed`;
 sinks subscribed with :func:`subscribe` receive every event (the run store writes
-them to ``events.jsonl``; tests collect them in a list). With no sink subscribed an
+them to its ``events/`` blocks; tests collect them in a list). With no sink subscribed an
 event costs a dictionary and a lock, so emitting is safe on warm paths but should
 not be done per token.
 
