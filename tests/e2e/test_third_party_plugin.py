@@ -192,5 +192,8 @@ def test_a_wheel_in_a_fresh_environment_lists_configures_trains_and_uninstalls(t
                              capture_output=True, text=True, timeout=300)  # fmt: skip
     assert removed.returncode == 0, removed.stderr
     gone = telescope(python, "config", "validate", str(config))
-    assert gone.returncode == 2
-    assert "unknown environment 'demo_parity'" in gone.stderr and "demo_advantage_scale" in gone.stderr
+    assert gone.returncode == 2 and "unknown key 'demo_advantage_scale'" in gone.stderr  # its field left with it
+    without_field = tmp_path / "without-field.yaml"
+    without_field.write_text(CONFIG.replace("demo_advantage_scale: 2.0\n", ""), encoding="utf-8")
+    gone = telescope(python, "config", "validate", str(without_field))
+    assert gone.returncode == 2 and "unknown environment 'demo_parity'" in gone.stderr
