@@ -122,9 +122,13 @@ class InferenceBackendConformance:
         async def cancel() -> float:
             async with self._client(server) as client:
                 task = asyncio.create_task(
-                    client.complete(self.prompt, max_tokens=200, temperature=1.0, seed=1, ignore_eos=True)
+                    client.complete(self.prompt, max_tokens=240, temperature=1.0, seed=1, ignore_eos=True)
                 )
-                await asyncio.sleep(0.5)
+                for _ in range(600):  # cancel once the server runs it (a fixed sleep raced a fast server)
+                    if (await client.metrics()).get("vllm:num_requests_running", 0.0) >= 1:
+                        break
+                    await asyncio.sleep(0.05)
+                assert not task.done(), "the request finished before it could be cancelled"
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task

@@ -1,8 +1,8 @@
 """Process-group setup and the few collectives the trainer needs.
 
 CPU runs use gloo, CUDA runs NCCL. The group is created from ``MASTER_ADDR`` /
-``MASTER_PORT`` (defaulting to a free local port when the caller runs a single
-rank), and torn down with a ``barrier()`` first: gloo may abort at exit otherwise.
+``MASTER_PORT``; a single rank without ``MASTER_PORT`` uses an in-process store
+and binds no port, and torn down with a ``barrier()`` first: gloo may abort at exit otherwise.
 Every collective is a no-op when no process group exists.
 """
 
@@ -37,13 +37,17 @@ def init_process_group(rank: int, world_size: int, device: torch.device) -> bool
     """Join (or create) the default process group; returns True when this call created it."""
     if dist.is_initialized():
         return False
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if backend == "nccl" else None
     if "MASTER_PORT" not in os.environ:
         if world_size > 1:
             raise RuntimeError("MASTER_PORT must be set for a multi-rank trainer (every rank the same port)")
-        os.environ["MASTER_PORT"] = str(free_port())
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+        # One rank needs no rendezvous: an in-process store binds no port, so two
+        # trainers created one after the other never race for one.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id)
+        return True
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device_id)
     return True
 
 
