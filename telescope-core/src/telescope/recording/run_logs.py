@@ -2,11 +2,18 @@
 
 :func:`capture_process_logs` (called by each trainer rank) writes
 
-- ``logs/<name>.log``: log records at INFO and above, and every line the process
-  prints to ``sys.stdout`` / ``sys.stderr`` (the streams are teed: what Ray forwards
-  to the driver with ``ray_log_to_driver`` still goes there);
+- ``logs/<name>.log``: log records at INFO and above (``main_level``: the
+  orchestrator's is DEBUG with ``debug: true``);
 - ``logs/detailed/<name>.log``: log records at DEBUG and above (Telescope's own
-  loggers are set to DEBUG; other libraries keep their level).
+  loggers are set to DEBUG; other libraries keep their level);
+- ``logs/stdout/<name>.log``: the process's console, every line it prints to
+  ``sys.stdout`` / ``sys.stderr`` (the streams are teed: what Ray forwards to the
+  driver with ``ray_log_to_driver`` still goes there). ``tee_streams=False`` leaves
+  the streams alone, for a process whose console its parent already writes there
+  (the embedded inference server).
+
+The three kinds are what ``wandb_upload_logs``, ``wandb_upload_logs_detailed`` and
+``wandb_upload_logs_stdout`` select.
 
 When the root logger had no handler (a fresh Ray worker), a WARNING handler on the
 original stderr is added too, so warnings still reach the driver as they did before
@@ -57,16 +64,19 @@ class TeeStream:
         return getattr(self.primary, name)
 
 
-def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
-    """Send this process's logging and stdout/stderr to ``<run_dir>/logs/<name>.log`` (see the module docstring).
+def capture_process_logs(
+    run_dir: Path | str, name: str, *, tee_streams: bool = True, main_level: int = logging.INFO
+) -> Callable[[], None]:
+    """Send this process's logging and console to ``<run_dir>/logs/`` (see the module docstring).
 
     Returns the function that undoes it (handlers removed, streams restored, files closed).
     """
     logs = Path(run_dir) / "logs"
     (logs / "detailed").mkdir(parents=True, exist_ok=True)
+    (logs / "stdout").mkdir(exist_ok=True)
     formatter = logging.Formatter(FORMAT)
     main = logging.FileHandler(logs / f"{name}.log", encoding="utf-8")
-    main.setLevel(logging.INFO)
+    main.setLevel(main_level)
     detailed = logging.FileHandler(logs / "detailed" / f"{name}.log", encoding="utf-8")
     detailed.setLevel(logging.DEBUG)
     root = logging.getLogger()
@@ -81,10 +91,12 @@ def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
     telescope_logger = logging.getLogger("telescope")
     previous_level = telescope_logger.level
     telescope_logger.setLevel(logging.DEBUG)
-    copy = (logs / f"{name}.log").open("a", encoding="utf-8")
     previous_streams = sys.stdout, sys.stderr
-    sys.stdout = TeeStream(sys.stdout, copy)
-    sys.stderr = TeeStream(sys.stderr, copy)
+    copy: IO[str] | None = None
+    if tee_streams:
+        copy = (logs / "stdout" / f"{name}.log").open("a", encoding="utf-8")
+        sys.stdout = TeeStream(sys.stdout, copy)
+        sys.stderr = TeeStream(sys.stderr, copy)
 
     def undo() -> None:
         sys.stdout, sys.stderr = previous_streams
@@ -92,7 +104,8 @@ def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
-        copy.close()
+        if copy is not None:
+            copy.close()
 
     return undo
 

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -39,15 +40,14 @@ class _Terminated(Exception):
     """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
 
 
-def _setup_file_logging(run_dir: Path, debug: bool) -> logging.Handler:
-    """The orchestrator's log file; DEBUG level with ``debug: true`` (or ``telescope --debug``)."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(run_dir / "logs" / "orchestrator.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("telescope")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if debug or os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
-    return handler
+def _setup_file_logging(run_dir: Path, debug: bool) -> Callable[[], None]:
+    """The orchestrator's logs (``logs/orchestrator.log``, ``detailed/``, ``stdout/``);
+    the main log is at DEBUG with ``debug: true`` (or ``telescope --debug``).
+    Returns the function that undoes it."""
+    from telescope.recording.run_logs import capture_process_logs
+
+    verbose = debug or bool(os.environ.get("TELESCOPE_DEBUG"))
+    return capture_process_logs(run_dir, "orchestrator", main_level=logging.DEBUG if verbose else logging.INFO)
 
 
 def _record_metadata(run_dir: Path, config: TelescopeConfig, plugins: Plugins) -> None:
@@ -122,7 +122,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     store = RunStore.from_config(run_dir, config)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
     store.set_status("running", pid=os.getpid(), step=0)
-    handler = _setup_file_logging(run_dir, config.debug)
+    release_logs = _setup_file_logging(run_dir, config.debug)
     unsubscribe = store.capture_events()
     sandbox_log = SandboxLog(store.log_path("sandboxes"))
     unsubscribers = [unsubscribe, events.subscribe(sandbox_log)]
@@ -179,8 +179,7 @@ def launch_run(loaded: LoadedConfig) -> int:
                 print(f"warning: logger {getattr(logger, 'name', logger)} failed to close: {exc}", file=sys.stderr)
         sandbox_log.close()
         store.close()
-        logging.getLogger("telescope").removeHandler(handler)
-        handler.close()
+        release_logs()
         if ray.is_initialized() and (started_ray or config.ray_shutdown_on_exit):
             ray.shutdown()
     return code
