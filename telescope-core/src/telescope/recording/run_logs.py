@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from telescope.recording.jsonl import AppendOnlyTextFile
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -115,9 +117,7 @@ class SandboxLog:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._handle: IO[str] | None = None
-        self._closed = False
+        self._file = AppendOnlyTextFile(self.path)
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = str(event.get("kind", ""))
@@ -139,18 +139,7 @@ class SandboxLog:
             if text:
                 lines.append(f"    [{stream}]")
                 lines.extend(f"    {line}" for line in text.splitlines())
-        with self._lock:
-            if self._closed:
-                return
-            if self._handle is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
-            self._handle.write("\n".join(lines) + "\n")
-            self._handle.flush()
+        self._file.append("\n".join(lines) + "\n")  # dropped once closed
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._handle is not None:
-                self._handle.close()
-                self._handle = None
+        self._file.close()
