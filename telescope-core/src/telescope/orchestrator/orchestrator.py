@@ -53,9 +53,9 @@ from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples
 from telescope.recording import events
-from telescope.recording.recorder import StepOutcome, StepRecorder
 
 
 @dataclass
