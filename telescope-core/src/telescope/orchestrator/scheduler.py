@@ -31,6 +31,9 @@ is fresh enough, is discarded when it is not, and is cancelled (below) when it
 runs on past ``max_off_policy_steps``. With ``max_async_rollout = 0`` both modes
 dispatch and train the same groups. The batch's content depends on completion
 times, so runs are not reproducible in this mode; choose ``deterministic`` for that.
+Its known bias: short completions finish first, so a batch leans towards them
+while long ones arrive later and staler (some are discarded or cancelled); the
+``max_async_rollout`` bound limits how far.
 
 Stale work. When the version moves to ``v``, in-flight groups dispatched before
 ``v - max_off_policy_steps`` are cancelled; cancelling the task closes its HTTP
