@@ -54,7 +54,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -100,7 +100,7 @@ class _Region:
         self.layout = layout
         self.data_bytes = layout.bucket_sizes[0] if layout.bucket_sizes else 0
         self.stride = _slot_stride(self.data_bytes)
-        mode = "r+" if writable else "r"
+        mode: Literal["r+", "r"] = "r+" if writable else "r"
         mapped = np.memmap(path, dtype=np.uint8, mode=mode, shape=(2 * self.stride,))
         with warnings.catch_warnings():  # a read-only mapping: torch warns that it cannot write to it
             warnings.simplefilter("ignore", UserWarning)
