@@ -12,9 +12,10 @@ sampling and log-probabilities; ``generate`` computes neither per-row seeds nor
 log-probabilities.
 
 Weight sync: seconds per GB for the memory transport (publish + receive and
-load into a same-shaped state) against a plain ``copy_`` of the same bytes,
-measured in the same run (the bound: the transport does two copies, so ~2x
-the bound is the expected floor). ``--sync-mb`` sets the state size.
+load into a same-shaped state) against a plain ``copy_`` of the same bytes, by
+:func:`bench_weight_sync.bench_sync` (also runnable alone, with more options;
+the transport copies twice, so 2x the bound is the floor). ``--sync-mb`` sets the
+state size.
 
 The GPU path (``--device cuda``) uses random weights with Qwen2.5-0.5B's shapes
 (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocabulary 151936) and
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_weight_sync import bench_sync
 
 
 def build_model(kind: str, root: Path) -> Path:
@@ -118,37 +120,6 @@ def bench_generate(path: Path, device: str, dtype: str, batch: int, prompt_len: 
     return batch * new_tokens / elapsed
 
 
-def bench_sync(megabytes: int, repeats: int = 3) -> tuple[float, float]:
-    """Seconds per GB: (memory transport publish + receive/load, plain copy_ bound)."""
-    from telescope.inference.weight_updates import load_named_tensors
-    from telescope.transports.memory import MemoryTransport
-
-    numel = megabytes * (1 << 20) // 4 // 16
-    source = {f"layer.{i}.weight": torch.randn(numel) for i in range(16)}
-    target = torch.nn.Module()
-    for name, tensor in source.items():
-        target.register_buffer(name.replace(".", "_"), torch.empty_like(tensor))
-    renamed = [(name.replace(".", "_"), tensor) for name, tensor in source.items()]
-    gigabytes = sum(t.numel() * 4 for t in source.values()) / 1e9
-    sender = MemoryTransport(None)
-    receiver = MemoryTransport(None, timeout_s=60)
-    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
-    best_transport = best_copy = float("inf")
-    try:
-        for version in range(1, repeats + 1):
-            start = time.perf_counter()
-            sender.send(renamed, version)
-            load_named_tensors(target, receiver.receive(version))
-            best_transport = min(best_transport, time.perf_counter() - start)
-            start = time.perf_counter()
-            for (_, tensor), buf in zip(renamed, target.buffers(), strict=True):
-                buf.copy_(tensor)
-            best_copy = min(best_copy, time.perf_counter() - start)
-    finally:
-        sender.close()
-    return best_transport / gigabytes, best_copy / gigabytes
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -175,12 +146,10 @@ def main() -> None:
             ours = bench_engine(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
             base = bench_generate(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
             print(f"{batch:>5} | {ours:>12.0f} | {base:>14.0f} | {ours / base:.2f}")
-    transport, bound = bench_sync(args.sync_mb)
-    print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine:")
-    print(f"  memory transport (publish + receive/load): {transport:.3f} s/GB")
-    print(
-        f"  plain copy_ bound (one copy):              {bound:.3f} s/GB  (transport / bound = {transport / bound:.2f})"
-    )
+    sync = bench_sync(args.sync_mb)
+    print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine (bench/bench_weight_sync.py):")
+    print(f"  memory transport (publish + receive/load, steady state): {sync['steady']:.3f} s/GB")
+    print(f"  plain copy_ bound (one copy):  {sync['bound']:.3f} s/GB  (transport / bound = {sync['ratio']:.2f})")
 
 
 if __name__ == "__main__":

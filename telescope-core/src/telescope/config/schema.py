@@ -112,6 +112,11 @@ class TelescopeConfig(BaseModel):
         "Requires enable_individual_sample_lanes",
     )
     max_off_policy_steps: int = Field(8, ge=1, description="Cancel in-flight rollouts after this many weight updates")
+    batch_assembly: Literal["first_finished", "deterministic"] = Field(
+        "first_finished",
+        description='"first_finished": a batch takes the first groups to finish (no waiting for stragglers); '
+        '"deterministic": each group is bound to a step and its batch waits for it (reproducible)',
+    )
 
     # ------------------------------------------------------------------ trainer
     learning_rate: float = Field(1.0e-6, gt=0, description="Learning rate (must be > 0)")
@@ -457,7 +462,7 @@ _section("orchestrator", [
     "max_concurrent_prompts_per_server", "prompts_batch_size_for_trainer", "number_of_steps",
     "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
     "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
-    "max_off_policy_steps",
+    "max_off_policy_steps", "batch_assembly",
 ])  # fmt: skip
 _section("trainer", [
     "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",

@@ -1,22 +1,49 @@
 """Dispatching groups of rollouts within the async budget, and assembling batches.
 
-The schedule. Every dispatched group is assigned a *target step*: the training
-step whose batch it is meant for. Step ``t`` needs ``prompts_batch_size_for_trainer``
-accepted groups; a group counts against its step's quota while in flight or
-accepted, and a discarded or cancelled group gives its place back. A group may
-target step ``t`` only while ``t <= policy_version + max_async_rollout``, where
-``policy_version`` is the number of weight updates the servers have received. So:
+Two ways to assemble a batch (``batch_assembly``); both keep inference at most
+``max_async_rollout`` steps ahead of training, where ``policy_version`` is the
+number of weight updates the servers have received, and ``B`` is
+``prompts_batch_size_for_trainer``.
+
+``deterministic`` (bound to a step, reproducible). Every dispatched group is
+assigned a *target step*: the training step whose batch it is meant for. Step
+``t`` needs ``B`` accepted groups; a group counts against its step's quota while in
+flight or accepted, and a discarded or cancelled group gives its place back. A
+group may target step ``t`` only while ``t <= policy_version + max_async_rollout``.
+The batch of step ``t`` waits for exactly its groups, so one long generation
+delays the whole step. So:
 
 - ``max_async_rollout = 0`` is synchronous: every group of step ``t`` is dispatched
   at version ``t``, after the previous step's weights are loaded;
 - with ``N > 0`` a sample trained at step ``t`` was dispatched at version ``>= t - N``
   (its first turn; later turns are newer), so it is at most ``N`` versions stale.
 
+``first_finished`` (the default: no waiting for stragglers). Accepted groups go
+to one pool in the order they finish; the batch of step ``t`` takes the first
+``B`` of them. Dispatch keeps at most ``B * (policy_version + max_async_rollout + 1
+- t)`` groups in flight or pooled (the same budget as the quotas above, unbound
+from steps), not counting in-flight groups that can no longer be trained (see
+below). The staleness bound is the same: a pooled group dispatched at a version
+older than ``t - max_async_rollout`` is discarded as ``max_async`` when step ``t``
+forms, so a sample trained at step ``t`` was still dispatched at version ``>= t -
+N``. A straggler therefore delays no batch: it finishes into a later one while it
+is fresh enough, is discarded when it is not, and is cancelled (below) when it
+runs on past ``max_off_policy_steps``. With ``max_async_rollout = 0`` both modes
+dispatch and train the same groups. The batch's content depends on completion
+times, so runs are not reproducible in this mode; choose ``deterministic`` for that.
+Its known bias: short completions finish first, so a batch leans towards them
+while long ones arrive later and staler (some are discarded or cancelled); the
+``max_async_rollout`` bound limits how far.
+
 Stale work. When the version moves to ``v``, in-flight groups dispatched before
 ``v - max_off_policy_steps`` are cancelled; cancelling the task closes its HTTP
 requests, which aborts them on the server. They are counted as ``canceled``.
 A finished group whose oldest turn is more than ``max_off_policy_steps`` behind
-the step it would train is discarded as ``max_async``. Groups whose rewards are all
+the step it would train (with ``first_finished``, also one dispatched more than
+``max_async_rollout`` versions before it) is discarded as ``max_async``. With
+``first_finished`` and long-tailed completion lengths this cancellation does happen
+at the default settings: a straggler stays in flight while later groups fill the
+batches and the version moves on. Groups whose rewards are all
 equal are discarded as ``zero_advantage`` when ``discard_group_zero_advantage``.
 
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
@@ -149,8 +176,10 @@ class RolloutScheduler:
         self.stats = SchedulerStats()
         self.on_waiting = on_waiting
         self.status_interval_s = status_interval_s
-        self._quota: dict[int, int] = {}
-        self._ready: dict[int, list[ReadyGroup]] = {}
+        self.first_finished = config.batch_assembly == "first_finished"
+        self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
+        self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
+        self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
         self._lane_capacity = config.max_concurrent_prompts_per_server
@@ -201,7 +230,18 @@ class RolloutScheduler:
         wanted = self.config.group_size if self.config.enable_individual_sample_lanes else 1
         return min(wanted, self._lane_capacity)
 
+    def _trainable(self, scheduled: ScheduledGroup) -> bool:
+        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound."""
+        return scheduled.dispatch_version + self.config.max_async_rollout >= self.next_step_to_fill
+
     def _open_target(self) -> int | None:
+        """The step a new group is for, or None when the async budget is spent (see the module docstring)."""
+        if self.first_finished:
+            budget = (
+                self.policy_version + self.config.max_async_rollout + 1 - self.next_step_to_fill
+            ) * self.batch_size
+            held = len(self._pool) + sum(1 for g in self._in_flight.values() if self._trainable(g))
+            return self.next_step_to_fill + held // self.batch_size if held < budget else None
         limit = self.policy_version + self.config.max_async_rollout
         step = self.next_step_to_fill
         while step <= limit:
@@ -228,7 +268,8 @@ class RolloutScheduler:
                     target = self._open_target()
                     server = self._free_server()
                     assert target is not None and server is not None
-                    self._quota[target] = self._quota.get(target, 0) + 1
+                    if not self.first_finished:
+                        self._quota[target] = self._quota.get(target, 0) + 1
                     self._lane_use[server] += self._lanes_per_group()  # each Lane gives one back
                 async with self._draw_lock:
                     item = await asyncio.to_thread(self.prompts.next)
@@ -294,7 +335,7 @@ class RolloutScheduler:
             for lane in lanes:
                 lane.release()
             async with self._changed:
-                self._quota[scheduled.target_step] -= 1
+                self._give_back(scheduled.target_step)
                 self._changed.notify_all()
             raise
         except Exception as exc:  # a worker failure: contained, counted, the run goes on
@@ -307,7 +348,7 @@ class RolloutScheduler:
             for lane in lanes:
                 lane.release()
             async with self._changed:
-                self._quota[scheduled.target_step] -= 1
+                self._give_back(scheduled.target_step)
                 if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
                     self._failure = RuntimeError(
                         f"{self._consecutive_failures} groups in a row failed; the last error: "
@@ -322,13 +363,14 @@ class RolloutScheduler:
         await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
 
     async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
-        self._in_flight.pop(group_id, None)
         self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
         if errored:
             group = Group(sample=group.sample, rollouts=[r for r in group.rollouts if not r.error])
         async with self._changed:
+            # leaves in-flight and enters the pool at once: first_finished's budget counts both
+            self._in_flight.pop(group_id, None)
             reason = None
             if len(group.rollouts) < 2:
                 reason = "too_few_samples"  # errors left too few samples to compare
@@ -342,12 +384,20 @@ class RolloutScheduler:
                 ready = ReadyGroup(
                     group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item, scheduled
                 )
-                self._ready.setdefault(scheduled.target_step, []).append(ready)
+                if self.first_finished:
+                    self._pool.append(ready)
+                else:
+                    self._ready.setdefault(scheduled.target_step, []).append(ready)
             else:
                 scheduled.emit("group_discarded", reason=reason, errored=len(errored), rewards=rewards)
-                self._quota[scheduled.target_step] -= 1
+                self._give_back(scheduled.target_step)
                 self._settle(scheduled.item)
             self._changed.notify_all()
+
+    def _give_back(self, target_step: int) -> None:
+        """A discarded, failed or cancelled group gives its place back (first_finished counts groups instead)."""
+        if not self.first_finished:
+            self._quota[target_step] -= 1
 
     def _report_waiting(self, step: int, accepted: int) -> None:
         s = self.stats
@@ -390,8 +440,45 @@ class RolloutScheduler:
 
     # --------------------------------------------------------------- batches
 
+    def _discard_stale(self, step: int, candidates: list[ReadyGroup], max_dispatch_lag: int | None) -> list[ReadyGroup]:
+        """Drop (and count) the groups too stale to train at ``step``; returns the rest, in order.
+
+        Stale: the oldest token more than ``max_off_policy_steps`` versions behind, or
+        (``max_dispatch_lag`` given) dispatched more than that many versions before ``step``.
+        """
+        fresh = [
+            g for g in candidates
+            if step - min(r.oldest_policy_version for r in g.group.rollouts) <= self.config.max_off_policy_steps
+            and (max_dispatch_lag is None or step - g.dispatch_version <= max_dispatch_lag)
+        ]  # fmt: skip
+        kept = {id(g) for g in fresh}
+        for stale in (g for g in candidates if id(g) not in kept):
+            if stale.scheduled is not None:
+                stale.scheduled.emit("group_discarded", reason="max_async", step=step)
+            self.stats.discards.add_stale(stale.group.rollouts)
+            self.stats.discarded_groups += 1
+            self._settle(stale.item)
+        if len(fresh) < len(candidates):
+            self._changed.notify_all()
+        return fresh
+
+    def _candidates(self, step: int) -> list[ReadyGroup]:
+        """The fresh accepted groups step ``step`` may take (stale ones dropped and counted)."""
+        if self.first_finished:
+            self._pool = self._discard_stale(step, self._pool, self.config.max_async_rollout)
+            return self._pool
+        ready = self._ready.get(step, [])
+        fresh = self._discard_stale(step, ready, None)  # the quota already bounds the dispatch lag
+        if len(fresh) < len(ready):
+            self._quota[step] -= len(ready) - len(fresh)
+            self._ready[step] = fresh
+        return fresh
+
     async def next_batch(self, step: int) -> list[ReadyGroup]:
-        """Wait for the accepted groups of ``step``; returns them (advantages not yet set)."""
+        """Wait for ``prompts_batch_size_for_trainer`` accepted groups for ``step``; returns them (no advantages yet).
+
+        ``deterministic``: the groups bound to ``step``; ``first_finished``: the first to finish.
+        """
         last_report = time.monotonic()
         async with self._changed:
             self.next_step_to_fill = max(self.next_step_to_fill, step)
@@ -399,19 +486,7 @@ class RolloutScheduler:
             while True:
                 if self._failure is not None:
                     raise self._failure
-                ready = self._ready.get(step, [])
-                fresh = [g for g in ready if step - min(r.oldest_policy_version for r in g.group.rollouts)
-                         <= self.config.max_off_policy_steps]  # fmt: skip
-                if len(fresh) < len(ready):
-                    for stale in (g for g in ready if g not in fresh):
-                        if stale.scheduled is not None:
-                            stale.scheduled.emit("group_discarded", reason="max_async", step=step)
-                        self.stats.discards.add_stale(stale.group.rollouts)
-                        self.stats.discarded_groups += 1
-                        self._settle(stale.item)
-                    self._quota[step] -= len(ready) - len(fresh)
-                    self._ready[step] = ready = fresh
-                    self._changed.notify_all()
+                ready = self._candidates(step)
                 if len(ready) >= self.batch_size:
                     break
                 with contextlib.suppress(TimeoutError):
@@ -419,11 +494,14 @@ class RolloutScheduler:
                 if time.monotonic() - last_report >= self.status_interval_s:
                     self._report_waiting(step, len(ready))
                     last_report = time.monotonic()
-            batch = ready[: self.batch_size]  # the quota never lets more than batch_size finish
+            batch = ready[: self.batch_size]  # deterministic: the quota never lets more than batch_size finish
             for used in batch:
                 self._settle(used.item)
-            del self._ready[step]
-            self._quota.pop(step, None)
+            if self.first_finished:
+                self._pool = ready[self.batch_size :]
+            else:
+                del self._ready[step]
+                self._quota.pop(step, None)
             self.next_step_to_fill = step + 1
             self._changed.notify_all()
             return batch
