@@ -162,7 +162,7 @@ class MegatronBackend(FSDPBackend):
     # ------------------------------------------------------ parallelism hooks
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
-        return packed_logits(self.model, mb.input_ids, mb.position_ids)
+        return packed_logits(self.model, mb.input_ids, mb.position_ids, self.shape.padding_idx)
 
     def _set_gradient_sync(self, enabled: bool) -> None:
         """Nothing to switch: gradients are reduced once per optimizer step in :meth:`_clip_and_step`."""

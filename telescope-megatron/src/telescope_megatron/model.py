@@ -59,6 +59,8 @@ class ModelShape:
     qkv_bias: bool
     qk_norm: bool
     tied_embeddings: bool
+    #: the HF embedding's ``padding_idx`` (``pad_token_id``): its row gets no gradient from the lookup
+    padding_idx: int | None = None
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> ModelShape:
@@ -76,6 +78,7 @@ class ModelShape:
             qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
             qk_norm=model_type == "qwen3",
             tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            padding_idx=getattr(hf_config, "pad_token_id", None),
         )
 
 
@@ -198,9 +201,19 @@ def rotary_angles(model: GPTModel, position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
 
 
-def packed_logits(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Full-vocabulary logits ``[S, V]`` of one packed row ``[1, S]`` (attention kept inside each sample)."""
-    embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)
+def packed_logits(
+    model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor, padding_idx: int | None = None
+) -> torch.Tensor:
+    """Full-vocabulary logits ``[S, V]`` of one packed row ``[1, S]`` (attention kept inside each sample).
+
+    ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
+    models, the lookups of that token pass no gradient to its embedding row (a tied
+    output layer still does), so training updates the same weights as the HF model.
+    """
+    embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
+    if padding_idx is not None:
+        frozen = (input_ids[0] == padding_idx)[:, None, None]
+        embedded = torch.where(frozen, embedded.detach(), embedded)
     rotary = rotary_angles(model, position_ids)
     hidden = model.decoder(
         hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
