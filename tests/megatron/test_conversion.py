@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
-
 from telescope_megatron.convert import hf_to_megatron, megatron_to_hf, shard, stream_hf_weights, unshard
 from telescope_megatron.model import ModelShape, UnsupportedModelError, check_supported
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def test_round_trip_is_exact(family_model: Path) -> None:

@@ -11,8 +11,9 @@ from telescope.testing.trainer import tiny_trainer_config
 
 
 def test_the_package_registers_the_backend_and_its_fields() -> None:
-    from telescope.plugins.facade import get_plugins
     from telescope_megatron.backend import MegatronBackend
+
+    from telescope.plugins.facade import get_plugins
 
     assert get_plugins().trainer_backend("megatron") is MegatronBackend
     fields = composed_schema().model.model_fields
@@ -44,9 +45,10 @@ def test_workers_must_be_a_multiple_of_the_tensor_parallel_size(tiny_model: Path
 
 
 def test_a_world_size_that_tensor_parallelism_does_not_divide_is_refused(tiny_model: Path) -> None:
-    from telescope.api.context import TrainerContext
     from telescope_megatron.backend import MegatronBackend
     from telescope_megatron.plugin import MegatronSettings
+
+    from telescope.api.context import TrainerContext
 
     settings = MegatronSettings(megatron_tensor_parallel_size=3)
     backend = MegatronBackend(TrainerContext(model=str(tiny_model)), None, settings)  # type: ignore[arg-type]

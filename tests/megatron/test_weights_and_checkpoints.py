@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.megatron.test_training import make_backend
 
 from telescope.testing.trainer import spawn_ranks, synthetic_batch
 from telescope.transports.memory import MemoryTransport
-from tests.megatron.test_training import make_backend
 
 OVERRIDES = {"megatron_gradient_checkpointing": False}
 
@@ -66,10 +66,10 @@ def tp2_worker(rank: int, world_size: int, model: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_tp2_sends_what_fsdp_sends_and_its_checkpoint_converts(tiny_model: Path, tmp_path: Path) -> None:
+    from telescope_megatron.model import packed_logits
     from transformers import AutoModelForCausalLM
 
     from telescope.trainer.convert import convert_checkpoint
-    from telescope_megatron.model import packed_logits
 
     spawn_ranks(tp2_worker, 2, str(tiny_model), str(tmp_path))
     assert_same_tensors(torch.load(tmp_path / "received.pt"), fsdp_received(tiny_model, tmp_path / "fsdp"))
@@ -94,10 +94,10 @@ def test_tp2_sends_what_fsdp_sends_and_its_checkpoint_converts(tiny_model: Path,
 
 
 def test_checkpoint_converts_to_hf_with_equal_logits(tiny_model: Path, tmp_path: Path) -> None:
+    from telescope_megatron.model import packed_logits
     from transformers import AutoModelForCausalLM
 
     from telescope.trainer.convert import convert_checkpoint
-    from telescope_megatron.model import packed_logits
 
     backend = make_backend(str(tiny_model), "megatron", **OVERRIDES)
     backend.setup(0, 1, "cpu")
@@ -107,6 +107,8 @@ def test_checkpoint_converts_to_hf_with_equal_logits(tiny_model: Path, tmp_path:
     with torch.no_grad():
         ours = packed_logits(backend.model, ids, torch.arange(6)[None])
     backend.close()
-    hf = AutoModelForCausalLM.from_pretrained(convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf"), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf"), dtype=torch.float32
+    )
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits[0], ours, atol=1e-5, rtol=0)

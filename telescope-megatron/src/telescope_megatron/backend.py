@@ -65,9 +65,7 @@ class MegatronBackend(FSDPBackend):
 
     name = "megatron"
 
-    def __init__(
-        self, context: TrainerContext, algorithm: Algorithm, settings: MegatronSettings | None = None
-    ) -> None:
+    def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: MegatronSettings | None = None) -> None:
         super().__init__(context, algorithm, None)
         self.settings = settings
         self.megatron = settings or MegatronSettings()

@@ -190,4 +190,6 @@ def stream_hf_weights(
             position += 1
     if ready or position != len(hf_order):
         missing = hf_order[position:]
-        raise KeyError(f"weights not produced in the Hugging Face order: missing {missing[:5]}, extra {list(ready)[:5]}")
+        raise KeyError(
+            f"weights not produced in the Hugging Face order: missing {missing[:5]}, extra {list(ready)[:5]}"
+        )

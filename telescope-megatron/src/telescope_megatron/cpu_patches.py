@@ -49,7 +49,7 @@ def apply_cpu_patches() -> None:
             buffer = self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype, requires_grad=False)
         return buffer[:numel].view(*tensor_shape)
 
-    utils.GlobalMemoryBuffer.get_tensor = get_tensor  # type: ignore[method-assign]
+    utils.GlobalMemoryBuffer.get_tensor = get_tensor
 
     # Why: CudaRNGStatesTracker.fork (entered around the attention dropout and the
     # tensor-parallel weight initialisation) and the recomputation checkpoint read and
@@ -85,5 +85,5 @@ def apply_cpu_patches() -> None:
         else:
             yield
 
-    mcore_random.CudaRNGStatesTracker.fork = fork  # type: ignore[method-assign,assignment]
+    mcore_random.CudaRNGStatesTracker.fork = fork
     _APPLIED = True
