@@ -297,37 +297,6 @@ class TelescopeConfig(BaseModel):
         True, description="Free Megatron gradient buffers during broadcast"
     )
 
-    # ----------------------------------------------------------------- megatron
-    megatron_tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallelism degree")
-    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree")
-    megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree")
-    megatron_expert_parallel_size: int = Field(1, ge=1, description="Expert parallelism degree (MoE models)")
-    megatron_global_batch_size: int | None = Field(
-        None, ge=1, description="Global batch size. null = prompts_batch_size_for_trainer"
-    )
-    megatron_disable_unified_memory_jit: bool = Field(True, description="Disable unified memory JIT")
-    megatron_optimizer_cpu_offload: bool = Field(False, description="Offload optimizer states to CPU")
-    megatron_optimizer_offload_fraction: float = Field(
-        1.0, ge=0, le=1, description="Fraction of optimizer state to offload"
-    )
-    megatron_overlap_cpu_optimizer_d2h_h2d: bool = Field(True, description="Overlap CPU optimizer D2H/H2D transfers")
-    megatron_use_precision_aware_optimizer: bool = Field(False, description="Use the precision-aware optimizer")
-    megatron_main_grads_dtype: Dtype = Field("float32", description="Data type for main gradients")
-    megatron_main_params_dtype: Dtype = Field("float32", description="Data type for main parameters")
-    megatron_exp_avg_dtype: Dtype = Field("float32", description="Data type for Adam exponential average")
-    megatron_exp_avg_sq_dtype: Dtype = Field("float32", description="Data type for Adam exponential average squared")
-    megatron_grad_reduce_in_fp32: bool = Field(True, description="Reduce gradients in FP32")
-    megatron_gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
-    megatron_sequence_parallel: bool = Field(
-        True, description="Shard the sequence dimension in LayerNorm/dropout (effective only with TP > 1)"
-    )
-    megatron_use_distributed_optimizer: bool = Field(
-        True, description="Shard optimizer states across DP ranks (effective only with DP > 1)"
-    )
-    megatron_overlap_grad_reduce: bool = Field(False, description="Overlap gradient allreduce with backward compute")
-    megatron_use_transformer_engine: bool = Field(False, description="Use the TransformerEngine layer spec")
-    megatron_fp8: bool = Field(False, description="FP8 compute (requires TransformerEngine and a Hopper GPU)")
-
     # ---------------------------------------------------------------- validators
 
     @field_validator("checkpoint_every", mode="before")
@@ -430,18 +399,6 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
             "(0 = evals only before/after training) or add inference workers"
         )
-    if c.train_backend == "megatron":
-        model_parallel = (
-            c.megatron_tensor_parallel_size * c.megatron_pipeline_parallel_size * c.megatron_context_parallel_size
-        )
-        if c.trainer_num_workers % model_parallel:
-            problems.append(
-                f"trainer_num_workers ({c.trainer_num_workers}) must be divisible by "
-                "megatron_tensor_parallel_size x megatron_pipeline_parallel_size x "
-                f"megatron_context_parallel_size ({model_parallel})"
-            )
-        if c.megatron_fp8 and not c.megatron_use_transformer_engine:
-            problems.append("megatron_fp8=true requires megatron_use_transformer_engine=true")
     return problems
 
 
@@ -498,4 +455,3 @@ _section(
     "weight broadcasting",
     ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")],
 )
-_section("megatron", [n for n in TelescopeConfig.model_fields if n.startswith("megatron_")])
