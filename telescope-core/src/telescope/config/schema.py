@@ -183,6 +183,39 @@ class TelescopeConfig(BaseModel):
         1.2, gt=1, description="Upper bound of the geometric-mean IS ratio (must be > 1; on-policy is 1)"
     )
 
+    # ------------------------------------------------- overlong and output filters
+    filter_overlong: bool = Field(
+        False,
+        description="Mask the loss of truncated completions (finish reason length: max_tokens or max_model_len "
+        "reached without EOS); they stay in their group's advantage baseline",
+    )
+    overlong_penalty_factor: float = Field(
+        0.0,
+        ge=0,
+        description="DAPO's graduated length penalty: a completion longer than max_tokens - overlong_buffer_tokens "
+        "loses factor * excess / overlong_buffer_tokens reward (at most factor); 0 = disabled",
+    )
+    overlong_buffer_tokens: int = Field(
+        256, ge=1, description="Tokens before max_tokens over which the overlong penalty ramps from 0 to the factor"
+    )
+    filter_gibberish: bool = Field(
+        False,
+        description="Mask the loss of completions with a rare token (id > gibberish_token_threshold) sampled "
+        "at a log-probability below -log(vocab_size) - gibberish_logprob_offset",
+    )
+    gibberish_token_threshold: int = Field(100000, ge=1, description="Token ids above this count as rare")
+    gibberish_logprob_offset: float = Field(
+        2.0, gt=0, description="A rare token is gibberish below log-probability -log(vocab_size) - this offset"
+    )
+    filter_repetition: bool = Field(
+        False,
+        description="Mask the loss of repetitive completions: zlib compression ratio of the text's last "
+        "10000 characters above repetition_compression_threshold (texts under 100 characters pass)",
+    )
+    repetition_compression_threshold: float = Field(
+        10.0, gt=1, description="Compression ratio (bytes / zlib-compressed bytes) above which a completion repeats"
+    )
+
     # --------------------------------------------------------- rollout/sampling
     group_size: int = Field(8, ge=1, description="Number of completions sampled per prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0)")
@@ -385,6 +418,12 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
         problems.append("tis_mode='icepop' needs use_tis=true (it chooses how the TIS weight is bounded)")
     if not c.use_tis and c.tis_floor > 0:
         problems.append(f"tis_floor ({c.tis_floor}) bounds the TIS weight and needs use_tis=true")
+    if c.overlong_penalty_factor > 0 and c.overlong_buffer_tokens > c.max_tokens:
+        problems.append(
+            f"overlong_buffer_tokens ({c.overlong_buffer_tokens}) must not exceed max_tokens ({c.max_tokens}) "
+            "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
+            "before max_tokens"
+        )
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         problems.append(
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
@@ -467,6 +506,10 @@ _section("algorithm", [
     "clip_low", "clip_high", "clip_ratio_c", "use_tis",
     "tis_cap", "tis_logprob_clamp", "tis_mode", "tis_floor", "kl_penalty_tau", "kl_estimator", "entropy_coef",
     "entropy_chunk_size", "seq_is_masking", "seq_is_mask_low", "seq_is_mask_high",
+])  # fmt: skip
+_section("overlong and output filters", [
+    "filter_overlong", "overlong_penalty_factor", "overlong_buffer_tokens", "filter_gibberish",
+    "gibberish_token_threshold", "gibberish_logprob_offset", "filter_repetition", "repetition_compression_threshold",
 ])  # fmt: skip
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
