@@ -237,6 +237,19 @@ class TelescopeConfig(BaseModel):
     inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences one inference server runs at once (vLLM --max-num-seqs; the embedded engine's "
+        "batch). null = max_concurrent_prompts_per_server x group_size (capped at 1024 for vLLM, 256 embedded)",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens one inference scheduler step processes, prefill and decode (vLLM "
+        "--max-num-batched-tokens; the embedded engine prefills longer prompts in chunks). null = vLLM's default; "
+        "no limit in the embedded engine",
+    )
     vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description='"priority" = turn-aware scheduling for multi-turn; "fcfs" = first-come-first-served'
     )
@@ -424,6 +437,11 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
             "before max_tokens"
         )
+    if c.max_num_seqs is not None and c.max_num_batched_tokens is not None and c.max_num_batched_tokens < c.max_num_seqs:
+        problems.append(
+            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be at least max_num_seqs ({c.max_num_seqs}): "
+            "every running sequence decodes one token per step"
+        )
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         problems.append(
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
@@ -514,8 +532,8 @@ _section("overlong and output filters", [
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
 _section("inference server", [
-    "inference_backend", "inference_host", "inference_base_port", "max_model_len",
-    "vllm_scheduling_policy", "enable_thinking", "chat_template",
+    "inference_backend", "inference_host", "inference_base_port", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "vllm_scheduling_policy", "enable_thinking", "chat_template",
 ])  # fmt: skip
 _section("sandboxes", ["sandbox_provider"])
 _section("checkpointing", [
