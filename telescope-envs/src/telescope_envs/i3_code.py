@@ -22,7 +22,9 @@ string) or ``tests`` / ``test_cases`` column, as ``{"inputs": [...], "outputs":
 [...], "fn_name": ...}`` or ``[{"input": ..., "output": ...}]``.
 
 Needs ``telescope-sandbox`` (``pip install 'telescope-envs[code]'``), imported when
-the first completion is scored. The pool is created lazily and is not pickled.
+the first completion is scored. The pool is created lazily (or before the first
+rollout with ``eager_prepare_resources``: :meth:`I3CodeEnvironment.prepare_resources`)
+and is not pickled.
 """
 
 from __future__ import annotations
@@ -193,6 +195,10 @@ class I3CodeEnvironment(BaseEnvironment):
                     provider_kwargs=self.sandbox_provider_kwargs,
                 )
             return self._pool
+
+    def prepare_resources(self) -> None:
+        """Create the sandbox pool now, with its ``sandbox_pool_size`` sandboxes warm (``eager_prepare_resources``)."""
+        self.pool()
 
     def close(self) -> None:
         with self._pool_lock:

@@ -112,6 +112,11 @@ class TelescopeConfig(BaseModel):
         "Requires enable_individual_sample_lanes",
     )
     max_off_policy_steps: int = Field(8, ge=1, description="Cancel in-flight rollouts after this many weight updates")
+    eager_prepare_resources: bool = Field(
+        False,
+        description="Call every training environment's prepare_resources() (e.g. warm its sandbox pool) before "
+        "the first rollout; false = environments prepare lazily, on first use",
+    )
 
     # ------------------------------------------------------------------ trainer
     learning_rate: float = Field(1.0e-6, gt=0, description="Learning rate (must be > 0)")
@@ -514,7 +519,7 @@ _section("orchestrator", [
     "max_concurrent_prompts_per_server", "prompts_batch_size_for_trainer", "number_of_steps",
     "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
     "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
-    "max_off_policy_steps",
+    "max_off_policy_steps", "eager_prepare_resources",
 ])  # fmt: skip
 _section("trainer", [
     "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",
