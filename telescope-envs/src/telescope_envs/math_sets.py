@@ -106,10 +106,11 @@ class DapoMathEnvironment(MathEnvironment):
         max_samples: int | None = None,
         deduplicate: bool = True,
         strip_dataset_instructions: bool = True,
+        add_thinking_prefix: bool = False,
     ) -> None:
         super().__init__(
             dataset_name=dataset_name, dataset_split=dataset_split, dataset_subset=dataset_subset,
-            max_samples=max_samples,
+            max_samples=max_samples, add_thinking_prefix=add_thinking_prefix,
         )  # fmt: skip
         self.deduplicate = deduplicate
         self.strip_dataset_instructions = strip_dataset_instructions
@@ -168,8 +169,10 @@ class DeepScalerEnvironment(MathEnvironment):
         dataset_split: str | None = None,
         dataset_subset: str | None = None,
         max_samples: int | None = None,
+        add_thinking_prefix: bool = False,
     ) -> None:
         super().__init__(
             dataset_name=dataset_name, dataset_split=dataset_split, dataset_subset=dataset_subset,
             problem_column="problem", answer_column="answer", solution_column="solution", max_samples=max_samples,
+            add_thinking_prefix=add_thinking_prefix,
         )  # fmt: skip

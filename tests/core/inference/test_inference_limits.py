@@ -20,8 +20,8 @@ import torch
 from inference_helpers import mean_k3, trainer_logprobs
 
 from telescope.api.context import InferenceContext
-from telescope.config.loader import load_config
 from telescope.config.errors import ConfigError
+from telescope.config.loader import load_config
 from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
 from telescope.inference.plugin import VLLMSettings
 from telescope.inference.vllm_backend import serve_command

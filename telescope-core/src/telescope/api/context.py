@@ -76,7 +76,8 @@ class InferenceContext(_Context):
     #: sequences one server runs at once (``max_num_seqs``); None = the backend's choice from
     #: ``max_concurrent_sequences`` (the most the orchestrator sends a server)
     max_num_seqs: int | None = None
-    #: tokens one scheduler step processes, prefill and decode (``max_num_batched_tokens``); None = the backend's default
+    #: tokens one scheduler step processes, prefill and decode (``max_num_batched_tokens``);
+    #: None = the backend's default
     max_num_batched_tokens: int | None = None
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     host: str = "127.0.0.1"

@@ -415,10 +415,14 @@ class TelescopeConfig(BaseModel):
         return self
 
 
-def cross_field_problems(c: TelescopeConfig) -> list[str]:
-    """Rules between fields that need no plugin; one message per broken rule."""
+def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str]:
+    """Rules between fields that need no plugin; one message per broken rule.
+
+    ``layer``: the config is a defaults layer, not a run (``telescope config validate
+    --defaults``): what only a run needs (an environment) is not asked for.
+    """
     problems: list[str] = []
-    if not c.environments:
+    if not c.environments and not layer:
         problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
     if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
         problems.append(
@@ -442,7 +446,11 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
             "before max_tokens"
         )
-    if c.max_num_seqs is not None and c.max_num_batched_tokens is not None and c.max_num_batched_tokens < c.max_num_seqs:
+    if (
+        c.max_num_seqs is not None
+        and c.max_num_batched_tokens is not None
+        and c.max_num_batched_tokens < c.max_num_seqs
+    ):
         problems.append(
             f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be at least max_num_seqs ({c.max_num_seqs}): "
             "every running sequence decodes one token per step"

@@ -35,7 +35,10 @@ def training_rewards(group: Group, reward_ranges: RewardRanges) -> list[float]:
     added after the scaling, so that it is not clamped away at the range's lower end:
     with a declared range it is in units of the [0, 1] reward.
     """
-    return [r + rollout.overlong_penalty for r, rollout in zip(scaled_rewards(group, reward_ranges), group.rollouts, strict=True)]
+    return [
+        r + rollout.overlong_penalty
+        for r, rollout in zip(scaled_rewards(group, reward_ranges), group.rollouts, strict=True)
+    ]
 
 
 def build_training_batch(

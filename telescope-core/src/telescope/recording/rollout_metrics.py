@@ -310,9 +310,7 @@ def discard_metrics(
     mean_reward = _mean(zero_rewards)
     if mean_reward is not None:
         metrics["discarded/zero_advantage/mean_reward"] = mean_reward
-    metrics.update(
-        token_metrics([*stale_rollouts, *zero_advantage_rollouts, *filtered_rollouts], "discarded/tokens")
-    )
+    metrics.update(token_metrics([*stale_rollouts, *zero_advantage_rollouts, *filtered_rollouts], "discarded/tokens"))
     return metrics
 
 
