@@ -12,6 +12,8 @@ environment; the ``hendrycks_math`` environment and the ``math500`` and
   otherwise the last ``\\boxed{}`` of the ``solution_column`` (the MATH train set).
 - Sample metrics: ``correct``, ``has_boxed``, ``response_chars``,
   ``reward_compute_time``.
+- ``add_thinking_prefix``: the prompt ends with an open ``<think>`` assistant turn
+  (:mod:`telescope_envs._prompts`).
 
 Needs ``math-verify`` (``pip install 'telescope-envs[math]'``) when scoring a
 completion whose answer is not already a string match; it is imported then, not
@@ -26,13 +28,14 @@ from typing import Any, ClassVar
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope_envs._data import load_rows, stable_id, unique_ids
+from telescope_envs._prompts import ThinkingPrefix
 from telescope_envs.math_answers import answers_match, extract_boxed
 
 HENDRYCKS_MATH_DATASET = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-class MathEnvironment(BaseEnvironment):
+class MathEnvironment(ThinkingPrefix, BaseEnvironment):
     """Math problems whose reward is a math-verify check of the boxed answer."""
 
     name: ClassVar[str] = "math"
@@ -54,7 +57,9 @@ class MathEnvironment(BaseEnvironment):
         answer_column: str | None = "answer",
         solution_column: str = "solution",
         max_samples: int | None = None,
+        add_thinking_prefix: bool = False,
     ) -> None:
+        self.add_thinking_prefix = add_thinking_prefix
         self.dataset_name = dataset_name or self.default_dataset
         self.dataset_split = dataset_split or self.default_split
         self.dataset_subset = dataset_subset

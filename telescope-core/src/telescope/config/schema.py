@@ -117,6 +117,11 @@ class TelescopeConfig(BaseModel):
         description='"first_finished": a batch takes the first groups to finish (no waiting for stragglers); '
         '"deterministic": each group is bound to a step and its batch waits for it (reproducible)',
     )
+    eager_prepare_resources: bool = Field(
+        False,
+        description="Call every training environment's prepare_resources() (e.g. warm its sandbox pool) before "
+        "the first rollout; false = environments prepare lazily, on first use",
+    )
 
     # ------------------------------------------------------------------ trainer
     learning_rate: float = Field(1.0e-6, gt=0, description="Learning rate (must be > 0)")
@@ -188,6 +193,39 @@ class TelescopeConfig(BaseModel):
         1.2, gt=1, description="Upper bound of the geometric-mean IS ratio (must be > 1; on-policy is 1)"
     )
 
+    # ------------------------------------------------- overlong and output filters
+    filter_overlong: bool = Field(
+        False,
+        description="Mask the loss of truncated completions (finish reason length: max_tokens or max_model_len "
+        "reached without EOS); they stay in their group's advantage baseline",
+    )
+    overlong_penalty_factor: float = Field(
+        0.0,
+        ge=0,
+        description="DAPO's graduated length penalty: a completion longer than max_tokens - overlong_buffer_tokens "
+        "loses factor * excess / overlong_buffer_tokens reward (at most factor); 0 = disabled",
+    )
+    overlong_buffer_tokens: int = Field(
+        256, ge=1, description="Tokens before max_tokens over which the overlong penalty ramps from 0 to the factor"
+    )
+    filter_gibberish: bool = Field(
+        False,
+        description="Mask the loss of completions with a rare token (id > gibberish_token_threshold) sampled "
+        "at a log-probability below -log(vocab_size) - gibberish_logprob_offset",
+    )
+    gibberish_token_threshold: int = Field(100000, ge=1, description="Token ids above this count as rare")
+    gibberish_logprob_offset: float = Field(
+        2.0, gt=0, description="A rare token is gibberish below log-probability -log(vocab_size) - this offset"
+    )
+    filter_repetition: bool = Field(
+        False,
+        description="Mask the loss of repetitive completions: zlib compression ratio of the text's last "
+        "10000 characters above repetition_compression_threshold (texts under 100 characters pass)",
+    )
+    repetition_compression_threshold: float = Field(
+        10.0, gt=1, description="Compression ratio (bytes / zlib-compressed bytes) above which a completion repeats"
+    )
+
     # --------------------------------------------------------- rollout/sampling
     group_size: int = Field(8, ge=1, description="Number of completions sampled per prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0)")
@@ -209,6 +247,19 @@ class TelescopeConfig(BaseModel):
     inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences one inference server runs at once (vLLM --max-num-seqs; the embedded engine's "
+        "batch). null = max_concurrent_prompts_per_server x group_size (capped at 1024 for vLLM, 256 embedded)",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens one inference scheduler step processes, prefill and decode (vLLM "
+        "--max-num-batched-tokens; the embedded engine prefills longer prompts in chunks). null = vLLM's default; "
+        "no limit in the embedded engine",
+    )
     vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description='"priority" = turn-aware scheduling for multi-turn; "fcfs" = first-come-first-served'
     )
@@ -338,10 +389,14 @@ class TelescopeConfig(BaseModel):
         return self
 
 
-def cross_field_problems(c: TelescopeConfig) -> list[str]:
-    """Rules between fields that need no plugin; one message per broken rule."""
+def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str]:
+    """Rules between fields that need no plugin; one message per broken rule.
+
+    ``layer``: the config is a defaults layer, not a run (``telescope config validate
+    --defaults``): what only a run needs (an environment) is not asked for.
+    """
     problems: list[str] = []
-    if not c.environments:
+    if not c.environments and not layer:
         problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
     if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
         problems.append(
@@ -359,6 +414,21 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
         problems.append("tis_mode='icepop' needs use_tis=true (it chooses how the TIS weight is bounded)")
     if not c.use_tis and c.tis_floor > 0:
         problems.append(f"tis_floor ({c.tis_floor}) bounds the TIS weight and needs use_tis=true")
+    if c.overlong_penalty_factor > 0 and c.overlong_buffer_tokens > c.max_tokens:
+        problems.append(
+            f"overlong_buffer_tokens ({c.overlong_buffer_tokens}) must not exceed max_tokens ({c.max_tokens}) "
+            "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
+            "before max_tokens"
+        )
+    if (
+        c.max_num_seqs is not None
+        and c.max_num_batched_tokens is not None
+        and c.max_num_batched_tokens < c.max_num_seqs
+    ):
+        problems.append(
+            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be at least max_num_seqs ({c.max_num_seqs}): "
+            "every running sequence decodes one token per step"
+        )
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         problems.append(
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
@@ -420,6 +490,8 @@ _section("orchestrator", [
     "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
     "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
     "max_off_policy_steps", "batch_assembly",
+    )
+    "max_off_policy_steps", "eager_prepare_resources",
 ])  # fmt: skip
 _section("trainer", [
     "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",
@@ -430,11 +502,15 @@ _section("algorithm", [
     "tis_cap", "tis_logprob_clamp", "tis_mode", "tis_floor", "kl_penalty_tau", "kl_estimator", "entropy_coef",
     "entropy_chunk_size", "seq_is_masking", "seq_is_mask_low", "seq_is_mask_high",
 ])  # fmt: skip
+_section("overlong and output filters", [
+    "filter_overlong", "overlong_penalty_factor", "overlong_buffer_tokens", "filter_gibberish",
+    "gibberish_token_threshold", "gibberish_logprob_offset", "filter_repetition", "repetition_compression_threshold",
+])  # fmt: skip
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
 _section("inference server", [
-    "inference_backend", "inference_host", "inference_base_port", "max_model_len",
-    "vllm_scheduling_policy", "enable_thinking", "chat_template",
+    "inference_backend", "inference_host", "inference_base_port", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "vllm_scheduling_policy", "enable_thinking", "chat_template",
 ])  # fmt: skip
 _section("sandboxes", ["sandbox_provider"])
 _section("checkpointing", [

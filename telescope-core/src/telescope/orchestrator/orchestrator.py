@@ -5,6 +5,7 @@ Reads as the loop it runs (:meth:`Orchestrator.run`)::
     restore (resume) or warm start (supervised steps on demonstrations)
     publish the trainer's weights to every server
     evaluate (before training)
+    prepare environment resources (eager_prepare_resources)
     for step in steps:
         groups  = await scheduler.next_batch(step)          # inference keeps generating meanwhile
         batch   = build_training_batch(step, groups, ...)   # reward scaling + the algorithm's advantages
@@ -155,6 +156,8 @@ class Orchestrator:
         )  # fmt: skip
         if self.evals and self.config.eval_before_training and self.start_step == 0:
             await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
+        if self.config.eager_prepare_resources:
+            await self.prepare_resources()
         scheduler.start()
         try:
             for step in range(self.start_step, self.config.number_of_steps):
@@ -175,6 +178,25 @@ class Orchestrator:
             await scheduler.close()
             for task in self._eval_tasks:
                 task.cancel()
+
+    async def prepare_resources(self) -> None:
+        """Every training environment's ``prepare_resources()``, together, each in a worker thread.
+
+        One ``orchestrator.prepare_resources`` timeline event per environment. A failure
+        stops the run: the user asked for the resources up front.
+        """
+
+        async def prepare(slot: Any) -> None:
+            with events.timed("orchestrator.prepare_resources", component="orchestrator", environment=slot.name):
+                try:
+                    await asyncio.to_thread(slot.environment.prepare_resources)
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"environment {slot.name!r}: prepare_resources() failed (eager_prepare_resources): "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+
+        await asyncio.gather(*(prepare(slot) for slot in self.prompts.slots))
 
     async def _train_one_step(self, scheduler: RolloutScheduler, step: int) -> None:
         step_start = time.perf_counter()

@@ -43,8 +43,11 @@ the step it would train (with ``first_finished``, also one dispatched more than
 ``max_async_rollout`` versions before it) is discarded as ``max_async``. With
 ``first_finished`` and long-tailed completion lengths this cancellation does happen
 at the default settings: a straggler stays in flight while later groups fill the
-batches and the version moves on. Groups whose rewards are all
-equal are discarded as ``zero_advantage`` when ``discard_group_zero_advantage``.
+batches and the version moves on. When a group finishes, the
+output checks (:mod:`telescope.orchestrator.filters`: overlong, gibberish and
+repetition filters, the overlong penalty) mark its rollouts; groups whose rewards as
+the algorithm sees them (scaled, penalty included) are all equal are discarded as
+``zero_advantage`` when ``discard_group_zero_advantage``.
 
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
 individual sample lanes each sample holds a lane (released after generation with
@@ -72,7 +75,9 @@ from dataclasses import dataclass, field
 
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.batching import training_rewards
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, run_rollout
 from telescope.recording import events
@@ -183,6 +188,7 @@ class RolloutScheduler:
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
         self._lane_capacity = config.max_concurrent_prompts_per_server
+        self.checks = OutputChecks.from_config(config, _vocab_size(renderer))
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -366,15 +372,16 @@ class RolloutScheduler:
         self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
-        if errored:
-            group = Group(sample=group.sample, rollouts=[r for r in group.rollouts if not r.error])
+        # overlong / gibberish / repetition filters and the overlong penalty (filters.py)
+        group = Group(sample=group.sample, rollouts=[self.checks.apply(r) for r in group.rollouts if not r.error])
+        ranges = {group.sample.environment: (slot.reward_min, slot.reward_max)}
         async with self._changed:
             # leaves in-flight and enters the pool at once: first_finished's budget counts both
             self._in_flight.pop(group_id, None)
             reason = None
             if len(group.rollouts) < 2:
                 reason = "too_few_samples"  # errors left too few samples to compare
-            elif self.config.discard_group_zero_advantage and group.is_zero_advantage:
+            elif self.config.discard_group_zero_advantage and len(set(training_rewards(group, ranges))) <= 1:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
                 reason = "zero_advantage"
@@ -505,3 +512,11 @@ class RolloutScheduler:
             self.next_step_to_fill = step + 1
             self._changed.notify_all()
             return batch
+
+
+def _vocab_size(renderer: ChatRenderer) -> int:
+    """The tokenizer's vocabulary (added tokens included), for the gibberish filter's uniform log-probability."""
+    try:
+        return len(renderer.tokenizer)
+    except TypeError:
+        return int(getattr(renderer.tokenizer, "vocab_size", 2) or 2)

@@ -88,7 +88,9 @@ class StepRecorder:
         metrics: dict[str, float] = dict(outcome.trainer_metrics)
         advantages = [s.advantage for s in outcome.batch.samples]
         metrics.update(rollout_step_metrics(groups, self.reward_ranges, advantages))
-        stats.discards.add_trained(len(rollouts))
+        filtered = [r for r in rollouts if r.filtered]
+        stats.discards.add_filtered(filtered)
+        stats.discards.add_trained(len(rollouts) - len(filtered))
         metrics.update(stats.discards.metrics())
         metrics.update(outcome.timing)
         metrics.update(

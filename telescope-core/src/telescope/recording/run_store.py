@@ -148,8 +148,10 @@ def rollout_record(
     ``sample_metrics``, ``policy_version`` (oldest dispatch version) and
     ``policy_versions`` (one per turn), ``stop_reason`` (finish reason of the last
     turn), ``num_turns``, ``prompt_tokens``, ``completion_tokens`` (summed over turns),
-    ``total_tokens`` (the whole sequence, environment turns included) and ``error``
-    (the rollout's or the reward function's).
+    ``total_tokens`` (the whole sequence, environment turns included), ``error``
+    (the rollout's or the reward function's), ``filtered`` (the output filters that
+    masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty when trained on)
+    and ``overlong_penalty`` (added to ``reward`` for its advantage; 0 when none).
     """
     reward = rollout.reward
     return {
@@ -172,6 +174,8 @@ def rollout_record(
         "completion_tokens": rollout.completion_length,
         "total_tokens": len(rollout.token_ids),
         "error": rollout.error or (reward.error if reward is not None else None),
+        "filtered": list(rollout.filtered),
+        "overlong_penalty": rollout.overlong_penalty,
     }
 
 

@@ -144,6 +144,8 @@ class FSDPBackend(TrainerBackend):
 
         from telescope.models.tiny import resolve_model_path
 
+        if self.fsdp.fsdp_context_parallel_size != 1:
+            raise ValueError("the fsdp backend has no context parallelism yet: fsdp_context_parallel_size must be 1")
         self.rank, self.world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)

@@ -7,18 +7,31 @@ and get a callback (the HTTP server turns it into an awaited future). Each loop
 iteration is one *step*:
 
 1. drop aborted requests (their sequences leave the batch at once);
-2. admit waiting requests while there are free slots (``max_num_seqs``), in
-   the queue's order (``fcfs`` or ``priority``, see :mod:`.scheduler`): each
-   admitted request is prefilled alone (its ``n`` samples share one prefill;
-   the KV rows are replicated), samples its first token and joins the batch;
-3. one decode step for every running sequence together: each feeds its last
+2. requests whose prefill ended in the previous step join the running batch;
+3. admit waiting requests while there are free slots (``max_num_seqs``: running,
+   joining and prefilling sequences together), in the queue's order (``fcfs`` or
+   ``priority``, see :mod:`.scheduler`), and prefill them one at a time (a
+   request's ``n`` samples share one prefill; the KV rows are replicated): when
+   the prefill ends, each sample gets its first token and joins the batch at the
+   next step;
+4. one decode step for every running sequence together: each feeds its last
    token, the model extends the shared KV cache by one position;
-4. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
+5. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
    ``max_model_len``) leave the batch; a request completes when all its ``n``
    sequences have.
 
 So new requests join between decode steps (continuous batching) and sequences
 of different lengths decode together.
+
+Token budget (``max_num_batched_tokens``, vLLM's meaning): a step processes at most
+that many tokens, the decode step's one per running sequence plus the prompt
+tokens prefilled. The decode goes first; what is left of the budget goes to
+prefill, and a prompt longer than that is prefilled in chunks over several steps
+(chunked prefill: each chunk extends the request's own KV cache, so its logits
+are those of one whole prefill up to float rounding). ``None`` is no budget: every
+admitted prompt is prefilled whole. Running sequences are capped at the budget
+too (each decodes one token per step). :attr:`Engine.step_log` keeps the tokens
+and running sequences of recent steps.
 
 KV cache layout: one Hugging Face ``DynamicCache`` for the whole batch, rows
 *left-padded* to a common length. Each row keeps its pad count; a step passes
@@ -27,7 +40,7 @@ length), so a sequence's logits equal those of running it alone up to float
 rounding. When a row leaves, columns that are padding in every remaining row
 are trimmed. Cost: a step computes attention over the longest row for every
 row (padded batching); a paged, variable-length kernel (vLLM) avoids that.
-Prefill is not chunked: a long prompt stalls the running batch for its prefill.
+Without a token budget a long prompt stalls the running batch for its prefill.
 Only models whose cache layers are plain ``DynamicLayer`` (full attention) are
 supported; others fail at load with a clear error.
 
@@ -61,6 +74,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +147,21 @@ class _Request:
         self.timing = RequestTiming(queued=time.time())
 
 
+class _Prefill:
+    """A request whose prompt is being prefilled (in chunks when the token budget is smaller)."""
+
+    __slots__ = ("cache", "done", "req")
+
+    def __init__(self, req: _Request) -> None:
+        self.req = req
+        self.done = 0  # prompt tokens already in ``cache``
+        self.cache: Any = None
+
+
+#: Steps whose token and sequence counts :attr:`Engine.step_log` keeps.
+STEP_LOG_SIZE = 4096
+
+
 class Engine:
     """A model, its tokenizer and the continuous-batching loop (see the module docstring)."""
 
@@ -158,6 +187,11 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._rows: list[_Seq] = []
         self._cache: Any = None
+        self._prefilling: _Prefill | None = None
+        #: prefilled requests' live samples, their KV cache and prompt length: they join at the next step
+        self._joining: list[tuple[list[_Seq], Any, int]] = []
+        #: per recent step: (tokens processed: prompt tokens prefilled + sequences decoded, sequences decoded)
+        self.step_log: deque[tuple[int, int]] = deque(maxlen=STEP_LOG_SIZE)
         self._lock = threading.Lock()  # held for a whole step; weight updates take it between steps
         self._wakeup = threading.Condition()
         self._pause_requests = 0
@@ -170,6 +204,7 @@ class Engine:
             "requests_aborted": 0,
             "weight_updates": 0,
             "steps": 0,
+            "batched_tokens": 0,
         }
         self.latencies = RequestLatencies()  # TTFT and inter-token latency, for /metrics
 
@@ -281,9 +316,10 @@ class Engine:
     # -------------------------------------------------------------------- stats
     def counts(self) -> dict[str, float]:
         with self._wakeup:
-            running = len(self._rows)
+            running = self._occupied()
             waiting = sum(r.params.n for r in self._queue)
             kv_tokens = sum(len(s.req.prompt) + len(s.out) for s in self._rows)
+            kv_tokens += sum(length * len(seqs) for seqs, _, length in self._joining)
         capacity = self.settings.max_num_seqs * self.settings.max_model_len
         return {
             "running": running,
@@ -298,7 +334,7 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._wakeup:
-                    while not self._stopping and (self._pause_requests or (not self._rows and not len(self._queue))):
+                    while not self._stopping and (self._pause_requests or self._idle()):
                         self._wakeup.wait(timeout=0.1)
                     if self._stopping:
                         break
@@ -310,12 +346,27 @@ class Engine:
                     self._fail_all()
         self._fail_all()
 
+    def _idle(self) -> bool:
+        return not self._rows and not len(self._queue) and self._prefilling is None and not self._joining
+
+    def _occupied(self) -> int:
+        """Sequences holding a slot: running, joining at the next step, and the one prefilling."""
+        prefilling = self._prefilling.req.params.n if self._prefilling is not None else 0
+        return len(self._rows) + sum(len(seqs) for seqs, _, _ in self._joining) + prefilling
+
     def _step(self) -> None:
         self._drop_aborted()
-        self._admit()
+        for seqs, cache, length in self._joining:
+            self._merge(seqs, cache, length)
+        self._joining = []
+        decoded = len(self._rows)
+        budget = self.settings.max_num_batched_tokens
+        prefilled = self._admit(None if budget is None else budget - decoded)
+        self.stats["steps"] += 1
+        self.stats["batched_tokens"] += prefilled + decoded
+        self.step_log.append((prefilled + decoded, decoded))
         if self._rows:
             self._decode()
-        self.stats["steps"] += 1
 
     def _drop_aborted(self) -> None:
         with self._wakeup:
@@ -327,24 +378,38 @@ class Engine:
         for req in aborted:
             self._mark_aborted(req)
             self.stats["requests_aborted"] += 1
+        if self._prefilling is not None and self._prefilling.req.aborted:
+            self._prefilling = None
+        self._joining = [entry for entry in self._joining if not entry[0][0].req.aborted]
         self._remove_finished()
         for req in aborted:
             self._complete(req)
 
-    def _admit(self) -> None:
-        while True:
-            with self._wakeup:
-                req = self._queue.peek()
-                if req is None or req.params.n > self.settings.max_num_seqs - len(self._rows):
-                    return
-                self._queue.pop()
-            self._prefill(req)
+    def _admit(self, budget: int | None) -> int:
+        """Admit and prefill waiting requests within ``budget`` prompt tokens (None: no limit); returns those fed."""
+        fed = 0
+        while budget is None or fed < budget:
+            if self._prefilling is None:
+                with self._wakeup:
+                    req = self._queue.peek()
+                    if req is None or req.params.n > self.settings.max_num_seqs - self._occupied():
+                        return fed
+                    self._queue.pop()
+                if not self._start_prefill(req):
+                    continue
+            prefill = self._prefilling
+            assert prefill is not None
+            left = len(prefill.req.prompt) - prefill.done
+            chunk = left if budget is None else min(left, budget - fed)
+            self._prefill_chunk(prefill, chunk)
+            fed += chunk
+        return fed
 
-    def _prefill(self, req: _Request) -> None:
+    def _start_prefill(self, req: _Request) -> bool:
+        """Give ``req`` its samples; False when there is nothing to generate (``max_tokens=0``: completed)."""
         params = req.params
-        n = params.n
         req.timing.started = time.time()
-        for i in range(n):
+        for i in range(params.n):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
             req.seqs.append(_Seq(req, i, make_generator(seed, self.device)))
         self.stats["prompt_tokens"] += len(req.prompt)
@@ -352,10 +417,22 @@ class Engine:
             for seq in req.seqs:
                 seq.finish = "length"
             self._complete(req)
+            return False
+        self._prefilling = _Prefill(req)
+        return True
+
+    def _prefill_chunk(self, prefill: _Prefill, chunk: int) -> None:
+        """Feed the next ``chunk`` prompt tokens; at the prompt's end, sample the first tokens."""
+        req = prefill.req
+        ids = torch.tensor([req.prompt[prefill.done : prefill.done + chunk]], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=prefill.cache, use_cache=True)
+        prefill.cache = out.past_key_values
+        prefill.done += chunk
+        if prefill.done < len(req.prompt):
             return
-        ids = torch.tensor([req.prompt], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
+        self._prefilling = None
+        n = req.params.n
+        cache = prefill.cache
         for layer in cache.layers:
             if type(layer).__name__ != "DynamicLayer":
                 raise RuntimeError(f"the embedded engine supports full-attention caches only, not {type(layer)}")
@@ -371,7 +448,8 @@ class Engine:
             for layer in cache.layers:
                 layer.keys, layer.values = layer.keys[keep], layer.values[keep]
         if live:
-            self._merge(live, cache, len(req.prompt))
+            with self._wakeup:
+                self._joining.append((live, cache, len(req.prompt)))
         if all(s.finish is not None for s in req.seqs):
             self._complete(req)
 
@@ -521,6 +599,8 @@ class Engine:
             pending = list(self._requests.values())
             self._rows = []
             self._cache = None
+            self._prefilling = None
+            self._joining = []
         for req in pending:
             with self._wakeup:
                 self._queue.remove(req)
