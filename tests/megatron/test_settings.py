@@ -54,3 +54,30 @@ def test_a_world_size_that_tensor_parallelism_does_not_divide_is_refused(tiny_mo
     backend = MegatronBackend(TrainerContext(model=str(tiny_model)), None, settings)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"world size 1 is not a multiple of megatron_tensor_parallel_size \(3\)"):
         backend.setup(0, 1, "cpu")
+
+
+def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_model: Path) -> None:
+    def problems(**overrides: object) -> list[str]:
+        config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
+        return [message for message, _ in composed_schema().settings_problems(config)]
+
+    assert problems() == []  # the upstream defaults validate
+    assert problems(megatron_pipeline_parallel_size=2) == [
+        "megatron_pipeline_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
+    ]
+    assert problems(megatron_fp8=True, megatron_main_grads_dtype="bfloat16") == [
+        "megatron_main_grads_dtype='bfloat16': telescope-megatron does not build this yet; "
+        "set it to 'float32' (or leave it out)",
+        "megatron_fp8=True: telescope-megatron does not build this yet; set it to False (or leave it out)",
+    ]
+    assert problems(train_backend="fsdp", megatron_pipeline_parallel_size=2) == []  # ignored by FSDP
+
+
+def test_memory_options_without_effect_yet_are_named() -> None:
+    from telescope_megatron.plugin import MegatronSettings, inactive_settings
+
+    assert inactive_settings(MegatronSettings(), data_parallel_size=1) == []
+    assert inactive_settings(MegatronSettings(megatron_tensor_parallel_size=2), data_parallel_size=2) == [
+        "megatron_sequence_parallel",
+        "megatron_use_distributed_optimizer",
+    ]

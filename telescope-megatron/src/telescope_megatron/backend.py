@@ -38,6 +38,7 @@ shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatro
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +54,13 @@ from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
-from telescope_megatron.plugin import MegatronSettings
+from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
     from telescope.api.context import TrainerContext
+
+log = logging.getLogger(__name__)
 
 
 class MegatronBackend(FSDPBackend):
@@ -94,6 +97,9 @@ class MegatronBackend(FSDPBackend):
         self.dp_group = parallel_state.get_data_parallel_group()
         self.tp_rank, self.tp_size = dist.get_rank(self.tp_group), tp
         self.rank, self.world_size = dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
+        inactive = inactive_settings(self.megatron, self.world_size)
+        if inactive and self.global_rank == 0:
+            log.warning("%s: on, but not built yet in telescope-megatron (no effect)", ", ".join(inactive))
         torch.manual_seed(self.context.seed)
 
         self.model_path = resolve_model_path(self.context.model)

@@ -489,9 +489,7 @@ _section("orchestrator", [
     "max_concurrent_prompts_per_server", "prompts_batch_size_for_trainer", "number_of_steps",
     "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
     "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
-    "max_off_policy_steps", "batch_assembly",
-    )
-    "max_off_policy_steps", "eager_prepare_resources",
+    "max_off_policy_steps", "batch_assembly", "eager_prepare_resources",
 ])  # fmt: skip
 _section("trainer", [
     "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",
