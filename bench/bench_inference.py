@@ -24,6 +24,7 @@ prompt token ids only.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import threading
 import time
@@ -60,7 +61,9 @@ def build_model(kind: str, root: Path) -> Path:
     return path
 
 
-def bench_engine(path: Path, device: str, dtype: str, batch: int, prompt_len: int, new_tokens: int) -> float:
+def bench_engine(
+    path: Path, device: str, dtype: str, batch: int, prompt_len: int, new_tokens: int, forward: str = "auto"
+) -> float:
     from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams
 
     engine = Engine(
@@ -70,6 +73,7 @@ def bench_engine(path: Path, device: str, dtype: str, batch: int, prompt_len: in
             dtype=dtype,
             max_num_seqs=max(64, batch),
             max_model_len=prompt_len + new_tokens + 8,
+            forward=forward,  # type: ignore[arg-type]
         )
     ).start()
     try:
@@ -157,6 +161,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--sync-mb", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per batch, engine and generate alternating")
+    parser.add_argument("--forward", default="auto", help="the engine's forward: auto, compact or hf")
     args = parser.parse_args()
     kind = args.model or ("small" if args.device == "cpu" else "qwen0.5b")
     dtype = "float32" if args.device == "cpu" else "bfloat16"
@@ -170,11 +176,18 @@ def main() -> None:
             f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, "
             f"torch threads {torch.get_num_threads()}"
         )
-        print(f"{'batch':>5} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio")
+        print(f"engine forward {args.forward}; medians of {args.repeats} run(s), engine and generate alternating")
+        print(f"{'batch':>5} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio | per-run ratios")
         for batch in (int(b) for b in args.batches.split(",")):
-            ours = bench_engine(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
-            base = bench_generate(path, args.device, dtype, batch, args.prompt_len, args.new_tokens)
-            print(f"{batch:>5} | {ours:>12.0f} | {base:>14.0f} | {ours / base:.2f}")
+            ours_runs, base_runs = [], []
+            for _ in range(args.repeats):
+                ours_runs.append(
+                    bench_engine(path, args.device, dtype, batch, args.prompt_len, args.new_tokens, args.forward)
+                )
+                base_runs.append(bench_generate(path, args.device, dtype, batch, args.prompt_len, args.new_tokens))
+            ours, base = statistics.median(ours_runs), statistics.median(base_runs)
+            ratios = " ".join(f"{o / b:.2f}" for o, b in zip(ours_runs, base_runs, strict=True))
+            print(f"{batch:>5} | {ours:>12.0f} | {base:>14.0f} | {ours / base:5.2f} | {ratios}", flush=True)
     transport, bound = bench_sync(args.sync_mb)
     print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine:")
     print(f"  memory transport (publish + receive/load): {transport:.3f} s/GB")
