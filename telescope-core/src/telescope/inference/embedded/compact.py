@@ -230,6 +230,8 @@ class CompactDecoder:
             write_cols = positions[valid]
         columns = torch.arange(end, device=device)
         mask = columns.view(1, 1, 1, end) <= positions.view(rows, 1, width, 1)  # [R, 1, C, end]
+        if width == 1:  # additive, for the decode step's matmul attention
+            bias = torch.zeros(mask.shape, dtype=self.dtype, device=device).masked_fill_(~mask, float("-inf"))
         cos = self.cos[positions].unsqueeze(1)  # [R, 1, C, D]
         sin = self.sin[positions].unsqueeze(1)
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # [R, C, H]
@@ -238,15 +240,18 @@ class CompactDecoder:
             attn = layer.self_attn
             x = self._norm(h, layer.input_layernorm.weight)
             qkv = F.linear(x, self.qkv[i], self.qkv_bias[i])
-            q = qkv[..., :nq].view(rows, width, self.heads, d)
-            k = qkv[..., nq : nq + nkv].view(rows, width, self.kv_heads, d)
-            v = qkv[..., nq + nkv :].view(rows, width, self.kv_heads, d)
+            v = qkv[..., nq + nkv :].view(rows, width, self.kv_heads, d).transpose(1, 2)
             if hasattr(attn, "q_norm"):
-                q = self._norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-                k = self._norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [R, heads, C, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                q = self._norm(
+                    qkv[..., :nq].view(rows, width, self.heads, d), attn.q_norm.weight, attn.q_norm.variance_epsilon
+                )
+                k = self._norm(qkv[..., nq : nq + nkv].view(rows, width, self.kv_heads, d), attn.k_norm.weight,
+                               attn.k_norm.variance_epsilon)  # fmt: skip
+                qk = torch.cat([q, k], dim=2).transpose(1, 2)
+            else:
+                qk = qkv[..., : nq + nkv].view(rows, width, self.heads + self.kv_heads, d).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads at once: [R, heads + kv, C, D]
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
             key_store, value_store = cache.keys[i], cache.values[i]
             if valid is None:
                 key_store[write_rows, :, write_cols] = k[:, :, 0]
@@ -254,15 +259,17 @@ class CompactDecoder:
             else:
                 key_store[write_rows, :, write_cols] = k.transpose(1, 2)[valid]
                 value_store[write_rows, :, write_cols] = v.transpose(1, 2)[valid]
-            out = F.scaled_dot_product_attention(
-                q,
-                key_store[:rows, :, :end],
-                value_store[:rows, :, :end],
-                attn_mask=mask,
-                scale=self.scaling,
-                enable_gqa=self.heads != self.kv_heads,
-            )
-            h = h + F.linear(out.transpose(1, 2).reshape(rows, width, nq), attn.o_proj.weight, attn.o_proj.bias)
+            keys, values = key_store[:rows, :, :end], value_store[:rows, :, :end]
+            if width == 1:  # one query per row: grouped heads as a batched matmul, no head repeat
+                group = q.reshape(rows, self.kv_heads, self.heads // self.kv_heads, d)
+                scores = torch.matmul(group, keys.transpose(-1, -2)).mul_(self.scaling).add_(bias)
+                out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, 1, nq)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
+                )
+                out = out.transpose(1, 2).reshape(rows, width, nq)
+            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = self._norm(h, layer.post_attention_layernorm.weight)
             gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)

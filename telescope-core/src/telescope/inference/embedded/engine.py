@@ -366,11 +366,12 @@ class Engine:
         decoded = len(self._rows)
         budget = self.settings.max_num_batched_tokens
         prefilled = self._admit(None if budget is None else budget - decoded)
-        if self._rows:
-            self._decode()
+        # logged before the decode: its callbacks then see this step counted
         self.stats["steps"] += 1
         self.stats["batched_tokens"] += prefilled + decoded
         self.step_log.append((prefilled + decoded, decoded))
+        if self._rows:
+            self._decode()
 
     def _drop_aborted(self) -> None:
         with self._wakeup:

@@ -38,8 +38,10 @@ which draws exactly from ``p``. A row with its own ``torch.Generator`` (a seeded
 request) draws its noise from it, so a seeded request samples the same tokens
 whatever else is in the batch, as long as its logits are the same (padding in a
 batch can change the last bits of a logit; see the engine's docstring). Rows
-without one (unseeded requests) share one batched draw from the ``generator``
-argument, so a step costs one noise call for them, not one per row.
+without one (unseeded requests) share one batched ``torch.multinomial`` draw from
+the ``generator`` argument (exact sampling from ``p`` too, with one uniform per row
+instead of one exponential per vocabulary entry), so a step costs one call for
+them, not one per row.
 
 Per step, with one temperature for every row the logits are divided by a scalar
 (no per-row tensor), and the top-p sort runs only when some row asks for it.
@@ -135,20 +137,20 @@ def sample(
         chosen = logp.argmax(dim=-1)
     else:
         probs = logp.exp()
-        noise = torch.empty_like(probs)
         shared = [i for i, gen in enumerate(generators) if gen is None]
         if len(shared) == rows:
-            noise.exponential_(generator=generator)
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
-            if shared:
-                index = torch.tensor(shared, device=logits.device)
-                noise[index] = torch.empty((len(shared), probs.shape[1]), device=probs.device).exponential_(
-                    generator=generator
-                )
+            noise = torch.empty_like(probs)
             for i, gen in enumerate(generators):
                 if gen is not None:
                     noise[i].exponential_(generator=gen)
-        chosen = (probs / noise).argmax(dim=-1)
+                else:
+                    noise[i] = 1.0
+            chosen = (probs / noise).argmax(dim=-1)
+            if shared:
+                index = torch.tensor(shared, device=logits.device)
+                chosen[index] = torch.multinomial(probs[index], 1, generator=generator).squeeze(-1)
         if any(greedy):
             mask = torch.tensor(greedy, device=logits.device)
             chosen = torch.where(mask, logp.argmax(dim=-1), chosen)
