@@ -190,3 +190,21 @@ def test_the_config_carries_the_limits_to_the_context() -> None:
         load_config(None, {**values, "max_num_batched_tokens": 32}, check_plugins=False)
     with pytest.raises(ConfigError, match="max_num_seqs"):
         load_config(None, {**values, "max_num_seqs": 0}, check_plugins=False)
+
+
+def test_the_step_log_counts_a_step_before_its_callbacks_run(tiny_model_path: Path) -> None:
+    """A completion callback sees the step that finished it in ``step_log`` (the test above read it racily)."""
+    engine = limited(tiny_model_path, max_num_seqs=2, max_num_batched_tokens=4)
+    try:
+        seen: list[int] = []
+        done = threading.Event()
+
+        def on_done(result: RequestResult) -> None:
+            seen.append(sum(t for t, _ in engine.step_log))
+            done.set()
+
+        engine.submit("one", [5, 6, 7, 8, 9, 10], GenerationParams(max_tokens=5, seed=3, ignore_eos=True), on_done)
+        assert done.wait(60)
+        assert seen == [6 + 5 - 1]  # every prompt token and every generated token but the first
+    finally:
+        engine.stop()

@@ -33,6 +33,9 @@ class EngineSettings:
     seed: int = 0
     served_model_name: str | None = None
     initial_policy_version: int = 0
+    #: the model forward: "auto" (the compact one of :mod:`.compact` where the model is supported, else
+    #: Hugging Face's), "compact" (an error where unsupported) or "hf" (always Hugging Face's)
+    forward: Literal["auto", "compact", "hf"] = "auto"
 
     @classmethod
     def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:
