@@ -281,6 +281,59 @@ class TelescopeConfig(BaseModel):
     checkpoint_keep_last: int | None = Field(None, ge=1, description="Keep only the N most recent checkpoints")
     checkpoint_keep_every: int | None = Field(None, ge=1, description="Always keep checkpoints at these step multiples")
 
+    # ---------------------------------------------------------- fault tolerance
+    inference_request_timeout_s: float | None = Field(
+        1800.0,
+        gt=0,
+        description="Read timeout of every HTTP request to an inference server (completions, weight updates), "
+        "in seconds: a request with no answer in this time fails, and a completion's rollout is errored and "
+        "counted in timeouts/inference_request/count. null = wait forever",
+    )
+    reward_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Seconds an environment's compute_reward may take: past it the rollout is errored (reward 0, "
+        "counted in timeouts/reward/count) and the run goes on. null = no limit",
+    )
+    environment_step_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Seconds one step of a multi-turn environment (env_response with its tool calls and "
+        "sandboxes, is_done) may take: past it the rollout is errored (counted in "
+        "timeouts/environment_step/count) and the run goes on. null = no limit",
+    )
+    max_consecutive_zero_advantage_batches: int = Field(
+        20,
+        ge=0,
+        description="Fail the run, saying why, when this many batches' worth of groups in a row "
+        "(N x prompts_batch_size_for_trainer) were discarded as zero-advantage: no batch can be formed. "
+        "0 = wait forever",
+    )
+    watchdog_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="Fail the run when nothing progresses for this many seconds (no request, reward, group, "
+        "training step, weight load or eval finishes), naming the stuck component (inference server, trainer "
+        "rank, environment call, sandbox) in status.json and the log. 0 = no watchdog",
+    )
+    inference_health_check_interval_s: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds between health checks of each inference server: one that died or stopped "
+        "answering is restarted on its placement with the current weights, and its groups are re-dispatched. "
+        "0 = no checks and no restarts",
+    )
+    inference_max_restarts: int = Field(
+        3, ge=0, description="Restarts allowed per inference server; one more failure fails the run"
+    )
+    trainer_max_restarts: int = Field(
+        2,
+        ge=0,
+        description="Times the trainer group restarts from the last checkpoint when a rank dies (needs "
+        "checkpoint_every > 0); once exhausted, or with no checkpoint, the run fails and prints the command "
+        "that resumes it",
+    )
+
     # -------------------------------------------------------------------- evals
     eval_before_training: bool = Field(True, description="Run evaluations before training starts")
     eval_after_training: bool = Field(True, description="Run evaluations after training ends")
@@ -514,6 +567,11 @@ _section("sandboxes", ["sandbox_provider"])
 _section("checkpointing", [
     "checkpoint_every", "checkpoint_save_training_state", "resume_from_checkpoint", "checkpoint_dir",
     "checkpoint_keep_last", "checkpoint_keep_every",
+])  # fmt: skip
+_section("fault tolerance", [
+    "inference_request_timeout_s", "reward_timeout_s", "environment_step_timeout_s",
+    "max_consecutive_zero_advantage_batches", "watchdog_timeout_s", "inference_health_check_interval_s",
+    "inference_max_restarts", "trainer_max_restarts",
 ])  # fmt: skip
 _section("evals", [
     "eval_before_training", "eval_after_training", "eval_num_servers", "eval_start_end_use_all_servers", "evals",

@@ -47,7 +47,20 @@ batches and the version moves on. When a group finishes, the
 output checks (:mod:`telescope.orchestrator.filters`: overlong, gibberish and
 repetition filters, the overlong penalty) mark its rollouts; groups whose rewards as
 the algorithm sees them (scaled, penalty included) are all equal are discarded as
-``zero_advantage`` when ``discard_group_zero_advantage``.
+``zero_advantage`` when ``discard_group_zero_advantage``; when
+``max_consecutive_zero_advantage_batches`` batches' worth of groups in a row are, no
+batch can ever be formed and :meth:`RolloutScheduler.next_batch` raises
+:class:`NoLearningSignal` (the run fails and says why).
+
+Servers that fail. A group whose server cannot serve (a rollout raised
+:class:`~telescope.orchestrator.rollouts.ServerUnavailable`: the server died or is
+being restarted) is *re-dispatched*: its other rollouts are cancelled, and the same
+prompt (same draw, same request seeds) runs again on a server that is available,
+for the same target step (it keeps its place in the quota, or in the
+``first_finished`` budget). Servers marked unavailable (``available(server)``
+false) get no new work. So a server that dies loses no prompt, and no prompt is
+trained twice. Re-dispatches are counted (``SchedulerStats.groups_redispatched``);
+a group re-dispatched :data:`MAX_REDISPATCHES` times counts as failed.
 
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
 individual sample lanes each sample holds a lane (released after generation with
@@ -58,7 +71,9 @@ Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
 ``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
 ``orchestrator.group_completed`` (accepted; timed from dispatch),
 ``orchestrator.group_discarded`` (``reason``: ``zero_advantage``, ``max_async``,
-``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``. Every event
+``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``; a group whose
+server failed is ``orchestrator.group_redispatched`` (``server``: the one that failed,
+``error``) and then dispatched again (``redispatch: true``). Every event
 emitted while a rollout runs (requests, rewards, tools, sandboxes) carries its
 ``group_id``, ``sample_id`` and ``rollout_index`` (an event context).
 """
@@ -79,7 +94,7 @@ from telescope.orchestrator.batching import training_rewards
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
-from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, run_rollout
+from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, run_rollout
 from telescope.recording import events
 from telescope.recording.rollout_metrics import DiscardLog
 
@@ -88,8 +103,18 @@ log = logging.getLogger("telescope.orchestrator")
 #: Consecutive groups that may fail outright (an inference worker down, a bug) before the run stops.
 MAX_CONSECUTIVE_GROUP_FAILURES = 50
 
+#: Times one group may be re-dispatched because its server failed before it counts as a failed group.
+MAX_REDISPATCHES = 20
+
+#: Seconds between checks for a server coming back when every server is unavailable.
+AVAILABILITY_POLL_S = 0.5
+
 #: generate(server, prompt_ids, max_tokens, seed, priority) -> Generation
 ServerGenerateFn = Callable[[int, list[int], int, int, int], Awaitable[Generation]]
+
+
+class NoLearningSignal(RuntimeError):
+    """Every group for too long had all rewards equal: no batch can be formed (see the module docstring)."""
 
 
 @dataclass
@@ -103,6 +128,7 @@ class ScheduledGroup:
     task: asyncio.Task[None] | None = None
     group_id: int = -1
     dispatched_at: float = field(default_factory=time.time)
+    redispatches: int = 0
 
     def emit(self, kind: str, **fields: object) -> None:
         """A timeline event about this group, timed from its dispatch."""
@@ -138,6 +164,8 @@ class SchedulerStats:
     errored_rollouts: list[Rollout] = field(default_factory=list)
     groups_dispatched: int = 0
     failed_groups: int = 0
+    #: groups sent again to another server because theirs failed
+    groups_redispatched: int = 0
     #: groups dropped as stale or zero-advantage (cancellations are counted per rollout)
     discarded_groups: int = 0
 
@@ -167,6 +195,8 @@ class RolloutScheduler:
         policy_version: int = 0,
         on_waiting: Callable[[str], None] | None = None,
         status_interval_s: float = 15.0,
+        available: Callable[[int], bool] | None = None,
+        first_group_id: int = 0,
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
@@ -192,13 +222,17 @@ class RolloutScheduler:
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        self._next_id = 0
+        self._next_id = first_group_id  # a scheduler after a trainer restart goes on with the ids
         self._closed = False
         # prompt ledger: drawn but not settled (in flight or waiting), and settled draws
         self._unsettled: dict[int, PromptItem] = {}
         self._settled: set[int] = set()
         self._draw_lock = asyncio.Lock()
         self._consecutive_failures = 0
+        self.available = available if available is not None else (lambda server: True)
+        self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
+        self._consecutive_zero_advantage = 0
+        self._zero_advantage_limit = config.max_consecutive_zero_advantage_batches * self.batch_size
 
     # ------------------------------------------------------------- lifecycle
 
@@ -216,6 +250,10 @@ class RolloutScheduler:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._in_flight.clear()
+        for waiting in self._redispatch:  # groups whose server failed and that found no other before the end
+            self.stats.discards.add_canceled(self.config.group_size)
+            waiting.emit("group_canceled", rollouts=self.config.group_size)
+        self._redispatch.clear()
 
     # ---------------------------------------------------------------- policy
 
@@ -246,7 +284,8 @@ class RolloutScheduler:
             budget = (
                 self.policy_version + self.config.max_async_rollout + 1 - self.next_step_to_fill
             ) * self.batch_size
-            held = len(self._pool) + sum(1 for g in self._in_flight.values() if self._trainable(g))
+            held = len(self._pool) + len(self._redispatch)
+            held += sum(1 for g in self._in_flight.values() if self._trainable(g))
             return self.next_step_to_fill + held // self.batch_size if held < budget else None
         limit = self.policy_version + self.config.max_async_rollout
         step = self.next_step_to_fill
@@ -257,46 +296,69 @@ class RolloutScheduler:
         return None
 
     def _free_server(self) -> int | None:
-        best = max(self.servers, key=lambda s: self._lane_capacity - self._lane_use[s])
+        servers = [s for s in self.servers if self.available(s)]
+        if not servers:
+            return None
+        best = max(servers, key=lambda s: self._lane_capacity - self._lane_use[s])
         if self._lane_capacity - self._lane_use[best] >= self._lanes_per_group():
             return best
         return None
+
+    def _has_work(self) -> bool:
+        return bool(self._redispatch) or self._open_target() is not None
 
     async def _dispatch_loop(self) -> None:
         try:
             while not self._closed:
                 async with self._changed:
-                    await self._changed.wait_for(
-                        lambda: self._closed or (self._open_target() is not None and self._free_server() is not None)
-                    )
+                    while not (self._closed or (self._has_work() and self._free_server() is not None)):
+                        # a server coming back is not announced: look again now and then
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._changed.wait(), timeout=AVAILABILITY_POLL_S)
                     if self._closed:
                         return
-                    target = self._open_target()
                     server = self._free_server()
-                    assert target is not None and server is not None
+                    assert server is not None
+                    self._lane_use[server] += self._lanes_per_group()  # each Lane gives one back
+                    if self._redispatch:  # a group whose server failed keeps its target and its prompt
+                        self._start_group(self._redispatch.pop(0), server)
+                        continue
+                    target = self._open_target()
+                    assert target is not None
                     if not self.first_finished:
                         self._quota[target] = self._quota.get(target, 0) + 1
-                    self._lane_use[server] += self._lanes_per_group()  # each Lane gives one back
                 async with self._draw_lock:
                     item = await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
                 group_id = self._next_id
                 self._next_id += 1
-                scheduled = ScheduledGroup(item, target, self.policy_version, server, group_id=group_id)
-                self._in_flight[group_id] = scheduled
-                self.stats.groups_dispatched += 1
-                events.emit(
-                    "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
-                    group_id=group_id, sample_id=item.sample.sample_id, server=server, target_step=target,
-                    dispatch_version=self.policy_version, environment=self.prompts.slots[item.slot].name,
-                )  # fmt: skip
-                scheduled.task = asyncio.create_task(self._run_group(group_id, scheduled), name=f"group-{group_id}")
+                self._start_group(ScheduledGroup(item, target, self.policy_version, server, group_id=group_id), server)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # surfaced to next_batch, which raises it in the loop
             self._failure = exc
             async with self._changed:
                 self._changed.notify_all()
+
+    def _start_group(self, scheduled: ScheduledGroup, server: int) -> None:
+        """Dispatch ``scheduled`` to ``server`` (its lanes are taken); a re-dispatch keeps its ids and target."""
+        redispatch = scheduled.redispatches > 0
+        scheduled.server = server
+        scheduled.dispatch_version = self.policy_version
+        scheduled.dispatched_at = time.time()
+        item = scheduled.item
+        self._in_flight[scheduled.group_id] = scheduled
+        if not redispatch:
+            self.stats.groups_dispatched += 1
+        events.emit(
+            "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
+            group_id=scheduled.group_id, sample_id=item.sample.sample_id, server=server,
+            target_step=scheduled.target_step, dispatch_version=self.policy_version,
+            environment=self.prompts.slots[item.slot].name, **({"redispatch": True} if redispatch else {}),
+        )  # fmt: skip
+        scheduled.task = asyncio.create_task(
+            self._run_group(scheduled.group_id, scheduled), name=f"group-{scheduled.group_id}"
+        )
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -312,7 +374,10 @@ class RolloutScheduler:
     async def _run_group(self, group_id: int, scheduled: ScheduledGroup) -> None:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
-        limits = RolloutLimits(self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts)
+        limits = RolloutLimits(
+            self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts,
+            self.config.reward_timeout_s, self.config.environment_step_timeout_s,
+        )  # fmt: skip
         held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
@@ -331,8 +396,24 @@ class RolloutScheduler:
                     limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
                 )  # fmt: skip
 
+        failure: Exception | None = None
         try:
-            rollouts = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
+            rollouts = await _all_or_none([one(i) for i in range(self.config.group_size)])
+        except ServerUnavailable as exc:  # not the group's fault: run it again on a server that works
+            for lane in lanes:
+                lane.release()
+            if scheduled.redispatches >= MAX_REDISPATCHES:  # servers that look fine and fail: a failure
+                failure = exc
+            else:
+                scheduled.emit("group_redispatched", error=str(exc))
+                log.warning("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
+                scheduled.redispatches += 1
+                self.stats.groups_redispatched += 1
+                async with self._changed:
+                    self._in_flight.pop(group_id, None)  # and into the re-dispatch queue at once (first_finished)
+                    self._redispatch.append(scheduled)
+                    self._changed.notify_all()
+                return
         except asyncio.CancelledError:
             self.stats.discards.add_canceled(self.config.group_size)
             scheduled.emit("group_canceled", rollouts=self.config.group_size)
@@ -345,28 +426,35 @@ class RolloutScheduler:
                 self._changed.notify_all()
             raise
         except Exception as exc:  # a worker failure: contained, counted, the run goes on
-            log.exception("group %d (sample %s) failed", group_id, item.sample.sample_id)
-            scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
-            self.stats.failed_groups += 1
-            self._consecutive_failures += 1
-            self._in_flight.pop(group_id, None)
-            self._settle(item)
-            for lane in lanes:
-                lane.release()
-            async with self._changed:
-                self._give_back(scheduled.target_step)
-                if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
-                    self._failure = RuntimeError(
-                        f"{self._consecutive_failures} groups in a row failed; the last error: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                self._changed.notify_all()
-            return
+            failure = exc
         finally:
             if not individual:
                 for lane in lanes:
                     lane.release()
+        if failure is not None:
+            await self._fail(group_id, scheduled, lanes, failure)
+            return
         await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
+
+    async def _fail(self, group_id: int, scheduled: ScheduledGroup, lanes: list[Lane], exc: Exception) -> None:
+        """A group that failed outright: counted; too many in a row stop the run."""
+        item = scheduled.item
+        log.error("group %d (sample %s) failed: %s: %s", group_id, item.sample.sample_id, type(exc).__name__, exc,
+                  exc_info=exc)  # fmt: skip
+        scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
+        self.stats.failed_groups += 1
+        self._consecutive_failures += 1
+        self._in_flight.pop(group_id, None)
+        self._settle(item)
+        for lane in lanes:
+            lane.release()
+        async with self._changed:
+            self._give_back(scheduled.target_step)
+            if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
+                self._failure = RuntimeError(
+                    f"{self._consecutive_failures} groups in a row failed; the last error: {type(exc).__name__}: {exc}"
+                )
+            self._changed.notify_all()
 
     async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
         self._consecutive_failures = 0
@@ -385,8 +473,13 @@ class RolloutScheduler:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
                 reason = "zero_advantage"
+                self._consecutive_zero_advantage += 1
+                limit = self._zero_advantage_limit
+                if limit and self._consecutive_zero_advantage >= limit and self._failure is None:
+                    self._failure = NoLearningSignal(self._no_signal_message())
             rewards = [r.reward.total_reward if r.reward is not None else None for r in group.rollouts]
             if reason is None:
+                self._consecutive_zero_advantage = 0
                 scheduled.emit("group_completed", rollouts=len(group.rollouts), errored=len(errored), rewards=rewards)
                 ready = ReadyGroup(
                     group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item, scheduled
@@ -405,6 +498,34 @@ class RolloutScheduler:
         """A discarded, failed or cancelled group gives its place back (first_finished counts groups instead)."""
         if not self.first_finished:
             self._quota[target_step] -= 1
+
+    def _no_signal_message(self) -> str:
+        rewards = sorted({r.reward.total_reward for g in self.stats.discards.zero_advantage_groups[-50:]
+                          for r in g.rollouts if r.reward is not None})  # fmt: skip
+        shown = ", ".join(f"{r:g}" for r in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
+        return (
+            f"no batch can be formed: the last {self._consecutive_zero_advantage} groups "
+            f"({self.config.max_consecutive_zero_advantage_batches} batches of "
+            f"{self.batch_size}) were all discarded as zero-advantage (every sample of a group got the same "
+            f"reward{': ' + shown if shown else ''}), so there is no learning signal. The task may be too hard or "
+            "too easy for the model, or the reward function may be broken. Raise "
+            "max_consecutive_zero_advantage_batches (0 = wait forever), or set "
+            "discard_group_zero_advantage: false to train on such groups"
+        )
+
+    @property
+    def next_group_id(self) -> int:
+        return self._next_id
+
+    def in_flight(self) -> list[dict[str, object]]:
+        """The groups being generated or scored, the oldest first (for the watchdog's report)."""
+        now = time.time()
+        groups = sorted(self._in_flight.values(), key=lambda g: g.dispatched_at)
+        return [
+            {"group_id": g.group_id, "sample_id": g.item.sample.sample_id, "server": g.server,
+             "target_step": g.target_step, "age_s": round(now - g.dispatched_at, 1)}
+            for g in groups
+        ]  # fmt: skip
 
     def _report_waiting(self, step: int, accepted: int) -> None:
         s = self.stats
@@ -512,6 +633,18 @@ class RolloutScheduler:
             self.next_step_to_fill = step + 1
             self._changed.notify_all()
             return batch
+
+
+async def _all_or_none(coroutines: list[Awaitable[Rollout]]) -> list[Rollout]:
+    """Every rollout of a group, or, when one raises, none: the others are cancelled and awaited."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _vocab_size(renderer: ChatRenderer) -> int:
