@@ -28,6 +28,14 @@ Resume: a checkpoint holds the trainer state (weights, optimizer, LR schedule, R
 and a sidecar with the orchestrator's state (step, prompt position, counters); the run
 continues at the next step with the restored weights pushed to every server first.
 
+Evals on dedicated servers (``eval_num_servers``): the last servers are kept out of
+training, and a periodic eval due at step ``s`` runs on them beside training, with
+the weights of step ``s`` for all its requests: while it runs, weight pushes pass the
+eval servers by (they take part in the transfer and keep their weights,
+``held_servers``). A push the eval servers need (the next eval's step, or the last
+step before the "after" eval) waits for the running eval to finish first. Each eval's
+requests carry ``eval_step`` and ``eval_phase`` in their events.
+
 Warm start: with ``warm_start_steps > 0`` (and no checkpoint to resume), the
 trainer takes that many supervised steps on the environments' demonstrations
 through :meth:`~telescope.api.trainer.TrainerBackend.supervised_step` before the
@@ -188,8 +196,9 @@ class Orchestrator:
         trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
         sync_start = time.perf_counter()
-        with events.timed("weights.sync", component="orchestrator", version=step + 1):
-            sync = await self.training.push_weights(step + 1)
+        held = await self._eval_servers_to_hold(step + 1)
+        with events.timed("weights.sync", component="orchestrator", version=step + 1, held_servers=held):
+            sync = await self.training.push_weights(step + 1, held_servers=held)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
         stats = scheduler.take_stats()
@@ -230,6 +239,31 @@ class Orchestrator:
         if self.config.eval_start_end_use_all_servers or not self.eval_servers:
             return list(range(self.generation.num_servers))
         return self.eval_servers
+
+    def _eval_running(self) -> bool:
+        return any(not task.done() for task in self._eval_tasks)
+
+    def _eval_servers_needed_at(self, version: int) -> bool:
+        """Whether an eval will run on the eval servers with weights ``version`` (periodic, or after training)."""
+        if not self.evals or not self.eval_servers:
+            return False
+        if version >= self.config.number_of_steps:
+            return self.config.eval_after_training
+        return any(version % e.eval_every == 0 for e in self.config.evals)
+
+    async def _eval_servers_to_hold(self, version: int) -> list[int]:
+        """The servers that keep their weights through the push of ``version``: the eval servers mid-eval.
+
+        When they need ``version`` for the next eval, the running one is awaited first and
+        none are held, so every eval uses one set of weights, its step's.
+        """
+        if not self._eval_running():
+            return []
+        if self._eval_servers_needed_at(version):
+            self.recorder.note(f"waiting for the running eval to finish before the eval servers take weights {version}")
+            await self._finish_periodic_evals()
+            return []
+        return list(self.eval_servers)
 
     def _maybe_periodic_evals(self, step: int) -> None:
         if not self.evals or not self.eval_servers or step >= self.config.number_of_steps:

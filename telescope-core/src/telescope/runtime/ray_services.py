@@ -47,6 +47,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -304,10 +305,13 @@ class RayServices:
         metrics: dict[str, float] = results[0]
         return metrics
 
-    async def push_weights(self, version: int) -> dict[str, float]:
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
         start = time.perf_counter()
+        held = set(held_servers)
         sending = asyncio.gather(*(t.push_weights.remote(version) for t in self.trainers))
-        receiving = asyncio.gather(*(client.update_weights(version) for client in self.generation.clients))
+        receiving = asyncio.gather(
+            *(client.update_weights(version, load=i not in held) for i, client in enumerate(self.generation.clients))
+        )
         sent, received = await asyncio.gather(sending, receiving)
         for rank, record in enumerate(sent):
             publish_worker_events([record], component="trainer", rank=rank)
