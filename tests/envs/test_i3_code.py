@@ -152,7 +152,8 @@ def test_the_run_context_chooses_the_provider_unless_the_environment_overrides_i
 def test_a_reference_solution_is_the_warm_start_demonstration(tmp_path: Path) -> None:
     data = tmp_path / "code.jsonl"
     data.write_text(
-        '{"question": "Print n + 1.", "tests": [{"input": "1", "output": "2"}], "solution": "print(int(input()) + 1)"}\n'
+        '{"question": "Print n + 1.", "tests": [{"input": "1", "output": "2"}],'
+        ' "solution": "print(int(input()) + 1)"}\n'
         '{"question": "Print n.", "tests": [{"input": "1", "output": "1"}]}\n',
         encoding="utf-8",
     )

@@ -87,23 +87,19 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
         problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
 
     problems.extend(model_problems(config.model))
+    entries: list[tuple[str, str, Any, dict[str, Any]]] = []  # (where, name, class, kwargs)
     for i, env in enumerate(config.environments):
         if registry.names(PluginKind.ENVIRONMENT) and env.name in registry.names(PluginKind.ENVIRONMENT):
-            cls = plugins.environment(env.name)
-            problems.extend(f"environments[{i}].kwargs: {p}" for p in environment_kwargs_problems(env.name, cls, env.kwargs))
-            problems.extend(environment_needs_problems(config, registry, f"environments[{i}]", env.name, cls, env.kwargs))
+            entries.append((f"environments[{i}]", env.name, plugins.environment(env.name), env.kwargs))
     for i, ev in enumerate(config.evals):
         if ev.name in registry.names(PluginKind.EVAL):
             spec = plugins.eval_spec(ev.name)
-            kwargs = {**spec.default_kwargs, **ev.kwargs}
-            problems.extend(
-                f"evals[{i}].kwargs: {p}" for p in environment_kwargs_problems(ev.name, spec.environment, kwargs)
-            )
-            problems.extend(environment_needs_problems(config, registry, f"evals[{i}]", ev.name, spec.environment, kwargs))
+            entries.append((f"evals[{i}]", ev.name, spec.environment, {**spec.default_kwargs, **ev.kwargs}))
         elif ev.name in registry.names(PluginKind.ENVIRONMENT):
-            cls = plugins.environment(ev.name)
-            problems.extend(f"evals[{i}].kwargs: {p}" for p in environment_kwargs_problems(ev.name, cls, ev.kwargs))
-            problems.extend(environment_needs_problems(config, registry, f"evals[{i}]", ev.name, cls, ev.kwargs))
+            entries.append((f"evals[{i}]", ev.name, plugins.environment(ev.name), ev.kwargs))
+    for where, name, cls, kwargs in entries:
+        problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
+        problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
     return problems
@@ -133,7 +129,8 @@ def sandbox_provider_problems(registry: Registry, name: str, field: str) -> list
     required = entry.metadata.get("requires")
     if required is None and not entry.is_lazy:
         required = getattr(entry.target, "requires", ())
-    missing = [m for m in ([required] if isinstance(required, str) else list(required or ())) if not module_installed(m)]
+    modules = [required] if isinstance(required, str) else list(required or ())
+    missing = [m for m in modules if not module_installed(m)]
     if not missing:
         return []
     hint = entry.metadata.get("install_hint") or f"pip install {' '.join(missing)}"

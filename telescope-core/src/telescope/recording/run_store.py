@@ -175,10 +175,14 @@ def rollout_record(
         "completion_tokens": rollout.completion_length,
         "total_tokens": len(rollout.token_ids),
         "turns": [
-            {"input_tokens": len(t.input_token_ids), "output_tokens": len(t.output_token_ids),
-             "policy_version": t.policy_version, "finish_reason": t.finish_reason}
+            {
+                "input_tokens": len(t.input_token_ids),
+                "output_tokens": len(t.output_token_ids),
+                "policy_version": t.policy_version,
+                "finish_reason": t.finish_reason,
+            }
             for t in rollout.turns
-        ],  # fmt: skip
+        ],
         "error": rollout.error or (reward.error if reward is not None else None),
     }
 
