@@ -81,7 +81,28 @@ def test_every_upstream_recipe_is_shipped_and_validates(name: str) -> None:
 
 @pytest.mark.slow
 def test_hendrycks_math_scores_with_math_verify(tmp_path: Path) -> None:
-    reader = run_example("hendrycks_math_tiny", tmp_path / "run", 8241)
+    check_hendrycks_math(run_example("hendrycks_math_tiny", tmp_path / "run", 8241))
+
+
+@pytest.mark.slow
+def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path: Path) -> None:
+    check_hendrycks_math_with_eval(run_example("hendrycks_math_with_eval_tiny", tmp_path / "run", 8251))
+
+
+@pytest.mark.slow
+def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> None:
+    check_wordle(run_example("wordle_tiny", tmp_path / "run", 8261))
+
+
+@pytest.mark.slow
+def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
+    check_i3_code(run_example("i3_code_tiny", tmp_path / "run", 8271))
+
+
+# ------------------------------------------------------- what each run store must show
+
+
+def check_hendrycks_math(reader: RunReader) -> None:
     assert [m["step"] for m in reader.metrics()] == [0, 1, 2]
     rollouts = reader.rollouts()
     assert len(rollouts) == 3 * 4 * 4 and {r["environment"] for r in rollouts} == {"hendrycks_math"}
@@ -93,9 +114,7 @@ def test_hendrycks_math_scores_with_math_verify(tmp_path: Path) -> None:
     assert any(e["kind"] == "reward.compute" for e in reader.events())
 
 
-@pytest.mark.slow
-def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path: Path) -> None:
-    reader = run_example("hendrycks_math_with_eval_tiny", tmp_path / "run", 8251)
+def check_hendrycks_math_with_eval(reader: RunReader) -> None:
     assert [m["step"] for m in reader.metrics()] == [0, 1, 2, 3]
     evals = reader.evals()
     assert [(e["phase"], e["step"]) for e in evals if e["name"] == "math500"] == [
@@ -116,9 +135,7 @@ def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path
     assert {e["server"] for e in requests if "group_id" in e} == {0}  # training never used the eval server
 
 
-@pytest.mark.slow
-def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> None:
-    reader = run_example("wordle_tiny", tmp_path / "run", 8261)
+def check_wordle(reader: RunReader) -> None:
     rollouts = reader.rollouts()
     assert len(rollouts) == 3 * 4 * 4 and all(r["error"] is None for r in rollouts)
     multi = [r for r in rollouts if r["num_turns"] >= 2]
@@ -144,9 +161,7 @@ def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> 
     assert {"solved", "guesses_used", "invalid_guesses"} <= set(rollouts[0]["sample_metrics"])
 
 
-@pytest.mark.slow
-def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
-    reader = run_example("i3_code_tiny", tmp_path / "run", 8271)
+def check_i3_code(reader: RunReader) -> None:
     rollouts = reader.rollouts()
     assert len(rollouts) == 3 * 4 * 4
     graded = [r for r in rollouts if r["sample_metrics"]["has_code"]]
