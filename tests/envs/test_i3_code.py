@@ -162,3 +162,18 @@ def test_a_reference_solution_is_the_warm_start_demonstration(tmp_path: Path) ->
     demonstration = env.demonstration(with_solution)
     assert demonstration == "```python\nprint(int(input()) + 1)\n```" and extract_code(demonstration) is not None
     assert env.demonstration(without) is None
+
+
+def test_without_telescope_sandbox_a_config_using_i3_code_is_invalid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The missing package is a validate-time error naming the extra, not a failure of every reward (issue 15)."""
+    from telescope.config import ConfigError, load_config, rules
+
+    installed = rules.module_installed
+    monkeypatch.setattr(rules, "module_installed", lambda module: module != "telescope_sandbox" and installed(module))
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            None, ["--environments", f"[{{name: i3_code, kwargs: {{dataset_name: {DATA / 'i3_code.jsonl'}}}}}]"]
+        )
+    message = str(info.value)
+    assert "environments[0]: environment 'i3_code' needs the 'telescope_sandbox' package" in message
+    assert "pip install 'telescope-envs[code]'" in message
