@@ -30,8 +30,6 @@ import pytest
 
 from telescope.recording.run_reader import RunReader
 
-from .test_run_on_ray import processes_mentioning
-
 pytestmark = pytest.mark.requires_dist("telescope-envs", "telescope-sandbox")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +44,20 @@ def telescope(*args: str, timeout: float = 540) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-c", CLI, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes (pytest's aside) that mention ``text``: a run's leftovers."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and "pytest" not in cmdline:
+                found.append(cmdline)
+    return found
 
 
 def run_example(name: str, run_dir: Path, port: int, *args: str) -> RunReader:
