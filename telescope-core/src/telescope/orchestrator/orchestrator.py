@@ -195,8 +195,8 @@ class Orchestrator:
         train_start = time.perf_counter()
         trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
+        held = await self._eval_servers_to_hold(step + 1)  # may first wait for a running eval
         sync_start = time.perf_counter()
-        held = await self._eval_servers_to_hold(step + 1)
         with events.timed("weights.sync", component="orchestrator", version=step + 1, held_servers=held):
             sync = await self.training.push_weights(step + 1, held_servers=held)
         sync_time = time.perf_counter() - sync_start
