@@ -38,7 +38,7 @@ CPU = EXAMPLES / "cpu"
 CLI = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
-def telescope(*args: str, timeout: float = 540) -> subprocess.CompletedProcess[str]:
+def telescope(*args: str, timeout: float = 840) -> subprocess.CompletedProcess[str]:
     """The CLI in a subprocess from the repository root (the examples' data paths are relative to it)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     return subprocess.run(
@@ -92,21 +92,25 @@ def test_every_upstream_recipe_is_shipped_and_validates(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_hendrycks_math_scores_with_math_verify(tmp_path: Path) -> None:
     check_hendrycks_math(run_example("hendrycks_math_tiny", tmp_path / "run", 8241))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path: Path) -> None:
     check_hendrycks_math_with_eval(run_example("hendrycks_math_with_eval_tiny", tmp_path / "run", 8251))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> None:
     check_wordle(run_example("wordle_tiny", tmp_path / "run", 8261))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
     check_i3_code(run_example("i3_code_tiny", tmp_path / "run", 8271))
 
