@@ -101,7 +101,7 @@ class FakeWorkers:
     async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         return {"loss": 1.0, "grad_norm": 1.0}
 
-    async def push_weights(self, version: int) -> dict[str, float]:
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
         self.version = version
         return {}
 

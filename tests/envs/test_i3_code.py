@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from telescope.api.context import EnvironmentContext
+from telescope.api.environment import bind_context
 from telescope.api.records import Sample
 from telescope.recording import events
 from telescope.testing.environment import EnvironmentConformance
@@ -127,3 +129,51 @@ def test_broken_sandbox_provider_marks_sample_errored() -> None:
     result = env.compute_reward(SUM_RIGHT, env.load_dataset()[0])
     assert result.error is not None and "no_such_provider" in result.error
     assert result.sample_metrics["sandbox_error"] == 1.0 and result.total_reward == 0.0
+
+
+@NEEDS_SANDBOX
+def test_the_run_context_chooses_the_provider_unless_the_environment_overrides_it() -> None:
+    """The run's ``sandbox_provider`` reaches i3_code through its context; its own keyword wins (issue 15)."""
+    env = make_env()
+    assert env.provider_name == "local"  # outside a run: the context's default
+    bind_context(env, EnvironmentContext(sandbox_provider="provider_of_the_run"))
+    assert env.provider_name == "provider_of_the_run"
+    result = env.compute_reward(SUM_RIGHT, env.load_dataset()[0])  # the pool is made with the run's provider
+    assert result.error is not None and "provider_of_the_run" in result.error
+    env.close()
+    own = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), timeout_per_test=5, sandbox_provider="local")
+    bind_context(own, EnvironmentContext(sandbox_provider="provider_of_the_run"))
+    try:
+        assert own.provider_name == "local" and own.compute_reward(SUM_RIGHT, own.load_dataset()[0]).total_reward == 1.0
+    finally:
+        own.close()
+
+
+def test_a_reference_solution_is_the_warm_start_demonstration(tmp_path: Path) -> None:
+    data = tmp_path / "code.jsonl"
+    data.write_text(
+        '{"question": "Print n + 1.", "tests": [{"input": "1", "output": "2"}],'
+        ' "solution": "print(int(input()) + 1)"}\n'
+        '{"question": "Print n.", "tests": [{"input": "1", "output": "1"}]}\n',
+        encoding="utf-8",
+    )
+    env = I3CodeEnvironment(dataset_name=str(data))
+    with_solution, without = env.load_dataset()
+    demonstration = env.demonstration(with_solution)
+    assert demonstration == "```python\nprint(int(input()) + 1)\n```" and extract_code(demonstration) is not None
+    assert env.demonstration(without) is None
+
+
+def test_without_telescope_sandbox_a_config_using_i3_code_is_invalid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The missing package is a validate-time error naming the extra, not a failure of every reward (issue 15)."""
+    from telescope.config import ConfigError, load_config, rules
+
+    installed = rules.module_installed
+    monkeypatch.setattr(rules, "module_installed", lambda module: module != "telescope_sandbox" and installed(module))
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            None, ["--environments", f"[{{name: i3_code, kwargs: {{dataset_name: {DATA / 'i3_code.jsonl'}}}}}]"]
+        )
+    message = str(info.value)
+    assert "environments[0]: environment 'i3_code' needs the 'telescope_sandbox' package" in message
+    assert "pip install 'telescope-envs[code]'" in message

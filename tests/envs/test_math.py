@@ -123,3 +123,22 @@ def test_gpqa_letters_deterministic_and_scored() -> None:
     assert env.compute_reward(f"\\boxed{{{wrong}}}", sample).total_reward == 0.0
     assert env.compute_reward(f"Reasoning.\nAnswer: {letter}", sample).total_reward == 1.0
     assert extract_choice("\\boxed{(b)}") == "B"
+
+
+def test_the_metrics_say_when_math_verify_decided() -> None:
+    env = HendrycksMathEnvironment(dataset_name=str(DATA / "math.jsonl"))
+    sample = Sample(prompt="p", answer="\\frac{1}{2}", sample_id="x")
+    string = env.compute_reward("\\boxed{\\dfrac{1}{2}}", sample).sample_metrics  # normalised text decides
+    symbolic = env.compute_reward("\\boxed{0.5}", sample).sample_metrics  # math-verify decides
+    unboxed = env.compute_reward("one half", sample).sample_metrics
+    assert (string["correct"], string["math_verify_checked"]) == (1.0, 0.0)
+    assert (symbolic["correct"], symbolic["math_verify_checked"]) == (1.0, 1.0)
+    assert (unboxed["has_boxed"], unboxed["math_verify_checked"]) == (0.0, 0.0)
+
+
+def test_the_demonstration_is_the_reference_in_the_boxed_format() -> None:
+    env = HendrycksMathEnvironment(dataset_name=str(DATA / "math.jsonl"))
+    sample = env.load_dataset()[0]
+    demonstration = env.demonstration(sample)
+    assert demonstration is not None and extract_boxed(demonstration) == sample.answer
+    assert env.compute_reward(demonstration, sample).total_reward == 1.0

@@ -96,3 +96,13 @@ def test_textarena_backend_without_corpora_says_how_to_install() -> None:
         pytest.skip("textarena and its corpora are installed here")
     with pytest.raises(ImportError, match="telescope-envs\\[wordle\\]"):
         WordleEnvironment(game_backend="textarena")
+
+
+def test_the_demonstration_is_a_well_formed_opening_guess_not_the_answer() -> None:
+    env = WordleEnvironment(game_backend="builtin", max_samples=20)
+    for sample in env.load_dataset():
+        demonstration = env.demonstration(sample)
+        assert demonstration is not None and demonstration.startswith("[") and demonstration.endswith("]")
+        guess = demonstration[1:-1]
+        assert guess in WORDS and guess != sample.answer and len(guess) == len(sample.answer)
+    assert env.demonstration(env.load_dataset()[0]) == env.demonstration(env.load_dataset()[0])  # deterministic

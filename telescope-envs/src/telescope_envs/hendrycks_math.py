@@ -7,17 +7,19 @@ environment; the ``hendrycks_math`` environment and the ``math500`` and
 - Prompt: the problem, then "put your final answer within ``\\boxed{}``".
 - Reward (0 or 1): the last ``\\boxed{...}`` of the completion equals the reference
   answer up to LaTeX formatting and mathematical equivalence
-  (:func:`telescope_envs.math_answers.answers_match`, math-verify).
+  (:func:`telescope_envs.math_answers.check_answer`, math-verify).
 - Reference: the ``answer_column`` when the dataset has one (MATH-500, AIME),
   otherwise the last ``\\boxed{}`` of the ``solution_column`` (the MATH train set).
-- Sample metrics: ``correct``, ``has_boxed``, ``response_chars``,
+- Sample metrics: ``correct``, ``has_boxed``, ``math_verify_checked`` (1 when the
+  boxed answer was not a plain string match, so math-verify decided), ``response_chars``,
   ``reward_compute_time``.
 - ``add_thinking_prefix``: the prompt ends with an open ``<think>`` assistant turn
   (:mod:`telescope_envs._prompts`).
+- Demonstration (for the optional warm start): ``The answer is $\\boxed{<reference>}$.``
 
-Needs ``math-verify`` (``pip install 'telescope-envs[math]'``) when scoring a
-completion whose answer is not already a string match; it is imported then, not
-when the module is imported.
+Needs ``math-verify`` (``pip install 'telescope-envs[math]'``): declared in ``requires``,
+so ``telescope config validate`` reports it missing; it is imported when the first
+completion that is not a string match is scored, not when the module is imported.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs._prompts import ThinkingPrefix
-from telescope_envs.math_answers import answers_match, extract_boxed
+from telescope_envs.math_answers import check_answer, extract_boxed
 
 HENDRYCKS_MATH_DATASET = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -42,9 +44,11 @@ class MathEnvironment(ThinkingPrefix, BaseEnvironment):
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "correct": {"min": 0.0, "max": 1.0},
         "has_boxed": {"min": 0.0, "max": 1.0},
+        "math_verify_checked": {"min": 0.0, "max": 1.0},
     }
     reward_min: ClassVar[float] = 0.0
     reward_max: ClassVar[float] = 1.0
+    requires: ClassVar[dict[str, str]] = {"math_verify": "pip install 'telescope-envs[math]'"}
     default_dataset: ClassVar[str] = "HuggingFaceH4/MATH-500"
     default_split: ClassVar[str] = "test"
 
@@ -89,15 +93,20 @@ class MathEnvironment(ThinkingPrefix, BaseEnvironment):
             for sid, (problem, answer) in zip(ids, items, strict=True)
         ]
 
+    def demonstration(self, sample: Sample) -> str | None:
+        """The reference answer in the expected format, for the warm start."""
+        return f"The answer is $\\boxed{{{sample.answer}}}$."
+
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         t0 = time.perf_counter()
         predicted = extract_boxed(completion)
-        correct = predicted is not None and answers_match(predicted, str(sample.answer), self.name)
+        correct, method = check_answer(predicted, str(sample.answer), self.name) if predicted else (False, "none")
         return RewardResult(
             total_reward=float(correct),
             sample_metrics={
                 "correct": float(correct),
                 "has_boxed": float(predicted is not None),
+                "math_verify_checked": float(method == "math_verify"),
                 "response_chars": float(len(completion)),
                 "reward_compute_time": time.perf_counter() - t0,
             },

@@ -3,10 +3,15 @@
 The INTELLECT-3 code set (``PrimeIntellect/INTELLECT-3-RL``, subset ``code``):
 each sample is a programming problem with test cases. The model answers with a
 ```` ```python ```` block; the last one is the solution. Scoring leases a clean
-sandbox from a :class:`telescope_sandbox.SandboxPool` (provider ``sandbox_provider``,
-``"local"`` by default), uploads the solution, the tests and a runner
-(:mod:`telescope_envs.code_harness`), runs them with ``timeout_per_test`` each and
-reads back one result per test.
+sandbox from a :class:`telescope_sandbox.SandboxPool`, uploads the solution, the
+tests and a runner (:mod:`telescope_envs.code_harness`), runs them with
+``timeout_per_test`` each and reads back one result per test.
+
+The provider is the run's ``sandbox_provider`` (the config field, ``"local"`` by
+default, which reaches the environment through its run context); the
+``sandbox_provider`` keyword argument overrides it for this environment. Validation
+checks that the chosen provider is installed (``uses_sandbox``) and that
+telescope-sandbox is (``requires``).
 
 Reward: the pass rate (``reward_mode="pass_rate"``, default) or 1.0 only when all
 pass (``"all_or_nothing"``). Sample metrics: ``pass_rate``, ``all_passed``,
@@ -16,6 +21,9 @@ sandbox usage counters (``sandbox_commands``, ``sandbox_command_errors``,
 ``sandbox_timeouts``, ``sandbox_errors``, ``sandbox_command_time_s``,
 ``sandbox_cpu_time_s``). A sandbox failure (not a failing program) sets
 ``RewardResult.error``, so the sample is counted as errored, not as wrong.
+
+A row's ``solution`` column (a reference program), when present, is the
+demonstration of the optional warm start (as a ```` ```python ```` block).
 
 Tests are read from the row's ``verification_info`` / ``info`` (a dict or a JSON
 string) or ``tests`` / ``test_cases`` column, as ``{"inputs": [...], "outputs":
@@ -103,6 +111,8 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
     }
     reward_min: ClassVar[float] = 0.0
     reward_max: ClassVar[float] = 1.0
+    uses_sandbox: ClassVar[bool] = True
+    requires: ClassVar[dict[str, str]] = {"telescope_sandbox": "pip install 'telescope-envs[code]'"}
 
     def __init__(
         self,
@@ -113,12 +123,12 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
         max_num_tests: int = 15,
         timeout_per_test: float = 10.0,
         reward_mode: str = "pass_rate",
-        sandbox_provider: str = "local",
+        sandbox_provider: str | None = None,
         sandbox_pool_size: int = 2,
         sandbox_max_concurrency: int | None = None,
         sandbox_memory_mb: int = 1024,
-        sandbox_provider_kwargs: dict[str, Any] | None = None,
         sandbox_disk_mb: int = 256,
+        sandbox_provider_kwargs: dict[str, Any] | None = None,
         add_thinking_prefix: bool = False,
         provider: str | None = None,
         pool_size: int | None = None,
@@ -145,8 +155,8 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
         self.sandbox_pool_size = sandbox_pool_size
         self.sandbox_max_concurrency = sandbox_max_concurrency
         self.sandbox_memory_mb = sandbox_memory_mb
-        self.sandbox_provider_kwargs = dict(sandbox_provider_kwargs or {})
         self.sandbox_disk_mb = sandbox_disk_mb
+        self.sandbox_provider_kwargs = dict(sandbox_provider_kwargs or {})
         self.add_thinking_prefix = add_thinking_prefix
         self._pool: Any = None
         self._pool_lock = threading.Lock()
@@ -155,29 +165,43 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
     def load_dataset(self) -> list[Sample]:
         local = self.dataset_name.endswith((".json", ".jsonl", ".csv", ".parquet"))
         rows = load_rows(self.dataset_name, self.dataset_split, None if local else self.dataset_subset)
-        items: list[tuple[str, list[dict[str, str]], str | None]] = []
+        items: list[tuple[str, list[dict[str, str]], str | None, str | None]] = []
         for row in rows:
             question = row.get("question") or row.get("prompt") or row.get("problem")
             tests, fn_name = parse_tests(row)
+            solution = row.get("solution")
             if question and tests:
-                items.append((str(question), tests[: self.max_num_tests], fn_name))
+                items.append((str(question), tests[: self.max_num_tests], fn_name, str(solution) if solution else None))
         if self.max_samples is not None:
             items = items[: self.max_samples]
-        ids = unique_ids([stable_id(self.name, q) for q, _, _ in items])
+        ids = unique_ids([stable_id(self.name, q) for q, _, _, _ in items])
         samples = []
-        for sid, (question, tests, fn_name) in zip(ids, items, strict=True):
+        for sid, (question, tests, fn_name, solution) in zip(ids, items, strict=True):
             hint = f"\n\nImplement the function `{fn_name}`." if fn_name else ""
+            answer: dict[str, Any] = {"tests": tests, "fn_name": fn_name}
+            if solution is not None:
+                answer["solution"] = solution
             samples.append(
                 Sample(
                     prompt=f"{question}{hint}\n\n{INSTRUCTION}",
-                    answer={"tests": tests, "fn_name": fn_name},
+                    answer=answer,
                     sample_id=sid,
                     environment=self.name,
                 )
             )
         return samples
 
+    def demonstration(self, sample: Sample) -> str | None:
+        """The row's reference solution as a python block (None when the dataset has none)."""
+        solution = sample.answer.get("solution")
+        return f"```python\n{solution.strip()}\n```" if solution else None
+
     # ------------------------------------------------------------- sandboxes
+    @property
+    def provider_name(self) -> str:
+        """The sandbox provider used: the ``sandbox_provider`` keyword, else the run's (its context)."""
+        return self.sandbox_provider or self.context.sandbox_provider
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pool"] = None
@@ -204,7 +228,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
                     max_processes=64,
                 )
                 self._pool = sandbox.SandboxPool(
-                    self.sandbox_provider,
+                    self.provider_name,
                     size=self.sandbox_pool_size,
                     max_concurrency=self.sandbox_max_concurrency,
                     limits=limits,
@@ -242,9 +266,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
         error: str | None = None
         if code is not None:
             metrics["has_code"] = 1.0
-            from telescope_sandbox import SandboxUsage
-
-            usage = SandboxUsage()
+            usage = require("telescope_sandbox", "code", self.name).SandboxUsage()
             try:
                 results = self._run_tests(code, sample, usage)
             except Exception as exc:  # infrastructure failure: the sample is errored, the run goes on

@@ -10,11 +10,13 @@
 
 ``math-verify`` guards its sympy work with ``signal.alarm`` timeouts, which only
 work in the main thread; reward functions run in worker threads, so there the
-timeouts are disabled (pathological inputs are bounded by the length cap here).
+timeouts are disabled (pathological inputs are bounded by the length cap here), and
+the warning math-verify logs about it for every call is filtered out.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Any
@@ -61,11 +63,28 @@ def normalize(answer: str) -> str:
 
 def answers_match(predicted: str, reference: str, environment: str = "hendrycks_math") -> bool:
     """Whether ``predicted`` equals ``reference`` up to formatting and mathematical equivalence."""
+    return check_answer(predicted, reference, environment)[0]
+
+
+def check_answer(predicted: str, reference: str, environment: str = "hendrycks_math") -> tuple[bool, str]:
+    """:func:`answers_match`, and what decided: ``"string"`` (normalised text), ``"math_verify"`` or ``"none"``."""
     if not predicted or len(predicted) > _MAX_ANSWER_CHARS:
-        return False
+        return False, "none"
     if normalize(predicted) == normalize(reference):
-        return True
+        return True, "string"
+    return _math_verify_match(predicted, reference, environment), "math_verify"
+
+
+def _drop_timeout_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Timeout is disabled")
+
+
+def _math_verify_match(predicted: str, reference: str, environment: str) -> bool:
     mv: Any = require("math_verify", "math", environment)
+    for name in ("math_verify.grader", "math_verify.parser"):  # idempotent: a filter is added once
+        log = logging.getLogger(name)
+        if _drop_timeout_warning not in log.filters:
+            log.addFilter(_drop_timeout_warning)
     main = threading.current_thread() is threading.main_thread()
     timeout = 5 if main else None
     try:

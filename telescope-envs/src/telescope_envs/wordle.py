@@ -19,6 +19,9 @@ corpora must already be downloaded - nothing is fetched at run time); ``"builtin
 accepts any alphabetic word of the right length; ``"auto"`` (default) uses
 textarena when it and its corpora are available, else the builtin rules.
 
+Demonstration (for the optional warm start): an opening guess in brackets, a list
+word other than the secret.
+
 Data: ``dataset_name="builtin"`` (default: the word list shipped here), or a
 file/hub dataset with a ``word`` column. Everything about one game lives in its
 ``RolloutState``.
@@ -26,6 +29,7 @@ file/hub dataset with a ``word`` column. Everything about one game lives in its
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections import Counter
@@ -152,6 +156,18 @@ class WordleEnvironment(MultiTurnEnvironment):
             "G = right letter in the right place, Y = the letter is in the word but elsewhere, "
             "X = the letter is not in the word. Make your first guess."
         )
+
+    def demonstration(self, sample: Sample) -> str | None:
+        """A well-formed opening guess for the warm start: a list word other than the secret, in brackets.
+
+        It teaches the answer format, not the answer (the word is picked by a hash of the secret).
+        """
+        secret = str(sample.answer)
+        candidates = [w for w in WORDS if len(w) == len(secret) and w != secret]
+        if not candidates:
+            return None
+        digest = int(hashlib.sha256(secret.encode()).hexdigest()[:8], 16)
+        return f"[{candidates[digest % len(candidates)]}]"
 
     # ------------------------------------------------------------------ game
     def _is_word(self, word: str) -> bool:

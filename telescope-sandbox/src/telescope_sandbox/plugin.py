@@ -22,8 +22,18 @@ INSTALL_HINTS: dict[str, str] = {
 }
 
 
+#: The SDK module each remote provider imports when it is used: registered as ``requires``
+#: metadata, so that ``telescope config validate`` reports a chosen provider whose SDK is
+#: missing (with its install hint) without importing anything.
+SDK_MODULES: dict[str, str] = {"e2b": "e2b", "modal": "modal", "daytona": "daytona", "prime": "prime_sandboxes"}
+
+
 @hookimpl
 def telescope_register_sandbox_providers(register: Registrar) -> None:
     for name, target in PROVIDERS.items():
-        hint = INSTALL_HINTS.get(name)
-        register(name, target, **({"install_hint": hint} if hint else {}))
+        metadata: dict[str, object] = {}
+        if name in INSTALL_HINTS:
+            metadata["install_hint"] = INSTALL_HINTS[name]
+        if name in SDK_MODULES:
+            metadata["requires"] = (SDK_MODULES[name],)
+        register(name, target, **metadata)

@@ -21,13 +21,12 @@ SOURCES = [ROOT / f"telescope-{name}" / "src" for name in ("core", "envs", "sand
 
 #: Fields read by nothing yet, and the issue that makes each work.
 PENDING: dict[str, str] = {
-    "sandbox_provider": "issue 15 (examples: the run context chooses the provider)",
     "weight_broadcast_free_grad_buffers": "issue 13 (Megatron)",
 }
 
-#: Pending fields whose name other code also uses for something else (i3_code's own
-#: ``sandbox_provider`` keyword), so the static scan cannot tell when they become read.
-SHADOWED = {"sandbox_provider"}
+#: Pending fields whose name other code also uses for something else, so the static scan
+#: cannot tell when they become read.
+SHADOWED: set[str] = set()
 
 
 def names_read() -> set[str]:

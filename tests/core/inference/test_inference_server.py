@@ -196,6 +196,36 @@ def test_weight_update_through_memory_transport(server: ServerThread, engine: En
         sender.close()
 
 
+def test_a_held_server_keeps_its_weights_through_an_update(server: ServerThread, engine: Engine) -> None:
+    """``update_weights(v, load=False)``: the server takes part in the transfer, keeps serving its version."""
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    sender = MemoryTransport(None)
+    info = sender.prepare_sender(num_receivers=1)
+    changed = {k: v + 1.0 for k, v in original.items()}
+
+    async def go() -> tuple[Any, Any]:
+        async with InferenceClient(server.base_url, server_index=0) as client:
+            await client.init_weight_transfer("memory", info, rank_offset=1)
+            send = asyncio.to_thread(sender.send, list(changed.items()), 1)
+            results = await asyncio.gather(send, client.update_weights(1, load=False))
+            after = await client.complete([40, 41], max_tokens=4, seed=1, ignore_eos=True)
+            return results[1][0], after
+
+    seen: list[dict[str, Any]] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        result, after = run(go())
+        assert result["policy_version"] == 0 and engine.policy_version == 0
+        assert all(torch.equal(v, original[k]) for k, v in engine.model.state_dict().items())
+        assert after.completions[0].policy_version_start == after.completions[0].policy_version_end == 0
+        [hold] = [e for e in seen if e["kind"].startswith("weights.")]
+        assert (hold["kind"], hold["version"], hold["held_version"]) == ("weights.hold", 1, 0)
+    finally:
+        unsubscribe()
+        engine.update_weights(list(original.items()), version=0)
+        sender.close()
+
+
 def test_unknown_rpc_method_is_rejected(server: ServerThread) -> None:
     async def go() -> None:
         async with InferenceClient(server.base_url) as client:

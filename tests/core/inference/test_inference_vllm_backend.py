@@ -298,3 +298,21 @@ def test_worker_extension_receives_and_loads_in_place() -> None:
         sender.close()
     with pytest.raises(RuntimeError, match="before"):
         _FakeWorker(0).telescope_update_weights(weight_updates.update_payload(1))
+
+
+def test_a_held_worker_takes_part_in_the_transfer_and_keeps_its_weights() -> None:
+    """``load: false`` (an eval server mid-eval): the version is received and dropped, nothing is loaded."""
+    sender = MemoryTransport()
+    info = sender.prepare_sender(num_receivers=1)
+    worker = _FakeWorker(0)
+    try:
+        worker.telescope_init_weight_transfer(weight_updates.init_payload("memory", info, rank_offset=1))
+        sender.send([("lm_head.weight", torch.ones(3))], version=1)
+        worker.telescope_update_weights(weight_updates.update_payload(1))
+        sender.send([("lm_head.weight", torch.zeros(3))], version=2)
+        held = worker.telescope_update_weights(weight_updates.update_payload(2, load=False))
+        assert held["policy_version"] == 1 and held["num_tensors"] == 1
+        assert torch.equal(worker.model_runner.model.loaded["lm_head.weight"], torch.ones(3))
+        assert worker.telescope_policy_version() == {"policy_version": 1}
+    finally:
+        sender.close()

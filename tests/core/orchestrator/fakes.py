@@ -1,8 +1,10 @@
 """In-process fakes for the loop: services without Ray or a model, a scripted environment.
 
 The fake inference server "generates" tokens from a seeded RNG (so a request's
-output depends only on its seed), can be slowed down, and records every request,
-cancellation and weight version; the fake trainer records every batch.
+output depends only on its seed), can be slowed down (all servers, or some), and records
+every request (with the weights version of the server that served it and the event
+context's ids), cancellation and weight push; each server holds its own version (a held
+server keeps its weights through a push); the fake trainer records every batch.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from telescope.orchestrator.services import SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import Registry
+from telescope.recording import events
 from telescope.trainer import checkpoint as trainer_ckpt
 
 
@@ -54,11 +58,17 @@ class FakeServices:
     vocab: list[int] = field(default_factory=lambda: list(range(30, 120)))
     eos_token_id: int = 2
     version: int = 0
+    #: extra seconds per request on these servers (a slow eval server)
+    server_delay_s: dict[int, float] = field(default_factory=dict)
+    #: the weights version each server holds (the latest push unless it was held)
+    server_versions: dict[int, int] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     batches: list[TrainingBatch] = field(default_factory=list)
     supervised: list[list[SupervisedExample]] = field(default_factory=list)
     pushed: list[int] = field(default_factory=list)
+    #: (version, held servers) of every push
+    pushes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     checkpoint_root: Path | None = None
     trained_step: int = 0
 
@@ -70,17 +80,20 @@ class FakeServices:
         self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
         sampling: SamplingSettings,
     ) -> Generation:  # fmt: skip
-        self.requests.append({"server": server, "seed": seed, "version": self.version, "priority": priority})
+        version = self.server_versions.get(server, self.version)
+        record = {"server": server, "seed": seed, "version": version, "priority": priority, **events.current_context()}
+        self.requests.append(record)
         try:
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+            if self.delay_s or self.server_delay_s.get(server):
+                await asyncio.sleep(self.delay_s + self.server_delay_s.get(server, 0.0))
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        end_version = record["end_version"] = self.server_versions.get(server, self.version)
         rng = random.Random(seed)
         length = rng.randint(1, max(1, min(max_tokens, 8)) - 1) if max_tokens > 1 else 0
         tokens = [rng.choice(self.vocab) for _ in range(length)] + [self.eos_token_id]
-        return Generation(tokens, [-1.0] * len(tokens), "stop", self.version, self.version)
+        return Generation(tokens, [-1.0] * len(tokens), "stop", version, end_version)
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         self.batches.append(batch)
@@ -91,9 +104,13 @@ class FakeServices:
         self.supervised.append(list(examples))
         return {"loss": 1.0 / len(self.supervised), "grad_norm": 1.0}
 
-    async def push_weights(self, version: int) -> dict[str, float]:
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
         self.version = version
         self.pushed.append(version)
+        self.pushes.append((version, tuple(held_servers)))
+        for server in range(self.servers):
+            if server not in held_servers:
+                self.server_versions[server] = version
         return {"timing_weight_sync_trainer_total": 0.0, "timing_weight_sync_inference_total": 0.0}
 
     async def save_checkpoint(self, step: int) -> None:

@@ -194,6 +194,32 @@ def test_eval_items_never_reach_training(tmp_path: Path, tokenizer: Any) -> None
     assert training_servers == {0, 1}
 
 
+def test_each_eval_on_the_eval_server_uses_its_steps_weights(tmp_path: Path, tokenizer: Any) -> None:
+    """An eval at step s runs beside training with step-s weights for every request (issue 15).
+
+    The eval server is slow, so each periodic eval spans several training steps; pushes
+    while it runs pass it by (held), and the push of the next eval's step waits for it.
+    """
+    services = FakeServices(server_delay_s={1: 0.2})
+    evals = [{"name": "parity", "num_samples": 6, "eval_every": 2}]
+    services, reader = run_loop(
+        tmp_path, tokenizer, services, evals=evals, eval_num_servers=1, number_of_steps=7, max_async_rollout=1,
+        eval_before_training=True, eval_after_training=True, eval_start_end_use_all_servers=False,
+    )  # fmt: skip
+    eval_requests = [r for r in services.requests if "eval_step" in r]
+    assert {r["eval_step"] for r in eval_requests} == {0, 2, 4, 6, 7}
+    assert all(r["server"] == 1 for r in eval_requests)  # the dedicated server only
+    served = [(r["eval_step"], r["version"], r["end_version"]) for r in eval_requests]
+    assert [v for v in served if not v[0] == v[1] == v[2]] == []
+    # the eval server was held through some pushes (an eval was running), never through one an eval needed
+    held = [version for version, servers in services.pushes if servers == (1,)]
+    assert held and not set(held) & {2, 4, 6, 7}
+    # training requests always went to the training server with the latest weights
+    assert {r["server"] for r in services.requests if "eval_step" not in r} == {0}
+    periodic = [e for e in reader.evals() if e["phase"] == "periodic"]
+    assert [e["step"] for e in periodic] == [2, 4, 6]
+
+
 def test_resume_neither_skips_nor_repeats_prompts(tmp_path: Path, tokenizer: Any) -> None:
     _, straight = run_loop(tmp_path / "straight", tokenizer, number_of_steps=6)
     run_loop(tmp_path / "resumed", tokenizer, number_of_steps=3, checkpoint_every=3)

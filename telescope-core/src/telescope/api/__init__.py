@@ -5,6 +5,7 @@ nothing here imports torch.
 """
 
 from telescope.api.algorithm import Algorithm, AlgorithmCapabilities, AlgorithmConfig
+from telescope.api.context import EnvironmentContext
 from telescope.api.environment import (
     BaseEnvironment,
     EnvironmentBase,
@@ -35,6 +36,7 @@ __all__ = [
     "AlgorithmConfig",
     "BaseEnvironment",
     "EnvironmentBase",
+    "EnvironmentContext",
     "EvalSpec",
     "ExecResult",
     "Group",

@@ -117,6 +117,24 @@ class TransportContext(_Context):
 
 
 @dataclass(frozen=True)
+class EnvironmentContext(_Context):
+    """What an environment reads of the run: the sandbox provider for the code it runs.
+
+    The core sets it on every environment it builds (``environment.context``), after
+    the constructor and before the dataset is loaded; outside a run the class default
+    (``EnvironmentContext()``) applies. An environment that runs code
+    (``uses_sandbox``) uses ``sandbox_provider`` unless its own ``sandbox_provider``
+    keyword argument overrides it.
+    """
+
+    sandbox_provider: str = "local"
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> EnvironmentContext:
+        return cls(sandbox_provider=config.sandbox_provider)
+
+
+@dataclass(frozen=True)
 class LoggerContext(_Context):
     """What a logger reads of the run: where it is, its name, the resolved config to record."""
 

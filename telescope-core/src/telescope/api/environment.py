@@ -17,6 +17,14 @@ the :class:`RolloutState` the orchestrator creates and passes in.
 Reward functions run in worker threads; an exception there marks that sample as
 errored (counted in the metrics) and the run goes on. ``metrics_ranges`` declares
 expected ranges of sample metrics for the dashboard; it does not affect training.
+
+What an environment reads of the run is its :class:`~telescope.api.context.EnvironmentContext`
+(``self.context``, set by the core with :func:`bind_context` after construction): today
+the run's ``sandbox_provider``. Two class attributes are checked by ``telescope config
+validate`` before anything starts: ``requires`` (optional modules the environment
+imports, with the command that installs each) and ``uses_sandbox`` (it runs
+model-written code: the provider it will use, the run's ``sandbox_provider`` or its own
+``sandbox_provider`` keyword argument, must be registered and installed).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from telescope.api.context import EnvironmentContext
 from telescope.api.records import Message, RewardResult, Sample
 
 
@@ -43,6 +52,15 @@ class EnvironmentBase(ABC):
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {}
     #: Optional system prompt prepended to every prompt.
     system_prompt: ClassVar[str | None] = None
+    #: Optional modules the environment imports when used, {module: install command}; a
+    #: missing one is a validate-time error naming the command.
+    requires: ClassVar[dict[str, str]] = {}
+    #: Whether it runs model-written code in sandboxes. The provider is the run's
+    #: ``sandbox_provider`` (``self.context``) unless a ``sandbox_provider`` keyword argument
+    #: overrides it; validation checks that the provider is registered and installed.
+    uses_sandbox: ClassVar[bool] = False
+    #: The run context (the core sets it per instance; this default applies outside a run).
+    context: EnvironmentContext = EnvironmentContext()
 
     @abstractmethod
     def load_dataset(self) -> Sequence[Sample]:
@@ -98,6 +116,13 @@ class BaseEnvironment(EnvironmentBase):
         ``eos_token`` is given so an environment can require a clean stop).
         Return the scalar reward and any per-sample metrics.
         """
+
+
+def bind_context(environment: EnvironmentBase, context: EnvironmentContext | None) -> EnvironmentBase:
+    """Give a built environment its run context (None keeps the default); returns it."""
+    if context is not None:
+        environment.context = context
+    return environment
 
 
 @dataclass

@@ -7,14 +7,23 @@ eval's ``kwargs`` against its constructor. Each problem is one message naming th
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
 
-``sandbox_provider`` is checked when the user set it; when left at its default
-it is resolved at first use, so that telescope-core works without
+Environments (and evals) are checked for what they declare they need
+(:func:`environment_needs_problems`): every module of their ``requires`` must be
+importable, and an environment that ``uses_sandbox`` must find its sandbox provider
+(its own ``sandbox_provider`` keyword argument, else the run's ``sandbox_provider``)
+registered and installed: a provider registered with ``requires`` metadata (the
+remote providers' SDK modules) is not installed while one of those modules is missing,
+and the message names the provider and the ``pip install`` that adds it. The run's
+``sandbox_provider`` is checked the same way when the user set it; left at its default
+and used by no environment, it is not checked, so that telescope-core works without
 telescope-sandbox for environments that run no code.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
@@ -75,30 +84,85 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
         registry, PluginKind.WEIGHT_TRANSPORT, config.weight_transport, "weight_transport", problems, allow_auto=True
     )
     if "sandbox_provider" in config.model_fields_set:
-        _check_name(registry, PluginKind.SANDBOX_PROVIDER, config.sandbox_provider, "sandbox_provider", problems)
+        problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
 
     problems.extend(model_problems(config.model))
+    entries: list[tuple[str, str, Any, dict[str, Any]]] = []  # (where, name, class, kwargs)
     for i, env in enumerate(config.environments):
         if registry.names(PluginKind.ENVIRONMENT) and env.name in registry.names(PluginKind.ENVIRONMENT):
-            problems.extend(
-                f"environments[{i}].kwargs: {p}"
-                for p in environment_kwargs_problems(env.name, plugins.environment(env.name), env.kwargs)
-            )
+            entries.append((f"environments[{i}]", env.name, plugins.environment(env.name), env.kwargs))
     for i, ev in enumerate(config.evals):
         if ev.name in registry.names(PluginKind.EVAL):
             spec = plugins.eval_spec(ev.name)
-            kwargs = {**spec.default_kwargs, **ev.kwargs}
-            problems.extend(
-                f"evals[{i}].kwargs: {p}" for p in environment_kwargs_problems(ev.name, spec.environment, kwargs)
-            )
+            entries.append((f"evals[{i}]", ev.name, spec.environment, {**spec.default_kwargs, **ev.kwargs}))
         elif ev.name in registry.names(PluginKind.ENVIRONMENT):
-            problems.extend(
-                f"evals[{i}].kwargs: {p}"
-                for p in environment_kwargs_problems(ev.name, plugins.environment(ev.name), ev.kwargs)
-            )
+            entries.append((f"evals[{i}]", ev.name, plugins.environment(ev.name), ev.kwargs))
+    for where, name, cls, kwargs in entries:
+        problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
+        problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
     return problems
+
+
+def module_installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found on the path; nothing is imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sandbox_provider_problems(registry: Registry, name: str, field: str) -> list[str]:
+    """Problems with sandbox provider ``name`` chosen by ``field``: unknown, clashing, or not installed."""
+    kind = PluginKind.SANDBOX_PROVIDER
+    if not registry.names(kind) and not registry.has(kind, name):
+        return [
+            f"{field}: sandbox provider {name!r} is not installed: no sandbox provider is. Install "
+            "telescope-sandbox (pip install telescope-sandbox, or pip install 'telescope-envs[code]'), "
+            "which provides 'local' and the remote providers"
+        ]
+    try:
+        entry = registry.entry(kind, name)
+    except PluginError as exc:
+        return [f"{field}: {exc}"]
+    required = entry.metadata.get("requires")
+    if required is None and not entry.is_lazy:
+        required = getattr(entry.target, "requires", ())
+    modules = [required] if isinstance(required, str) else list(required or ())
+    missing = [m for m in modules if not module_installed(m)]
+    if not missing:
+        return []
+    hint = entry.metadata.get("install_hint") or f"pip install {' '.join(missing)}"
+    return [
+        f"{field}: sandbox provider {name!r} (from {entry.provider}) is not installed: it needs the "
+        f"{', '.join(repr(m) for m in missing)} package, which is missing. Install it with: {hint}"
+    ]
+
+
+def environment_needs_problems(
+    config: TelescopeConfig, registry: Registry, where: str, name: str, cls: Any, kwargs: Mapping[str, Any]
+) -> list[str]:
+    """What environment ``name`` (class ``cls``, entry ``where``) declares it needs but is missing.
+
+    Its ``requires`` modules; and, when it ``uses_sandbox``, the provider it will use:
+    ``kwargs["sandbox_provider"]`` when given, else the run's ``sandbox_provider``.
+    """
+    problems = [
+        f"{where}: environment {name!r} needs the {module!r} package, which is not installed. Install it with: {hint}"
+        for module, hint in dict(getattr(cls, "requires", None) or {}).items()
+        if not module_installed(module)
+    ]
+    if problems or not getattr(cls, "uses_sandbox", False):
+        return problems
+    override = kwargs.get("sandbox_provider")
+    if override:
+        return sandbox_provider_problems(registry, str(override), f"{where}.kwargs.sandbox_provider ({name})")
+    if "sandbox_provider" in config.model_fields_set:
+        return []  # checked once, as the run's own field
+    return sandbox_provider_problems(
+        registry, config.sandbox_provider, f"sandbox_provider (the default, used by {where}: {name})"
+    )
 
 
 def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, derived: dict[str, str]) -> list[str]:

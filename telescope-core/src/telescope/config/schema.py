@@ -267,7 +267,11 @@ class TelescopeConfig(BaseModel):
     chat_template: str | None = Field(None, description="Jinja2 chat template overriding the tokenizer's")
 
     # -------------------------------------------------------------- sandboxes
-    sandbox_provider: str = Field("local", description='Sandbox provider for code environments ("local", "e2b", ...)')
+    sandbox_provider: str = Field(
+        "local",
+        description='Sandbox provider of every environment that runs code ("local", "e2b", ...; '
+        "an environment's own sandbox_provider kwarg overrides it)",
+    )
 
     # ------------------------------------------------------------ checkpointing
     checkpoint_every: int = Field(0, ge=0, description="Save every N steps. 0 or false to disable")

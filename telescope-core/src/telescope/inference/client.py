@@ -382,25 +382,36 @@ class InferenceClient:
         payload = weight_updates.init_payload(transport, init_info, rank_offset, settings, context)
         return await self.collective_rpc(weight_updates.INIT_METHOD, payload)
 
-    async def update_weights(self, version: int) -> list[Any]:
+    async def update_weights(self, version: int, *, load: bool = True) -> list[Any]:
         """Receive and load weights ``version`` (run concurrently with the sender), then drop stale prefix KV.
 
         Emits one ``weights.load`` event per worker of the server (``worker``: its index in
         the results), starting when the worker began receiving (its own clock; when
         the call was made if it does not say) and lasting the seconds it reports.
+
+        ``load=False`` *holds* the server's weights: it takes part in the transfer of
+        ``version`` (a collective transport needs every receiver) but keeps the weights it
+        has, and so does :attr:`policy_version`; the events are ``weights.hold`` (with
+        ``version``, the one passed by, and ``held_version``, the one kept).
         """
         requested = time.time()
-        results = await self.collective_rpc(weight_updates.UPDATE_METHOD, weight_updates.update_payload(version))
-        self.policy_version = version
+        payload = weight_updates.update_payload(version, load)
+        results = await self.collective_rpc(weight_updates.UPDATE_METHOD, payload)
+        if load:
+            self.policy_version = version
         for worker, result in enumerate(results):
             if isinstance(result, dict):
-                emit(
-                    "weights.load", start=float(result.get("start", requested)),
-                    duration_s=float(result.get("seconds", time.time() - requested)), component="inference",
-                    server=self.server_index, worker=worker, version=result.get("policy_version", version),
-                    tensors=result.get("num_tensors"),
-                )  # fmt: skip
-        await self._request("POST", "/reset_prefix_cache", retry=False)
+                timing = {"start": float(result.get("start", requested)),
+                          "duration_s": float(result.get("seconds", time.time() - requested))}  # fmt: skip
+                if load:
+                    emit("weights.load", **timing, component="inference", server=self.server_index, worker=worker,
+                         version=result.get("policy_version", version), tensors=result.get("num_tensors"))  # fmt: skip
+                else:
+                    emit("weights.hold", **timing, component="inference", server=self.server_index, worker=worker,
+                         version=version, held_version=result.get("policy_version", self.policy_version),
+                         tensors=result.get("num_tensors"))  # fmt: skip
+        if load:
+            await self._request("POST", "/reset_prefix_cache", retry=False)
         return results
 
     async def get_policy_version(self) -> int:

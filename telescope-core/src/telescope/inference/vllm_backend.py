@@ -316,6 +316,10 @@ class TelescopeWorkerExtension:
             raise RuntimeError(f"call {weight_updates.INIT_METHOD} before {weight_updates.UPDATE_METHOD}")
         started_at, start = time.time(), time.perf_counter()
         version, tensors = self._telescope_receiver.receive(payload)
+        if not weight_updates.should_load(payload):  # held: take part in the transfer, keep the weights
+            count = weight_updates.discard(tensors)
+            return {"policy_version": self._telescope_version, "num_tensors": count,
+                    "seconds": time.perf_counter() - start, "start": started_at}  # fmt: skip
         counted: list[int] = [0]
 
         def counting() -> Any:

@@ -11,9 +11,12 @@ server implements the same route for its one "worker"):
 - :data:`INIT_METHOD` (once): ``{"transport", "settings", "context", "init_info", "rank_offset"}``
   creates the named transport and connects it as receiver ``rank_offset + local
   rank`` (the TP rank in a vLLM server, 0 in the embedded one);
-- :data:`UPDATE_METHOD` (every step): ``{"version"}`` receives that version and
+- :data:`UPDATE_METHOD` (every step): ``{"version", "load"}`` receives that version and
   loads it in place; returns ``{"policy_version", "num_tensors", "seconds", "start"}``
-  (``start``: when the worker began receiving, UNIX seconds);
+  (``start``: when the worker began receiving, UNIX seconds). With ``"load": false`` the
+  worker *holds* its weights: it still takes part in the transfer (a collective transport
+  needs every receiver) but discards what it receives, and ``policy_version`` stays the
+  version it holds (an eval server in the middle of an eval keeps that eval's weights);
 - :data:`VERSION_METHOD`: the weights version the worker holds.
 
 Arguments are JSON strings because vLLM's route only forwards strings.
@@ -50,8 +53,18 @@ def init_payload(
     )  # fmt: skip
 
 
-def update_payload(version: int) -> str:
-    return json.dumps({"version": version})
+def update_payload(version: int, load: bool = True) -> str:
+    return json.dumps({"version": version, "load": load})
+
+
+def should_load(payload: str | dict[str, Any]) -> bool:
+    """Whether an update payload asks to load the weights (False: receive and discard, keep the old ones)."""
+    return bool(decode(payload).get("load", True))
+
+
+def discard(weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Consume a received version without loading it (a held worker); returns the number of tensors."""
+    return sum(1 for _ in weights)
 
 
 def decode(payload: str | dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from telescope.api.context import EnvironmentContext
+from telescope.api.environment import bind_context
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner, reserved_eval_ids
@@ -23,13 +25,14 @@ from telescope.recording.run_store import RunStore
 
 
 def build_slots(config: TelescopeConfig, plugins: Plugins) -> list[EnvironmentSlot]:
-    """Instantiate each training environment and load its dataset (eval items excluded)."""
+    """Instantiate each training environment (with the run context) and load its dataset (eval items excluded)."""
     reserved = reserved_eval_ids(config, plugins)
+    context = EnvironmentContext.from_config(config)
     slots: list[EnvironmentSlot] = []
     for index, entry in enumerate(config.environments):
         environment_class = plugins.environment(entry.name)
         try:
-            environment = environment_class(**entry.kwargs)
+            environment = bind_context(environment_class(**entry.kwargs), context)
         except TypeError as exc:
             raise ValueError(f"environments[{index}] ({entry.name}): bad kwargs {entry.kwargs}: {exc}") from exc
         samples = [

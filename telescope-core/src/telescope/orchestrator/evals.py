@@ -19,8 +19,11 @@ it died and is being restarted) runs again on the next of the eval's servers, a
 little later, up to :data:`EVAL_SERVER_RETRIES` times.
 
 Timeline: each eval is one ``eval.run`` event (``name``, ``phase``, ``step``, its
-metrics); the events of its rollouts (requests, rewards) carry ``eval`` (the name),
-``sample_id`` and ``rollout_index`` (the draw).
+metrics); the events of its rollouts (requests, rewards, sandboxes) carry ``eval`` (the
+name), ``eval_step`` and ``eval_phase`` (which run of it), ``sample_id`` and
+``rollout_index`` (the draw). Every request of an eval at step ``s`` is served by the
+weights of step ``s`` (see :mod:`telescope.orchestrator.orchestrator`), which its
+``inference.request`` events' policy versions show.
 
 pass@k and pass^k: the unbiased estimators of Chen et al. 2021 ("Evaluating Large Language
 Models Trained on Code"), see :func:`pass_at_k`.
@@ -33,7 +36,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from telescope.api.environment import EnvironmentBase
+from telescope.api.context import EnvironmentContext
+from telescope.api.environment import EnvironmentBase, bind_context
 from telescope.api.records import Rollout, Sample
 from telescope.config.entries import EvalEntry
 from telescope.config.schema import TelescopeConfig
@@ -126,11 +130,13 @@ class EvalSink(Protocol):
     def log_eval(self, name: str, step: int, metrics: dict[str, Any], **extra: Any) -> None: ...
 
 
-def build_eval_environment(plugins: Plugins, entry: EvalEntry) -> EnvironmentBase:
-    """The environment that serves an eval entry (a dedicated eval or an environment)."""
+def build_eval_environment(
+    plugins: Plugins, entry: EvalEntry, context: EnvironmentContext | None = None
+) -> EnvironmentBase:
+    """The environment that serves an eval entry (a dedicated eval or an environment), with the run context."""
     if plugins.registry.has(PluginKind.EVAL, entry.name):
-        return plugins.eval_spec(entry.name).build(**entry.kwargs)
-    return plugins.environment(entry.name)(**entry.kwargs)
+        return bind_context(plugins.eval_spec(entry.name).build(**entry.kwargs), context)
+    return bind_context(plugins.environment(entry.name)(**entry.kwargs), context)
 
 
 def eval_items(environment: EnvironmentBase, entry: EvalEntry) -> list[Sample]:
@@ -144,7 +150,7 @@ def reserved_eval_ids(config: TelescopeConfig, plugins: Plugins) -> dict[str, fr
     reserved: dict[str, set[str]] = {}
     for entry in config.evals:
         if entry.separate_eval_samples and entry.name in training_names:
-            environment = build_eval_environment(plugins, entry)
+            environment = build_eval_environment(plugins, entry, EnvironmentContext.from_config(config))
             reserved.setdefault(entry.name, set()).update(s.sample_id for s in eval_items(environment, entry))
     return {name: frozenset(ids) for name, ids in reserved.items()}
 
@@ -178,7 +184,7 @@ class EvalRunner:
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
         if index not in self._environments:
-            environment = build_eval_environment(self.plugins, entry)
+            environment = build_eval_environment(self.plugins, entry, EnvironmentContext.from_config(self.config))
             self._environments[index] = (environment, eval_items(environment, entry))
         return self._environments[index]
 
@@ -189,9 +195,13 @@ class EvalRunner:
         for index, entry in enumerate(self.config.evals):
             if entries is not None and entry not in entries:
                 continue
-            with events.timed(
-                "eval.run", component="orchestrator", name=entry.name, phase=phase, step=step, servers=list(servers)
-            ) as event:
+            with (
+                events.context(eval_step=step, eval_phase=phase),
+                events.timed(
+                    "eval.run", component="orchestrator", name=entry.name, phase=phase, step=step,
+                    servers=list(servers),
+                ) as event,
+            ):  # fmt: skip
                 metrics = await self.evaluate(index, entry, servers)
                 event["metrics"] = metrics
             results[entry.name] = metrics

@@ -40,6 +40,14 @@ prints the command that resumes). Step metrics carry the services' fault counter
 (``infra/server_restarts``, ``infra/trainer_restarts``) and the scheduler's
 ``infra/groups_redispatched``.
 
+Evals on dedicated servers (``eval_num_servers``): the last servers are kept out of
+training, and a periodic eval due at step ``s`` runs on them beside training, with
+the weights of step ``s`` for all its requests: while it runs, weight pushes pass the
+eval servers by (they take part in the transfer and keep their weights,
+``held_servers``). A push the eval servers need (the next eval's step, or the last
+step before the "after" eval) waits for the running eval to finish first. Each eval's
+requests carry ``eval_step`` and ``eval_phase`` in their events.
+
 Warm start: with ``warm_start_steps > 0`` (and no checkpoint to resume), the
 trainer takes that many supervised steps on the environments' demonstrations
 through :meth:`~telescope.api.trainer.TrainerBackend.supervised_step` before the
@@ -54,7 +62,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,13 +259,13 @@ class Orchestrator:
         )  # fmt: skip
         return scheduler
 
-    async def _publish(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights to every server as ``version``."""
+    async def _publish(self, version: int, held_servers: Sequence[int] = ()) -> dict[str, float]:
+        """Push the trainer's weights to every server as ``version`` (``held_servers`` keep theirs)."""
         with (
             self._doing(f"pushing weights version {version} to the servers", "trainer"),
-            events.timed("weights.sync", component="orchestrator", version=version),
+            events.timed("weights.sync", component="orchestrator", version=version, held_servers=list(held_servers)),
         ):
-            return await self.training.push_weights(version)
+            return await self.training.push_weights(version, held_servers=held_servers)
 
     # --------------------------------------------------------------- faults
 
@@ -351,8 +359,9 @@ class Orchestrator:
         with self._doing(f"training step {step}", "trainer"):
             trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
+        held = await self._eval_servers_to_hold(step + 1)  # may first wait for a running eval
         sync_start = time.perf_counter()
-        sync = await self._publish(step + 1)
+        sync = await self._publish(step + 1, held_servers=held)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
         stats = scheduler.take_stats()
@@ -397,6 +406,31 @@ class Orchestrator:
         if self.config.eval_start_end_use_all_servers or not self.eval_servers:
             return list(range(self.generation.num_servers))
         return self.eval_servers
+
+    def _eval_running(self) -> bool:
+        return any(not task.done() for task in self._eval_tasks)
+
+    def _eval_servers_needed_at(self, version: int) -> bool:
+        """Whether an eval will run on the eval servers with weights ``version`` (periodic, or after training)."""
+        if not self.evals or not self.eval_servers:
+            return False
+        if version >= self.config.number_of_steps:
+            return self.config.eval_after_training
+        return any(version % e.eval_every == 0 for e in self.config.evals)
+
+    async def _eval_servers_to_hold(self, version: int) -> list[int]:
+        """The servers that keep their weights through the push of ``version``: the eval servers mid-eval.
+
+        When they need ``version`` for the next eval, the running one is awaited first and
+        none are held, so every eval uses one set of weights, its step's.
+        """
+        if not self._eval_running():
+            return []
+        if self._eval_servers_needed_at(version):
+            self.recorder.note(f"waiting for the running eval to finish before the eval servers take weights {version}")
+            await self._finish_periodic_evals()
+            return []
+        return list(self.eval_servers)
 
     def _maybe_periodic_evals(self, step: int) -> None:
         if not self.evals or not self.eval_servers or step >= self.config.number_of_steps:

@@ -27,7 +27,7 @@ with ``getattr`` (fakes and ``telescope eval`` have none of them):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -196,8 +196,12 @@ class TrainingService(Protocol):
         """One supervised (cross-entropy) step on demonstrations, on every rank (the warm start)."""
         ...
 
-    async def push_weights(self, version: int) -> dict[str, float]:
-        """Send the trainer's weights to every server as ``version``; returns timings."""
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
+        """Send the trainer's weights to every server as ``version``; returns timings.
+
+        Servers in ``held_servers`` take part in the transfer but keep the weights they
+        have (an eval server while its eval runs: one set of weights per eval).
+        """
         ...
 
     async def save_checkpoint(self, step: int) -> None:

@@ -148,10 +148,14 @@ def rollout_record(
     ``sample_metrics``, ``policy_version`` (oldest dispatch version) and
     ``policy_versions`` (one per turn), ``stop_reason`` (finish reason of the last
     turn), ``num_turns``, ``prompt_tokens``, ``completion_tokens`` (summed over turns),
-    ``total_tokens`` (the whole sequence, environment turns included), ``error``
-    (the rollout's or the reward function's), ``filtered`` (the output filters that
-    masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty when trained on)
-    and ``overlong_penalty`` (added to ``reward`` for its advantage; 0 when none).
+    ``total_tokens`` (the whole sequence, environment turns included), ``turns`` (per
+    turn: ``input_tokens`` added before it, the prompt or the environment's reply;
+    ``output_tokens`` generated; its ``policy_version`` and ``finish_reason``: the
+    trajectory is these tokens in order, each turn's request the whole trajectory before
+    it), ``error`` (the rollout's or the reward function's), ``filtered`` (the output
+    filters that masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty
+    when trained on) and ``overlong_penalty`` (added to ``reward`` for its advantage;
+    0 when none).
     """
     reward = rollout.reward
     return {
@@ -173,6 +177,15 @@ def rollout_record(
         "prompt_tokens": rollout.prompt_length,
         "completion_tokens": rollout.completion_length,
         "total_tokens": len(rollout.token_ids),
+        "turns": [
+            {
+                "input_tokens": len(t.input_token_ids),
+                "output_tokens": len(t.output_token_ids),
+                "policy_version": t.policy_version,
+                "finish_reason": t.finish_reason,
+            }
+            for t in rollout.turns
+        ],
         "error": rollout.error or (reward.error if reward is not None else None),
         "filtered": list(rollout.filtered),
         "overlong_penalty": rollout.overlong_penalty,

@@ -389,21 +389,25 @@ class RayServices:
         metrics: dict[str, float] = results[0]
         return metrics
 
-    async def push_weights(self, version: int) -> dict[str, float]:
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
         async with self._weights:
-            return await self._push(version)
+            return await self._push(version, held=held_servers)
 
     def _serving(self, also: int | None = None) -> list[int]:
         """The servers that take work now, and ``also`` (a server being restarted)."""
         pool = self.generation
         return [i for i in range(len(pool.clients)) if pool.is_available(i) or i == also]
 
-    async def _push(self, version: int, also: int | None = None) -> dict[str, float]:
-        """Send ``version`` to the servers in service and ``also`` (hold ``_weights``); one that fails is checked."""
+    async def _push(self, version: int, also: int | None = None, held: Sequence[int] = ()) -> dict[str, float]:
+        """Send ``version`` to the servers in service and ``also`` (hold ``_weights``); one that fails is checked.
+
+        Servers in ``held`` take part in the transfer but keep their weights (an eval server mid-eval).
+        """
         start = time.perf_counter()
         servers = self._serving(also)
+        held_set = set(held)
         sending = self._on_ranks(f"pushing weights version {version}", lambda t: t.push_weights.remote(version))
-        receiving = asyncio.gather(*(self._receive(i, version) for i in servers))
+        receiving = asyncio.gather(*(self._receive(i, version, load=i not in held_set) for i in servers))
         sent, received = await asyncio.gather(sending, receiving)
         for rank, record in enumerate(sent):
             publish_worker_events([record], component="trainer", rank=rank)
@@ -419,11 +423,11 @@ class RayServices:
             "timing_weight_sync_wall": time.perf_counter() - start,
         }
 
-    async def _receive(self, server: int, version: int) -> list[Any]:
+    async def _receive(self, server: int, version: int, *, load: bool = True) -> list[Any]:
         import httpx
 
         try:
-            return await self.generation.clients[server].update_weights(version)
+            return await self.generation.clients[server].update_weights(version, load=load)
         except httpx.TransportError as exc:  # the server died: it gets the weights when it is restarted
             if self.supervisor is None:
                 raise

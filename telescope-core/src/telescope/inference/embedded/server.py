@@ -280,9 +280,12 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
             elif body.method == weight_updates.UPDATE_METHOD:
                 started_at, start = time.time(), time.perf_counter()
                 version, tensors = receiver.receive(arg)
-                count = await asyncio.to_thread(engine.update_weights, tensors, version)
-                result = {"policy_version": version, "num_tensors": count, "seconds": time.perf_counter() - start,
-                          "start": started_at}  # fmt: skip
+                if weight_updates.should_load(arg):
+                    count = await asyncio.to_thread(engine.update_weights, tensors, version)
+                else:  # held: take part in the transfer, keep the weights
+                    count = await asyncio.to_thread(weight_updates.discard, tensors)
+                result = {"policy_version": engine.policy_version, "num_tensors": count,
+                          "seconds": time.perf_counter() - start, "start": started_at}  # fmt: skip
             elif body.method == weight_updates.VERSION_METHOD:
                 result = {"policy_version": engine.policy_version}
             else:
