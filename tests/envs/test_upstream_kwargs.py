@@ -71,4 +71,8 @@ def test_i3_code_takes_the_upstream_sandbox_names() -> None:
         "daytona", 10, 512, 1024,
     )  # fmt: skip
     default = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"))
-    assert (default.sandbox_provider, default.sandbox_pool_size, default.sandbox_disk_mb) == ("local", 2, 256)
+    assert (default.sandbox_provider, default.sandbox_pool_size, default.sandbox_disk_mb) == (
+        None,
+        2,
+        256,
+    )  # None: the run's sandbox_provider (its context)
