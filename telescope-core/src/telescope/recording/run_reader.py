@@ -12,7 +12,10 @@ modifies them, and never returns a half-written record:
   open block's JSON Lines tail, preceded by the flat ``events.jsonl`` / ``rollouts.jsonl``
   of a run written before blocks existed.
 
-For a consumer that polls (the dashboard's sync), :meth:`RunReader.read_events_since` and
+A consumer with its own Parquet engine (the dashboard's DuckDB) polls
+:meth:`RunReader.read_chunks_since` instead: the same walk, nothing parsed into dicts.
+
+For a consumer that polls, :meth:`RunReader.read_events_since` and
 :meth:`RunReader.read_rollouts_since` take a
 :class:`~telescope.recording.block_reader.StreamCursor` and return only the records after
 it (reading only new blocks and the tail from a byte offset) with the new cursor; nothing
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from telescope.recording.block_format import EVENTS_SCHEMA, META_FILE, ROLLOUTS_SCHEMA
-from telescope.recording.block_reader import RecordFilter, StreamCursor, StreamReader
+from telescope.recording.block_reader import Chunk, RecordFilter, StreamCursor, StreamReader
 from telescope.recording.jsonl import parse_lines
 from telescope.recording.run_store import (
     CONFIG_JSON,
@@ -49,7 +52,16 @@ from telescope.recording.run_store import (
     STATUS_FILE,
 )
 
-__all__ = ["Follower", "JsonlFollower", "RecordFilter", "RunReader", "StreamCursor", "StreamFollower", "read_jsonl"]
+__all__ = [
+    "Chunk",
+    "Follower",
+    "JsonlFollower",
+    "RecordFilter",
+    "RunReader",
+    "StreamCursor",
+    "StreamFollower",
+    "read_jsonl",
+]
 
 Record = dict[str, Any]
 
@@ -163,6 +175,18 @@ class RunReader:
         """The events written after ``cursor`` (from the start when ``None``) that match the
         filters, and the next cursor (past every event read, matching or not)."""
         return self._events().read_since(cursor, RecordFilter(kind=kind, since=since, until=until, step=step))
+
+    def read_chunks_since(
+        self, name: str, cursor: StreamCursor | None = None, *, max_bytes: int | None = None
+    ) -> tuple[list[Chunk], int]:
+        """The data of block stream ``name`` (``events`` or ``rollouts``) after ``cursor``, unparsed
+        (see :meth:`~telescope.recording.block_reader.StreamReader.chunks_since`), and the count
+        of bad tail lines skipped by this call. For consumers that read Parquet themselves."""
+        if name not in ("events", "rollouts"):
+            raise ValueError(f"{name!r} is not a block stream; use events or rollouts")
+        reader = self._events() if name == "events" else self._rollouts()
+        chunks = reader.chunks_since(cursor, max_bytes=max_bytes)
+        return chunks, reader.skipped_lines
 
     def event_tail(
         self, seconds: float | None = None, *, kind: str | None = None, now: float | None = None
