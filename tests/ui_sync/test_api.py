@@ -54,6 +54,28 @@ def test_catalog_and_series_compare_runs(client: tuple[TestClient, str, Path]) -
     assert evals["series"][0]["x"] == [6]
 
 
+def test_a_copied_block_stored_run_is_a_second_run_with_its_own_series(tmp_path: Path) -> None:
+    """The layer below the two-run chart: a copy of a run (its events and rollouts in sealed
+    Parquet blocks) syncs as a run of its own, and the series route returns both runs'.
+    (The chart's missing series was the front end's: see test_browser's selection test.)"""
+    import shutil
+
+    run = write_run(tmp_path / "runs" / "a", steps=3)
+    assert (run / "events" / "block-000000.parquet").is_file() and (run / "rollouts" / "block-000000.parquet").is_file()
+    copy = Path(shutil.copytree(run, tmp_path / "runs" / "a-2"))
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    ids = [run_id_for(run), run_id_for(copy)]
+    assert [r["run_id"] for r in api.get("/api/runs").json()["runs"]] == sorted(ids)
+    for rid in ids:
+        counts = api.get(f"/api/runs/{rid}").json()["counts"]
+        assert (counts["rollouts"], counts["events"], counts["steps"]) == (24, 4, 3)
+    series = api.get("/api/metrics/series", params={"runs": ",".join(ids), "names": "reward/mean"}).json()["series"]
+    assert [(s["run_id"], s["x"]) for s in series] == [(ids[0], [0, 1, 2]), (ids[1], [0, 1, 2])]
+    assert series[0]["y"] == series[1]["y"] == [0.0, 0.1, 0.2]
+
+
 def test_long_series_are_downsampled_keeping_extremes(tmp_path: Path) -> None:
     from telescope.recording.run_store import RunStore
 
@@ -112,6 +134,40 @@ def test_timeline_sandboxes_infra_evals_logs(client: tuple[TestClient, str, Path
     logs = api.get("/api/logs", params={"run": rid, "levels": "ERROR"}).json()
     assert [line["message"] for line in logs["lines"]] == ["something failed"]
     assert api.get("/api/logs", params={"run": rid, "q": "step 0"}).json()["total"] == 1
+
+
+def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) -> None:
+    from telescope.recording.run_store import RunStore
+
+    store = RunStore(tmp_path / "busy")
+    store.set_status("running", step=0)
+    con = connect(":memory:")
+    service = SyncService(con, [tmp_path / "busy"])
+    for i in range(3000):  # 3,000 s of events on two servers, one in 100 failed
+        store.log_event({"kind": "inference.request", "start": 1000.0 + i, "duration_s": 0.5 + (i % 7) / 10,
+                         "server": i % 2, **({"error": "boom"} if i % 100 == 0 else {})})  # fmt: skip
+        if i == 1504:  # the syncer reads the run in two parts, the cut inside a 10 s bin: its halves add up
+            store.flush()
+            service.sync_all()
+    store.close()
+    service.sync_all()
+    assert con.execute("SELECT sum(events), count(*) FROM event_bins").fetchone() == (3000, 600)
+    api = TestClient(create_app(con))
+    rid = run_id_for(tmp_path / "busy")
+    for buckets in (50, 1000):  # 60 s buckets come from the pre-computed 10 s bins, 3 s ones from the events
+        whole = api.get("/api/timeline", params={"run": rid, "limit": 100, "buckets": buckets}).json()
+        assert whole["truncated"] and whole["total"] == 3000 and len(whole["events"]) == 100
+        assert min(e["duration"] for e in whole["events"]) == 1.1  # the longest
+        bins = whole["bins"]
+        assert set(bins["lane"]) == {"inference|server 0", "inference|server 1"}
+        assert sum(bins["count"]) == 3000 and sum(bins["errors"]) == 30
+        assert len(bins["count"]) <= 2 * buckets and all(n > 0 for n in bins["count"])
+        assert abs(sum(bins["busy"]) - sum(0.5 + (i % 7) / 10 for i in range(3000))) < 1e-6
+        detail = api.get(f"/api/events/{rid}/{bins['seq'][0]}").json()  # a bucket's longest event
+        assert detail["lane"] == bins["lane"][0].split("|")[1]
+    narrow = api.get("/api/timeline", params={"run": rid, "start": 1100.0, "end": 1149.0}).json()
+    assert not narrow["truncated"] and narrow["bins"] is None and len(narrow["events"]) == 50
+    assert [e["start"] for e in narrow["events"]] == sorted(e["start"] for e in narrow["events"])
 
 
 def test_config_diff(client: tuple[TestClient, str, Path], tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 import duckdb
 from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
 
 from telescope_ui_sync.catalog import classify, section_rank
-from telescope_ui_sync.server.deps import cursor, run_ids
+from telescope_ui_sync.server.deps import cursor, fast_json, run_ids
 
 router = APIRouter(prefix="/api/metrics")
 
@@ -82,7 +83,7 @@ def series(
     x: Literal["step", "time"] = "step",
     max_points: int = Query(DEFAULT_MAX_POINTS, ge=0, le=1_000_000),
     cur: duckdb.DuckDBPyConnection = Depends(cursor),
-) -> dict[str, Any]:
+) -> Response:
     """``{"series": [{run_id, name, x: [...], y: [...]}]}`` for each run and metric name."""
     out = []
     for run_id in run_ids(runs):
@@ -99,4 +100,4 @@ def series(
                 ys.append(py)
                 last_x = px
             out.append({"run_id": run_id, "name": name, "x": xs, "y": ys})
-    return {"series": out, "x": x}
+    return fast_json({"series": out, "x": x})

@@ -97,8 +97,7 @@ def run_summary(run_id: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -
     counts = {}
     for table in ("metrics", "rollouts", "events", "evals", "logs"):
         (counts[table],) = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone() or (0,)
-    (steps,) = cur.execute("SELECT count(DISTINCT step) FROM metrics WHERE run_id = ?", [run_id]).fetchone() or (0,)
-    counts["steps"] = steps
+    (counts["steps"],) = cur.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchone() or (0,)
     logs = [row[0] for row in cur.execute(
         "SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()]  # fmt: skip
     return {
