@@ -23,9 +23,14 @@ export interface Sample {
 export interface SearchResult { seq: number; step: number; group_index: number; rollout_index: number; reward: number | null; field: string; snippet: string; discard_reason: string | null }
 export interface Lane { id: string; component: string; lane: string }
 export interface TimelineEvent { seq: number; kind: string; lane: string; start: number; duration: number; step: number | null; error: boolean }
+// A fuller window's density, per lane and bucket (columns of equal length).
+export interface TimelineBins {
+  lane: string[]; start: number[]; end: number[]; count: number[]; busy: number[]; errors: number[]; seq: number[]; kind: (string | null)[];
+}
 export interface Timeline {
   range: { start: number; end: number } | null; window: { start: number; end: number } | null; lanes: Lane[];
-  events: TimelineEvent[]; steps: { step: number; start: number; end: number }[]; truncated: boolean; total: number;
+  events: TimelineEvent[]; bins: TimelineBins | null; steps: { step: number; start: number; end: number }[];
+  truncated: boolean; total: number;
 }
 
 export class ApiError extends Error {
