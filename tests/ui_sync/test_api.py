@@ -159,15 +159,118 @@ def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) 
         assert whole["truncated"] and whole["total"] == 3000 and len(whole["events"]) == 100
         assert min(e["duration"] for e in whole["events"]) == 1.1  # the longest
         bins = whole["bins"]
-        assert set(bins["lane"]) == {"inference|server 0", "inference|server 1"}
+        lanes = [whole["lanes"][i]["id"] for i in bins["lane"]]
+        assert set(lanes) == {"inference|server 0", "inference|server 1"} and bins["kinds"] == ["inference.request"]
         assert sum(bins["count"]) == 3000 and sum(bins["errors"]) == 30
         assert len(bins["count"]) <= 2 * buckets and all(n > 0 for n in bins["count"])
-        assert abs(sum(bins["busy"]) - sum(0.5 + (i % 7) / 10 for i in range(3000))) < 1e-6
+        assert all(0 <= b < buckets for b in bins["bucket"]) and bins["width"] * buckets == pytest.approx(2999.8)
+        assert abs(sum(bins["busy"]) - sum(0.5 + (i % 7) / 10 for i in range(3000))) < 1e-3
         detail = api.get(f"/api/events/{rid}/{bins['seq'][0]}").json()  # a bucket's longest event
-        assert detail["lane"] == bins["lane"][0].split("|")[1]
+        server, first = int(lanes[0][-1]), bins["bucket"][0]
+        in_bucket = [i for i in range(server, 3000, 2) if int((1000.0 + i - 1000.0) // bins["width"]) == first]
+        assert f"{detail['component']}|{detail['lane']}" == lanes[0]
+        assert detail["duration"] == pytest.approx(max(0.5 + (i % 7) / 10 for i in in_bucket))
     narrow = api.get("/api/timeline", params={"run": rid, "start": 1100.0, "end": 1149.0}).json()
     assert not narrow["truncated"] and narrow["bins"] is None and len(narrow["events"]) == 50
     assert [e["start"] for e in narrow["events"]] == sorted(e["start"] for e in narrow["events"])
+
+
+def write_two_environment_run(run_dir: Path) -> Path:
+    """Three steps of rollouts from environments ``a`` (reward 1, tag ``level=hard``) and ``b``
+    (reward 0, ``level=easy``), with the step metrics a run records over all of them."""
+    from telescope.recording.run_store import RunStore
+
+    store = RunStore(run_dir)
+    store.set_status("running", step=0)
+    for step in range(3):
+        store.log_metrics(step, {"reward/mean": 0.5, "grad_norm": 1.0 + step, "sample_metrics/correct/mean": 0.5})
+        store.log_rollouts(step, [
+            {"environment": env, "reward": float(env == "a"), "sample_metrics": {"correct": float(env == "a")},
+             "completion_tokens": 10 * (i + 1), "tags": {"level": "hard" if env == "a" else "easy"}, "group_index": i}
+            for i, env in enumerate("abab")
+        ])  # fmt: skip
+    store.set_status("completed", step=3)
+    store.close()
+    return run_dir
+
+
+def test_metrics_filtered_by_environment_and_tag_come_from_the_rollouts(tmp_path: Path) -> None:
+    run = write_two_environment_run(tmp_path / "runs" / "envs")
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    rid = run_id_for(run)
+    assert api.get("/api/metrics/filters", params={"runs": rid}).json() == {
+        "environments": ["a", "b"], "tags": ["level=easy", "level=hard"],
+    }  # fmt: skip
+    names = "reward/mean,sample_metrics/correct/mean,tokens/completion/max,rollouts/count,grad_norm"
+
+    def series(**filters: object) -> dict[str, tuple[list[float], bool]]:
+        params = {"runs": rid, "names": names, **filters}
+        return {
+            s["name"]: (s["y"], s["filtered"]) for s in api.get("/api/metrics/series", params=params).json()["series"]
+        }
+
+    unfiltered = series()
+    assert unfiltered["reward/mean"] == ([0.5, 0.5, 0.5], False)  # as recorded
+    by_env = series(env="a")
+    assert by_env["reward/mean"] == ([1.0, 1.0, 1.0], True)
+    assert by_env["sample_metrics/correct/mean"] == ([1.0, 1.0, 1.0], True)
+    assert by_env["tokens/completion/max"] == ([30.0, 30.0, 30.0], True)  # rollouts 0 and 2 of a step are env a
+    assert by_env["rollouts/count"] == ([2.0, 2.0, 2.0], True)
+    assert by_env["grad_norm"] == ([1.0, 2.0, 3.0], False)  # the rollouts cannot give it: as recorded
+    assert series(tag="level=easy")["reward/mean"] == ([0.0, 0.0, 0.0], True)
+    assert series(tag=["level=easy", "level=hard"])["rollouts/count"] == ([4.0, 4.0, 4.0], True)  # one name: either
+    assert series(env="a", tag="level=easy")["reward/mean"] == ([], True)  # both must hold
+    timed = api.get("/api/metrics/series", params={"runs": rid, "names": "reward/mean", "env": "b", "x": "time"}).json()
+    assert timed["series"][0]["y"] == [0.0, 0.0, 0.0] and timed["series"][0]["x"][0] == 0.0
+
+
+def test_declared_ranges_come_from_the_config_and_the_run_metadata(tmp_path: Path) -> None:
+    import json
+
+    run = write_run(tmp_path / "runs" / "a", steps=1)
+    ranges = {"correct": {"min": 0, "max": 1}}
+    (run / "metadata.json").write_text(json.dumps({"environments": [
+        {"name": "countdown", "reward_min": 0.0, "reward_max": 2.0, "metrics_ranges": ranges},
+    ]}))  # fmt: skip
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    ranges = TestClient(create_app(con)).get(f"/api/runs/{run_id_for(run)}").json()["ranges"]
+    assert ranges == {"reward": {"countdown": [0.0, 2.0]}, "metrics": {"correct": [0, 1]}}
+
+
+def test_code_snapshot_files_text_and_diff_between_runs(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "runs" / "a", steps=1)
+    b = write_run(tmp_path / "runs" / "b", steps=1)
+    for run, train in ((a, "lr = 1e-6\nsteps = 10\n"), (b, "lr = 3e-6\nsteps = 10\n")):
+        (run / "code" / "pkg").mkdir(parents=True)
+        (run / "code" / "README.md").write_text("# the project\n")
+        (run / "code" / "pkg" / "train.py").write_text(train)
+    (a / "code" / "old.py").write_text("x = 1\n")
+    (b / "code" / "pkg" / "new.py").write_text("y = 2\n")
+    (tmp_path / "secret.txt").write_text("not for the dashboard")
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    ra, rb = run_id_for(a), run_id_for(b)
+    listing = api.get(f"/api/code/{ra}").json()
+    assert listing["files"] == ["README.md", "old.py", "pkg/train.py"]
+    assert api.get(f"/api/code/{ra}/file", params={"path": "pkg/train.py"}).text == "lr = 1e-6\nsteps = 10\n"
+    for outside in ("../config.json", "../../secret.txt", "/etc/passwd"):
+        assert api.get(f"/api/code/{ra}/file", params={"path": outside}).status_code == 403, outside
+    assert api.get(f"/api/code/{ra}/file", params={"path": "missing.py"}).status_code == 404
+    diff = api.get("/api/code-diff", params={"a": ra, "b": rb}).json()
+    assert diff["changed"] == [
+        {"path": "old.py", "status": "removed"}, {"path": "pkg/new.py", "status": "added"},
+        {"path": "pkg/train.py", "status": "modified"},
+    ] and diff["same"] == 1  # fmt: skip
+    text = api.get("/api/code-diff", params={"a": ra, "b": rb, "path": "pkg/train.py"}).json()["diff"]
+    assert "-lr = 1e-6\n+lr = 3e-6\n" in text and "--- a/pkg/train.py" in text
+    import shutil
+
+    shutil.rmtree(b)
+    assert api.get(f"/api/code/{rb}").status_code == 410
 
 
 def test_config_diff(client: tuple[TestClient, str, Path], tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from telescope.recording.block_format import EVENTS_SCHEMA, META_FILE, ROLLOUTS_SCHEMA
 from telescope.recording.block_reader import Chunk, RecordFilter, StreamCursor, StreamReader
 from telescope.recording.jsonl import parse_lines
+from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE
 from telescope.recording.run_store import (
     CONFIG_JSON,
     CONFIG_YAML,
@@ -220,6 +221,22 @@ class RunReader:
     def config(self) -> Record | None:
         """The resolved config (config.json), or ``None`` before the run wrote it."""
         return _read_json_object(self.run_dir / CONFIG_JSON)
+
+    def metadata(self) -> Record | None:
+        """metadata.json (environments and their metric ranges, host, git, the code snapshot's
+        summary; see :mod:`telescope.recording.run_metadata`), or ``None`` before the run wrote it."""
+        return _read_json_object(self.run_dir / METADATA_FILE)
+
+    @property
+    def code_dir(self) -> Path:
+        """The folder of the run's code snapshot (it may not exist)."""
+        return self.run_dir / CODE_DIR
+
+    def code_files(self) -> list[str]:
+        """The files of the code snapshot, as sorted paths relative to :attr:`code_dir` (``[]`` without one)."""
+        if not self.code_dir.is_dir():
+            return []
+        return sorted(p.relative_to(self.code_dir).as_posix() for p in self.code_dir.rglob("*") if p.is_file())
 
     def config_text(self) -> str | None:
         """The resolved config as YAML text, or ``None`` before the run wrote it."""

@@ -149,9 +149,12 @@ def rollout_record(
     ``policy_versions`` (one per turn), ``stop_reason`` (finish reason of the last
     turn), ``num_turns``, ``prompt_tokens``, ``completion_tokens`` (summed over turns),
     ``total_tokens`` (the whole sequence, environment turns included) and ``error``
-    (the rollout's or the reward function's).
+    (the rollout's or the reward function's); ``tags`` when the sample has some
+    (``Sample.metadata["tags"]``: a dict of name to value, or a list of names), which the
+    dashboard filters its metrics by.
     """
     reward = rollout.reward
+    tags = rollout.sample.metadata.get("tags") if isinstance(rollout.sample.metadata, dict) else None
     return {
         "step": step,
         "group_index": group_index,
@@ -172,6 +175,7 @@ def rollout_record(
         "completion_tokens": rollout.completion_length,
         "total_tokens": len(rollout.token_ids),
         "error": rollout.error or (reward.error if reward is not None else None),
+        **({"tags": tags} if tags else {}),
     }
 
 

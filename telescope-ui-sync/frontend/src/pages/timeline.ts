@@ -87,12 +87,12 @@ export function timelinePage(ctx: Ctx): Page {
     const bins = data.bins;
     if (bins) {
       for (let i = 0; i < bins.lane.length; i++) {
-        const row = index.get(bins.lane[i]);
+        const row = index.get(lanes[bins.lane[i]]?.id ?? "");
         if (row === undefined) continue;
-        const x0 = xOf(bins.start[i]), x1 = xOf(bins.end[i]);
-        const share = bins.busy[i] / Math.max(1e-9, bins.end[i] - bins.start[i]);
-        g.globalAlpha = Math.min(1, Math.max(0.2, share));
-        g.fillStyle = bins.errors[i] ? "#dc2626" : hashColor(bins.kind[i] ?? "other");
+        const t0 = bins.origin + bins.bucket[i] * bins.width;
+        const x0 = xOf(t0), x1 = xOf(t0 + bins.width);
+        g.globalAlpha = Math.min(1, Math.max(0.2, bins.busy[i] / bins.width));
+        g.fillStyle = bins.errors[i] ? "#dc2626" : hashColor(bins.kinds[bins.kind[i]] ?? "other");
         g.fillRect(x0, AXIS_H + row * LANE_H + 6, Math.max(1, x1 - x0), LANE_H - 12);
       }
       g.globalAlpha = 1;
@@ -120,9 +120,11 @@ export function timelinePage(ctx: Ctx): Page {
     const hit = data.events.find((ev) => ev.lane === lane.id && ev.start - slack <= t && t <= ev.start + ev.duration + slack);
     if (hit || !data.bins) return hit ?? null;
     const bins = data.bins; // else the bucket under the pointer: its longest event
+    const laneAt = data.lanes.indexOf(lane);
     for (let i = 0; i < bins.lane.length; i++) {
-      if (bins.lane[i] === lane.id && bins.start[i] - slack <= t && t <= bins.end[i] + slack) {
-        return { seq: bins.seq[i], kind: bins.kind[i] ?? "other", lane: lane.id, start: bins.start[i], duration: 0, step: null, error: bins.errors[i] > 0 };
+      const t0 = bins.origin + bins.bucket[i] * bins.width;
+      if (bins.lane[i] === laneAt && t0 - slack <= t && t <= t0 + bins.width + slack) {
+        return { seq: bins.seq[i], kind: bins.kinds[bins.kind[i]] ?? "other", lane: lane.id, start: t0, duration: 0, step: null, error: bins.errors[i] > 0 };
       }
     }
     return null;
@@ -187,13 +189,13 @@ export function timelinePage(ctx: Ctx): Page {
   }
 
   function renderLegend(): void {
-    const kinds = [...new Set([...(data?.events ?? []).map((e) => e.kind), ...(data?.bins?.kind ?? [])].filter((k): k is string => Boolean(k)))].sort();
+    const kinds = [...new Set([...(data?.events ?? []).map((e) => e.kind), ...(data?.bins?.kinds ?? [])].filter((k): k is string => Boolean(k)))].sort();
     clear(legend);
     for (const kind of kinds) legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${hashColor(kind)}` }), kind));
   }
 
   async function load(): Promise<void> {
-    const buckets = Math.max(100, Math.round((canvas.parentElement?.clientWidth || 900) - LABEL_W));
+    const buckets = Math.max(50, Math.round(((canvas.parentElement?.clientWidth || 900) - LABEL_W) / 4)); // 4 px each
     data = await get<Timeline>("/api/timeline", { run: runId, start: userMoved ? view?.start : null, end: userMoved ? view?.end : null, buckets });
     fullRange = data.range;
     if (!userMoved) view = data.window;

@@ -53,10 +53,16 @@ def _steps(cur: duckdb.DuckDBPyConnection, run: str) -> list[dict[str, Any]]:
     return steps
 
 
-def _bins(cur: duckdb.DuckDBPyConnection, run: str, start: float, end: float, buckets: int) -> dict[str, list[Any]]:
+def _bins(
+    cur: duckdb.DuckDBPyConnection, run: str, start: float, end: float, buckets: int, lanes: list[str]
+) -> dict[str, Any]:
     """Per lane, the window cut into ``buckets``: events, busy seconds, errors and the longest
     event of each bucket that has any (by start time). From the pre-computed ``event_bins``
-    when a bucket is wider than they are, else from the window's events."""
+    when a bucket is wider than they are, else from the window's events.
+
+    Columns of equal length, compact: ``lane`` indexes ``lanes``, ``bucket`` counts
+    ``width`` seconds from ``origin``, ``kind`` (of the longest event) indexes ``kinds``.
+    """
     width = (end - start) / buckets
     if width >= BIN_SECONDS:
         source = (
@@ -71,19 +77,21 @@ def _bins(cur: duckdb.DuckDBPyConnection, run: str, start: float, end: float, bu
         )
     rows = cur.execute(
         f"""
-        SELECT component || '|' || lane, least(greatest(floor((t - $start) / $width), 0), $buckets - 1) AS b,
+        SELECT component || '|' || lane, CAST(least(greatest(floor((t - $start) / $width), 0), $buckets - 1) AS BIGINT),
             sum(n), sum(busy), sum(errors), arg_max(seq, duration), arg_max(kind, duration)
         FROM ({source}) GROUP BY ALL ORDER BY 1, 2
         """,
         {"run": run, "start": start, "end": end, "width": width, "buckets": buckets}
         | ({"bin": BIN_SECONDS} if width >= BIN_SECONDS else {}),
     ).fetchall()
-    columns: dict[str, list[Any]] = {k: [] for k in ("lane", "start", "end", "count", "busy", "errors", "seq", "kind")}
+    lane_index = {lane: i for i, lane in enumerate(lanes)}
+    kinds: dict[str | None, int] = {}
+    columns: dict[str, list[Any]] = {k: [] for k in ("lane", "bucket", "count", "busy", "errors", "seq", "kind")}
     for lane, bucket, count, busy, errors, seq, kind in rows:
-        for key, value in zip(columns, (lane, start + bucket * width, start + (bucket + 1) * width, count, busy,
-                                         errors, seq, kind), strict=True):  # fmt: skip
+        for key, value in zip(columns, (lane_index.get(lane, -1), bucket, count, round(busy, 6), errors, seq,
+                                         kinds.setdefault(kind, len(kinds))), strict=True):  # fmt: skip
             columns[key].append(value)
-    return columns
+    return {"origin": start, "width": width, "kinds": list(kinds), **columns}
 
 
 @router.get("/timeline")
@@ -92,14 +100,15 @@ def timeline(
     start: float | None = None,
     end: float | None = None,
     limit: int = Query(2000, ge=1, le=200000),
-    buckets: int = Query(1000, ge=10, le=10000),
+    buckets: int = Query(300, ge=10, le=10000),
     cur: duckdb.DuckDBPyConnection = Depends(cursor),
 ) -> Response:
     """Lanes and events overlapping [start, end] (the whole run when omitted).
 
     A window holding at most ``limit`` events returns them all. A fuller one returns its
     ``limit`` longest events and, per lane, ``bins``: the window cut into ``buckets``
-    with each bucket's events, busy seconds, errors and longest event (``truncated``).
+    with each bucket's events, busy seconds, errors and longest event (``truncated``; see
+    :func:`_bins` for the columns).
     """
     run_row(cur, run)
     lo, hi = cur.execute(
@@ -142,7 +151,9 @@ def timeline(
             "window": {"start": window_start, "end": window_end},
             "lanes": ordered,
             "events": events,
-            "bins": _bins(cur, run, window_start, window_end, buckets) if truncated else None,
+            "bins": _bins(cur, run, window_start, window_end, buckets, [lane["id"] for lane in ordered])
+            if truncated
+            else None,
             "steps": visible_steps,
             "truncated": truncated,
             "total": count,

@@ -105,7 +105,17 @@ def _message_text(json_value: str) -> str:
     )
 
 
-ROLLOUT_PATHS = ["$.prompt", "$.completion", "$.sample_metrics", "$.discard_reason", "$.discarded"]
+#: SQL: a rollout's ``tags`` (``{tags}``: its JSON) as strings: ``name=value`` for each entry
+#: of an object, each item of a list (NULL when it has none).
+TAGS = (
+    "CASE json_type({tags}) "
+    "WHEN 'OBJECT' THEN list_transform(map_entries(TRY_CAST({tags} AS MAP(VARCHAR, JSON))), "
+    "lambda e: e.key || '=' || coalesce(json_extract_string(e.value, '$'), 'null')) "
+    "WHEN 'ARRAY' THEN list_transform(TRY_CAST({tags} AS JSON[]), "
+    "lambda v: coalesce(json_extract_string(v, '$'), 'null')) "
+    "END"
+)
+ROLLOUT_PATHS = ["$.prompt", "$.completion", "$.sample_metrics", "$.discard_reason", "$.discarded", "$.tags"]
 #: SQL: the texts search finds, lowercased: the prompt, the completion, the content of every
 #: message (tool and environment output among them) and the tool calls. Duplicates (the
 #: prompt is usually the first message too) are kept once; the order does not matter to a
@@ -120,16 +130,16 @@ SEARCH_TEXT = (
 
 def insert_rollouts(con: duckdb.DuckDBPyConnection, run_id: str, source: Source, first_seq: int) -> int:
     """Rows of ``rollouts`` for every row of ``source``, numbered from ``first_seq`` in stream order."""
-    prompt, completion, sample_metrics, discard, discarded = (f"j[{i}]" for i in range(1, len(ROLLOUT_PATHS) + 1))
+    prompt, completion, sample_metrics, discard, discarded, tags = (f"j[{i}]" for i in range(1, len(ROLLOUT_PATHS) + 1))
     search_text = SEARCH_TEXT.format(prompt=_message_text(prompt), completion=_message_text(completion))
     sql = f"""
         INSERT INTO rollouts (run_id, seq, step, group_index, rollout_index, sample_id, environment, reward, advantage,
             stop_reason, num_turns, prompt_tokens, completion_tokens, total_tokens, policy_version, error,
-            discard_reason, search_text, sample_metrics_json, record_json)
+            discard_reason, tags, search_text, sample_metrics_json, record_json)
         SELECT $run, $first + {ORDER_COLUMN} - 1, step, group_index, rollout_index, sample_id, environment, reward,
             advantage, stop_reason, num_turns, prompt_tokens, completion_tokens, total_tokens, policy_version, error,
             coalesce({_text(discard)}, CASE WHEN CAST({discarded} AS VARCHAR) = 'true' THEN 'discarded' END),
-            {search_text},
+            {TAGS.format(tags=tags)}, {search_text},
             CASE json_type({sample_metrics}) WHEN 'OBJECT' THEN CAST({sample_metrics} AS VARCHAR) ELSE '{{}}' END,
             record
         FROM (SELECT *, json_extract(record, $paths) AS j FROM {source.sql})
@@ -198,29 +208,56 @@ def insert_events(con: duckdb.DuckDBPyConnection, run_id: str, source: Source, f
     return int(records)
 
 
+BIN_KEY = "run_id, component, lane, bin"
+#: SQL: bins (rows of ``event_bins``) added up, per lane and bin.
+MERGE_BINS = (
+    f"SELECT {BIN_KEY}, sum(events), sum(busy), sum(errors), min(first_start), max(last_finish), "
+    "arg_max(longest_seq, longest_duration), arg_max(longest_kind, longest_duration), max(longest_duration) "
+    f"FROM ({{rows}}) GROUP BY {BIN_KEY}"
+)
+
+
 def _add_bins(con: duckdb.DuckDBPyConnection, run_id: str, first_seq: int, count: int) -> None:
-    """Add the timeline events numbered ``first_seq`` .. ``first_seq + count - 1`` to ``event_bins``."""
+    """Add the timeline events numbered ``first_seq`` .. ``first_seq + count - 1`` to ``event_bins``.
+
+    A bin that already has events (the batch before ended inside it) is merged with the new
+    ones: its row is read, deleted and written again added up. (A primary key and ``ON
+    CONFLICT`` would do the same but cost more than the grouping itself to maintain.)
+    """
     con.execute(
         """
-        INSERT INTO event_bins
-        SELECT run_id, component, lane, CAST(floor(start / $width) AS BIGINT), count(*), sum(duration), count(error),
-            min(start), max(finish), arg_max(seq, duration), arg_max(kind, duration), max(duration)
+        CREATE OR REPLACE TEMP TABLE _new_bins AS
+        SELECT run_id, component, lane, CAST(floor(start / $width) AS BIGINT) AS bin, count(*) AS events,
+            sum(duration) AS busy, count(error) AS errors, min(start) AS first_start, max(finish) AS last_finish,
+            arg_max(seq, duration) AS longest_seq, arg_max(kind, duration) AS longest_kind,
+            max(duration) AS longest_duration
         FROM events
         WHERE run_id = $run AND seq >= $first AND seq < $first + $count AND start IS NOT NULL
             AND NOT starts_with(coalesce(kind, ''), 'infra.')
         GROUP BY ALL
-        ON CONFLICT (run_id, component, lane, bin) DO UPDATE SET
-            longest_seq = CASE WHEN excluded.longest_duration > longest_duration THEN excluded.longest_seq
-                ELSE longest_seq END,
-            longest_kind = CASE WHEN excluded.longest_duration > longest_duration THEN excluded.longest_kind
-                ELSE longest_kind END,
-            longest_duration = greatest(longest_duration, excluded.longest_duration),
-            events = events + excluded.events, busy = busy + excluded.busy, errors = errors + excluded.errors,
-            first_start = least(first_start, excluded.first_start),
-            last_finish = greatest(last_finish, excluded.last_finish)
         """,
         {"run": run_id, "first": first_seq, "count": count, "width": BIN_SECONDS},
     )
+    try:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _old_bins AS
+            SELECT * FROM event_bins
+            WHERE run_id = $run AND bin >= (SELECT min(bin) FROM _new_bins)
+                AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _new_bins)
+            """,
+            {"run": run_id},
+        )
+        con.execute(
+            f"DELETE FROM event_bins WHERE run_id = $run AND bin >= (SELECT min(bin) FROM _new_bins) "
+            f"AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _old_bins)",
+            {"run": run_id},
+        )
+        rows = "SELECT * FROM _new_bins UNION ALL SELECT * FROM _old_bins"
+        con.execute(f"INSERT INTO event_bins {MERGE_BINS.format(rows=rows)}")
+    finally:
+        con.execute("DROP TABLE IF EXISTS _new_bins")
+        con.execute("DROP TABLE IF EXISTS _old_bins")
 
 
 def replace_steps(con: duckdb.DuckDBPyConnection, run_id: str, rows: pa.Table) -> None:

@@ -12,7 +12,8 @@ or eval needs no schema change:
 - ``metrics`` (run_id, step, time, name, value): every numeric value of metrics.jsonl;
   ``steps`` (run_id, step, time, duration): one row per step (its metrics' time and
   ``timing_step_total``), for the timeline's steps lane and the step counts.
-- ``rollouts``: one row per rollout with the columns the pages filter and colour by,
+- ``rollouts``: one row per rollout with the columns the pages filter and colour by
+  (``tags``: the sample's tags as ``name=value`` or ``name`` strings),
   ``search_text`` (prompt, completion and tool output, lowercased: what search scans) and
   the whole record as JSON.
 - ``events``: timeline events (kind, component, start, duration, finish, lane, step,
@@ -103,6 +104,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     policy_version BIGINT,
     error VARCHAR,
     discard_reason VARCHAR,
+    tags VARCHAR[],
     search_text VARCHAR,
     sample_metrics_json VARCHAR,
     record_json VARCHAR
@@ -134,8 +136,7 @@ CREATE TABLE IF NOT EXISTS event_bins (
     last_finish DOUBLE NOT NULL,
     longest_seq BIGINT NOT NULL,
     longest_kind VARCHAR,
-    longest_duration DOUBLE NOT NULL,
-    PRIMARY KEY (run_id, component, lane, bin)
+    longest_duration DOUBLE NOT NULL
 );
 CREATE TABLE IF NOT EXISTS system_metrics (
     run_id VARCHAR NOT NULL,

@@ -210,8 +210,7 @@ class RunSyncer:
         self._status_text = status_text
         config = self.reader.config()
         self._has_config = config is not None
-        metadata_reader = getattr(self.reader, "metadata", None)
-        metadata = metadata_reader() if callable(metadata_reader) else None
+        metadata = self.reader.metadata()
         status = status or {}
         number_of_steps = (config or {}).get("number_of_steps")
         self.con.execute(
