@@ -312,6 +312,29 @@ def test_built_assets_are_up_to_date_and_load_nothing_from_the_network() -> None
     assert "url(http" not in css and "@import" not in css
 
 
+def test_the_wheel_ships_the_built_front_end(tmp_path: Path) -> None:
+    """``pip wheel`` of the package (hatchling, no network) holds every built asset and no front-end source."""
+    import zipfile
+
+    pytest.importorskip("hatchling", reason="the build backend (requirements-dev.txt installs it)")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w"]
+    result = subprocess.run(
+        [*command, str(tmp_path), str(REPO / "telescope-ui-sync")], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [wheel] = tmp_path.glob("telescope_ui_sync-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = build.STATIC_DIR
+    built = {f"telescope_ui_sync/static/{p.relative_to(static).as_posix()}" for p in static.rglob("*") if p.is_file()}
+    assert {"telescope_ui_sync/static/index.html", "telescope_ui_sync/static/assets/app.js"} <= built
+    assert any(name.endswith(".woff2") for name in built)  # KaTeX's fonts: nothing is fetched at run time
+    assert built <= names, sorted(built - names)[:5]
+    assert not [name for name in names if "node_modules" in name or name.endswith(".ts")]
+    entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[telescope]" in text and "telescope_ui_sync.plugin" in text
+
+
 def test_the_cli_module_stays_light() -> None:
     code = (
         "import sys, telescope_ui_sync.plugin, telescope_ui_sync.cli; "
