@@ -107,6 +107,11 @@ class MemoryTransport(WeightTransport):
         if "root" not in init_info:
             raise ValueError(f"memory transport init info lacks 'root': {init_info}")
         self.root = Path(init_info["root"])
+        if not self.root.is_dir():
+            raise ValueError(
+                f"the memory transport's folder {self.root} does not exist here: the sender is on another "
+                "machine, and this transport works on one machine only; use weight_transport: nccl (gloo on CPUs)"
+            )
 
     def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         if self.root is None:
