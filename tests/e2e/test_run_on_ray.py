@@ -213,3 +213,43 @@ def test_workers_that_cannot_be_placed_fail_cleanly(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
     assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_machine_at_once_both_complete(tmp_path: Path) -> None:
+    """With ``ray_address: auto`` and no `ray start` cluster, each run starts a Ray cluster of its own.
+
+    Before, the second run attached to the cluster the first had started for itself and
+    failed on a placement-group name clash (and the first run's shutdown would have
+    taken the cluster from under it). The second starts once the first's cluster and
+    workers are up (the case that failed; it also spares a loaded machine two Ray
+    start-ups at once, which Ray bounds at 30 s), and both train at the same time. Both
+    ask for the same inference port: while the first's server holds it, the second's
+    takes another one.
+    """
+    runs = [tmp_path / "first", tmp_path / "second"]
+    args = ("--number_of_steps", "2", "--warm_start_steps", "10")
+    first = telescope(runs[0], "--number_of_steps", "6", "--warm_start_steps", "10")
+    log = runs[0] / "logs" / "orchestrator.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "placed 1 inference servers" in log.read_text()):
+        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+        assert time.monotonic() < deadline, "the first run's workers were not placed in time"
+        time.sleep(0.5)
+    processes = [first, telescope(runs[1], *args)]
+    results = [process.communicate(timeout=540) for process in processes]
+    for process, (_, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err[-3000:]
+    servers = []  # (url, when it was up, when its run ended)
+    for run_dir, steps in zip(runs, (6, 2), strict=True):
+        reader = RunReader(run_dir)
+        status = reader.status()
+        assert status["status"] == "completed"
+        assert [m["step"] for m in reader.metrics()] == list(range(steps))
+        [server] = [e for e in reader.events() if e["kind"] == "worker.placed" and e["component"] == "inference"]
+        servers.append((server["url"], server["start"], status["end_time"]))
+        assert processes_mentioning(str(run_dir)) == []
+    assert RunReader(runs[1]).status()["start_time"] < servers[0][2]  # the runs overlapped
+    (first_url, first_up, first_end), (second_url, second_up, second_end) = servers
+    if first_up < second_end and second_up < first_end:  # both servers up at once: one port each
+        assert first_url != second_url, servers

@@ -6,6 +6,7 @@ The scrape of a real embedded server is in tests/core/inference/test_inference_m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,6 +88,36 @@ def test_a_collector_that_recovers_is_announced_and_stop_flushes(caplog: pytest.
         asyncio.run(go())
     assert [e["call"] for e in published] == [2, 3]
     assert any("flaky works again" in r.getMessage() for r in caplog.records)
+
+
+def test_stop_returns_when_a_collector_missed_its_cancellation() -> None:
+    """A collection that completes as it is cancelled can swallow the cancellation (Python 3.11's wait_for
+    returns its result): a run then hung at its end, the monitor still collecting while ``stop`` waited."""
+    collections = {"count": 0}
+
+    async def nothing() -> list[dict[str, Any]]:
+        return []
+
+    monitor = InfraMonitor([Collector("lossy", 0.01, nothing)], lambda event: None)
+
+    async def lossy_collect_once(collector: Collector, **kwargs: Any) -> int:
+        collections["count"] += 1
+        with contextlib.suppress(asyncio.CancelledError):  # the lost cancellation
+            await asyncio.sleep(0.05)
+        return 0
+
+    monitor.collect_once = lossy_collect_once  # type: ignore[method-assign]
+
+    async def go() -> float:
+        monitor.start()
+        await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await monitor.stop(flush_timeout_s=2.0)
+        return loop.time() - start
+
+    assert asyncio.run(asyncio.wait_for(go(), timeout=20)) < 5.0
+    assert collections["count"] > 1
 
 
 def test_published_events_reach_the_run_store(tmp_path: Path) -> None:

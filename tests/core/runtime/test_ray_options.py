@@ -35,3 +35,35 @@ def test_runtime_env_options_can_be_turned_off(tmp_path: Path, monkeypatch: pyte
         config(ray_propagate_active_venv=False, ray_propagate_run_dir=False, ray_pin_py_executable=False), tmp_path
     )
     assert env == {}
+
+
+def test_auto_attaches_only_to_ray_address_or_a_ray_start_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not to a cluster found by its processes alone (one another run started for itself with ray.init)."""
+    import socket
+
+    import ray._private.services as services
+
+    from telescope.runtime import ray_services
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: {"192.0.2.7:6379"})  # never consulted
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
+    assert ray_services._registered_cluster() is None
+    with socket.socket() as listening:  # a `ray start` cluster registered in /tmp/ray/ray_current_cluster
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: address)
+        assert ray_services._registered_cluster() == address
+    assert ray_services._registered_cluster() is None  # registered, but it no longer answers
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert ray_services._registered_cluster() == "10.0.0.1:6379"
+
+
+def test_custom_resources_per_worker_are_validated() -> None:
+    assert config(ray_inference_resources_per_worker={"node_b": 1}).ray_inference_resources_per_worker == {
+        "node_b": 1.0
+    }
+    for bad in ({"GPU": 1}, {"node_b": 0}):
+        with pytest.raises(Exception, match="ray_trainer_resources_per_worker"):
+            config(ray_trainer_resources_per_worker=bad)

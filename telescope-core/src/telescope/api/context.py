@@ -80,6 +80,8 @@ class InferenceContext(_Context):
     #: None = the backend's default
     max_num_batched_tokens: int | None = None
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    #: the address servers bind (``inference_host``, whose default is ``0.0.0.0``; loopback for a context
+    #: built by hand); a wildcard is reached at the node's address (:mod:`telescope.runtime.addressing`)
     host: str = "127.0.0.1"
     base_port: int = 8100
     tensor_parallel_size: int = 1
@@ -87,6 +89,11 @@ class InferenceContext(_Context):
     enable_thinking: bool = False
     #: Where the run's OTLP/HTTP trace receiver listens (set by the run when it started one), else None.
     traces_endpoint: str | None = None
+    #: The accelerator (CUDA) ids the scheduler assigned this worker, as Ray reports them inside the worker
+    #: (``ray.get_runtime_context().get_accelerator_ids()["GPU"]``); set by the run's inference worker.
+    #: None: not scheduled (``telescope eval``, tests), so worker ``i`` takes its share of the visible devices
+    #: (:func:`telescope.runtime.devices.worker_visible_devices`).
+    gpu_ids: tuple[str, ...] | None = None
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> InferenceContext:
@@ -103,10 +110,18 @@ class InferenceContext(_Context):
 
 @dataclass(frozen=True)
 class TransportContext(_Context):
-    """What a weight transport reads of the run: how long to wait, how to reach the sender."""
+    """What a weight transport reads of the run: how long to wait, how to reach the sender.
+
+    ``sender_host`` (the node address of trainer rank 0, which hosts the rendezvous) and
+    ``single_node`` (whether the sender and every receiver were placed on one node) are
+    set by the run from the actual placement; a context built by hand (tests, one
+    machine) leaves them unset: no known host, one node.
+    """
 
     timeout_s: float = 300.0
     prefer_loopback_if_single_node: bool = True
+    sender_host: str | None = None
+    single_node: bool = True
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> TransportContext:

@@ -377,8 +377,13 @@ class TelescopeConfig(BaseModel):
     )
 
     # --------------------------------------------------------------------- ray
-    ray_address: str = Field("auto", description='Ray cluster address ("auto" = attach to a running one)')
-    ray_auto_start_local: bool = Field(True, description="Start a local Ray cluster if none is running")
+    ray_address: str = Field(
+        "auto",
+        description='Ray cluster address ("auto": RAY_ADDRESS or the cluster `ray start` made here; "local": private)',
+    )
+    ray_auto_start_local: bool = Field(
+        True, description="Start a local Ray cluster, private to the run, if there is none to attach to"
+    )
     ray_namespace: str = Field("telescope", description="Ray namespace")
     ray_log_to_driver: bool = Field(True, description="Forward worker logs to the driver process")
     ray_runtime_env: dict[str, Any] | None = Field(None, description="Custom Ray runtime environment")
@@ -395,6 +400,14 @@ class TelescopeConfig(BaseModel):
     ray_trainer_cpus_per_worker: float = Field(4.0, gt=0, description="CPU cores per trainer worker")
     ray_inference_placement_strategy: PlacementStrategy = Field("PACK", description="Placement of inference workers")
     ray_trainer_placement_strategy: PlacementStrategy = Field("PACK", description="Placement of trainer workers")
+    ray_inference_resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per inference worker, e.g. {node_b: 1}: servers go to nodes that offer them",
+    )
+    ray_trainer_resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per trainer worker, e.g. {node_a: 1}: ranks go to nodes that offer them",
+    )
     ray_placement_timeout_s: int = Field(900, ge=1, description="Timeout for placement group creation")
 
     # ------------------------------------------------------- weight broadcasting
@@ -414,6 +427,19 @@ class TelescopeConfig(BaseModel):
             return 0
         if value is True:
             raise ValueError("checkpoint_every takes a step count (e.g. 50), or 0/false to disable")
+        return value
+
+    @field_validator("ray_inference_resources_per_worker", "ray_trainer_resources_per_worker")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(
+                    f"{name!r} is set by ray_*_cpus_per_worker and the GPU settings; list only custom resources "
+                    "(the names given to `ray start --resources`)"
+                )
+            if amount <= 0:
+                raise ValueError(f"resource {name!r} needs an amount > 0, got {amount}")
         return value
 
     @field_validator("kl_penalty_tau", mode="before")

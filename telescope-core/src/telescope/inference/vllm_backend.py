@@ -6,7 +6,8 @@ extension, which runs inside vLLM's worker processes and uses only the worker's
 attributes, so all of it is importable and testable without vLLM.
 
 The server (:func:`serve_command`)
-    ``vllm serve MODEL`` on ``inference_host:inference_base_port + i`` with
+    ``vllm serve MODEL`` on ``inference_host:inference_base_port + i`` (another
+    free port when that one is taken) with
     ``--tensor-parallel-size`` (``inference_tensor_parallel_size``),
     ``--gpu-memory-utilization``, ``--max-model-len``, ``--max-num-seqs`` (``max_num_seqs``, see
     :func:`max_num_seqs`), ``--max-num-batched-tokens`` (``max_num_batched_tokens``, when set),
@@ -30,9 +31,11 @@ The server (:func:`serve_command`)
       updates) and ``/reset_prefix_cache``. Dev mode also exposes other
       unauthenticated control routes: keep inference ports on a private network.
 
-    The worker's GPUs: visible devices ``i * tp .. (i + 1) * tp - 1`` (of
-    ``CUDA_VISIBLE_DEVICES`` when set), unless ``TELESCOPE_VLLM_KEEP_DEVICES=1``
-    (a scheduler such as Ray already narrowed them).
+    The worker's GPUs (:mod:`telescope.runtime.devices`): under Ray, exactly the
+    ``tp`` ids Ray assigned the worker (``InferenceContext.gpu_ids``; never an index
+    into the node's list, which Ray has already narrowed); without a scheduler,
+    visible devices ``i * tp .. (i + 1) * tp - 1`` (of ``CUDA_VISIBLE_DEVICES`` when
+    set). ``TELESCOPE_VLLM_KEEP_DEVICES=1`` keeps the environment's devices as they are.
 
 Tracing (``enable_vllm_tracing``)
     The run starts an OTLP/HTTP trace receiver on ``otlp_receiver_port``
@@ -87,7 +90,8 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
 from telescope.inference import weight_updates
-from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
+from telescope.runtime.devices import worker_visible_devices
+from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext
@@ -120,10 +124,11 @@ def serve_command(
     model_path: str,
     chat_template_file: str | None = None,
     executable: str | None = None,
+    port: int | None = None,
 ) -> list[str]:
     """The ``vllm serve`` command line of inference worker ``worker_index``."""
     settings = settings or _default_settings()
-    port = context.base_port + worker_index
+    port = context.base_port + worker_index if port is None else port
     command = [
         executable or vllm_executable(),
         "serve",
@@ -222,19 +227,11 @@ def serve_env(context: InferenceContext, worker_index: int, base: dict[str, str]
         tag = f"telescope.server={worker_index}"
         env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(a for a in (env.get("OTEL_RESOURCE_ATTRIBUTES"), tag) if a)
     if env.get("TELESCOPE_VLLM_KEEP_DEVICES") != "1":
-        tp = context.tensor_parallel_size
-        visible = env.get("CUDA_VISIBLE_DEVICES")
-        devices = [d for d in visible.split(",") if d] if visible else None
-        wanted = range(worker_index * tp, (worker_index + 1) * tp)
-        if devices is None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in wanted)
-        else:
-            if len(devices) < wanted.stop:
-                raise ValueError(
-                    f"inference worker {worker_index} needs GPUs {wanted.start}..{wanted.stop - 1} "
-                    f"(inference_tensor_parallel_size={tp}) but CUDA_VISIBLE_DEVICES lists {len(devices)}"
-                )
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i] for i in wanted)
+        visible = worker_visible_devices(
+            context.gpu_ids, env.get("CUDA_VISIBLE_DEVICES"), worker_index, context.tensor_parallel_size
+        )
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
     return env
 
 
@@ -260,14 +257,20 @@ class VLLMBackend(InferenceBackend):
         return self.context.tensor_parallel_size
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
-        from telescope.models.tiny import resolve_model_path
-
         context = self.context
         if not self.is_available():
             raise RuntimeError(
                 "inference_backend 'vllm' needs vLLM and a CUDA GPU: pip install 'telescope-core[vllm]' "
                 "on a GPU machine, or use inference_backend: embedded"
             )
+        return start_on_free_port(
+            lambda port: self._start(worker_index, run_dir, port), context.host, context.base_port + worker_index
+        )
+
+    def _start(self, worker_index: int, run_dir: Path | None, port: int) -> InferenceServer:
+        from telescope.models.tiny import resolve_model_path
+
+        context = self.context
         cleanup: list[Path] = []
         template_file = None
         if context.chat_template is not None:
@@ -282,11 +285,13 @@ class VLLMBackend(InferenceBackend):
             self.vllm,
             model_path=resolve_model_path(context.model),
             chat_template_file=template_file,
+            port=port,
         )
         log_file = log_path(run_dir, worker_index, self.name)
         process = spawn(command, serve_env(context, worker_index), log_file)
-        address = ServerAddress(connect_host(context.host), context.base_port + worker_index)
-        return ProcessServer(process, address, log_file, cleanup).wait_until_healthy(self.health_timeout_s)
+        address = ServerAddress(connect_host(context.host), port)
+        server = ProcessServer(process, address, log_file, cleanup, bind_host=context.host)
+        return server.wait_until_healthy(self.health_timeout_s)
 
 
 class TelescopeWorkerExtension:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -189,24 +191,36 @@ def build_model(spec: TinyModelSpec, vocab_size: int, eos_token_id: int, pad_tok
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def build_tiny_model(path: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Build a tokenizer and model and save both to ``path`` (Hugging Face format)."""
+def build_tiny_model(path: str | Path, spec: TinyModelSpec | None = None, replace: bool = True) -> Path:
+    """Build a tokenizer and model and save both to ``path`` (Hugging Face format).
+
+    The folder appears whole (built aside, then renamed). ``replace=False`` keeps a
+    model that another process put at ``path`` meanwhile (two runs building one preset).
+    """
     spec = spec or PRESETS["test"]
     path = Path(path)
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "telescope_tiny.json").write_text(__import__("json").dumps(asdict(spec)), encoding="utf-8")
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
-    tmp.rename(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a folder of our own: two runs building the same model at once never write into one folder
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "telescope_tiny.json").write_text(__import__("json").dumps(asdict(spec)), encoding="utf-8")
+        if not replace and (path / "config.json").exists():
+            return path  # another process built it meanwhile (the same spec: the same files); keep it
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)  # replaced (or a broken folder, without config.json)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process renamed its build there first
+            if not (path / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -223,5 +237,5 @@ def resolve_model_path(model: str) -> str:
         raise ValueError(f"unknown tiny model preset {preset!r}; available: {', '.join(PRESETS)}")
     path = cache_dir() / "tiny-models" / preset
     if not (path / "config.json").exists():
-        build_tiny_model(path, PRESETS[preset])
+        build_tiny_model(path, PRESETS[preset], replace=False)
     return str(path)

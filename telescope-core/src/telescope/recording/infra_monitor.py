@@ -73,23 +73,38 @@ class InfraMonitor:
         self.published: dict[str, int] = {c.name: 0 for c in self.collectors}
         self._failing: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     def start(self) -> InfraMonitor:
         """Start one task per collector in the running event loop (first collection after one interval)."""
         if not self._tasks:
+            self._stopping = False
             self._tasks = [asyncio.create_task(self._run(c), name=f"telescope-infra-{c.name}") for c in self.collectors]
             if self.collectors:
                 log.info("infra monitor: %s", ", ".join(f"{c.name} every {c.interval_s:g} s" for c in self.collectors))
         return self
 
     async def stop(self, flush: bool = True, flush_timeout_s: float = 5.0) -> None:
-        """Cancel the tasks; with ``flush``, collect once more from each collector (failures logged at debug)."""
+        """Cancel the tasks; with ``flush``, collect once more from each collector (failures logged at debug).
+
+        Bounded: a task is also told to stop by a flag, and waited for at most
+        ``flush_timeout_s``. A cancellation can be lost (Python 3.11's ``wait_for``
+        returns the result of a collection that completes as it is cancelled), and
+        a task that missed it would otherwise keep collecting while ``stop`` waits
+        for it forever.
+        """
+        self._stopping = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=flush_timeout_s)
+            for task in pending:  # cancelled again: it missed the first (see above)
+                task.cancel()
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    with contextlib.suppress(Exception):
+                        task.result()  # retrieved, so asyncio does not warn
         if flush and tasks:
             flushes = (self.collect_once(c, timeout_s=flush_timeout_s, quiet=True) for c in self.collectors)
             await asyncio.gather(*flushes)
@@ -134,8 +149,10 @@ class InfraMonitor:
     async def _run(self, collector: Collector) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time() + collector.interval_s
-        while True:
+        while not self._stopping:
             await asyncio.sleep(max(0.0, next_tick - loop.time()))
+            if self._stopping:
+                return
             await self.collect_once(collector)
             next_tick += collector.interval_s
             if next_tick < loop.time():  # a slow collection: skip the missed ticks

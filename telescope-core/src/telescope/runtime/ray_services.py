@@ -1,16 +1,35 @@
 """The run's workers on Ray: placement, actors, the inference clients, weight sync.
 
-Ray is the only distributed engine. :func:`connect_ray` attaches to ``ray_address``
-or, when none answers and ``ray_auto_start_local`` is set, starts a local cluster
-(the laptop and CI case); the ``ray_*`` options map onto ``ray.init`` and the
-runtime environment. :class:`RayServices` then
+Ray is the only distributed engine. :func:`connect_ray` attaches to a cluster or
+starts a private one (the laptop and CI case); the ``ray_*`` options map onto
+``ray.init`` and the runtime environment:
+
+- ``ray_address: auto`` (the default) attaches to ``RAY_ADDRESS`` or to the cluster
+  that ``ray start`` registered on this machine; a cluster that another run started
+  for itself is not attached to. When there is none (or it does not answer) and
+  ``ray_auto_start_local`` is set, the run starts its own local cluster with
+  ``ray.init(address="local")``: private to the run (other runs on the machine
+  start their own) and shut down when the run ends;
+- ``ray_address: local`` always starts a private cluster; ``host:port`` (or
+  ``ray://...``) attaches to that cluster, as ``auto`` does, falling back to a
+  private one only with ``ray_auto_start_local``.
+
+:class:`RayServices` then
 
 - reserves a placement group per pool (``ray_*_placement_strategy``,
-  ``ray_*_cpus_per_worker``, a GPU per worker when the cluster has GPUs, within
-  ``ray_placement_timeout_s``), and places one actor per bundle;
+  ``ray_*_cpus_per_worker``, the custom resources of ``ray_*_resources_per_worker``
+  (to pin a role to nodes that offer them), a GPU per trainer rank and
+  ``inference_tensor_parallel_size`` GPUs per server when the cluster has GPUs,
+  within ``ray_placement_timeout_s``), named after the run (``telescope-<run
+  id>-<role>``, so runs sharing a cluster never clash), and places one actor per bundle;
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
-  rank 0's address);
+  rank 0's node address). Each worker takes the address and the GPUs Ray gives it
+  on its node (:mod:`telescope.runtime.workers`): a server's URL is its node's
+  address, and each placement is recorded as a ``worker.placed`` event
+  (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``). A server
+  on another node that listens on loopback only (``inference_host: 127.0.0.1``)
+  is a clear error;
 - starts the infrastructure monitoring (:mod:`telescope.runtime.monitoring`):
   a system sampler per node, torch memory sampling in each trainer rank, and with
   vLLM and ``enable_vllm_tracing`` the OTLP trace receiver whose address the
@@ -18,7 +37,11 @@ runtime environment. :class:`RayServices` then
   collector of all of it;
 - connects the weight transport (rank 0 sends, every server receives); the
   orchestrator then pushes the trainer's weights (after a resume or a warm start)
-  before the first request, so servers and trainer start identical;
+  before the first request, so servers and trainer start identical. The
+  transport learns the placement (``TransportContext.single_node``, ``sender_host``:
+  rank 0's node). ``weight_transport: auto`` is ``nccl`` with GPUs, and on CPUs
+  ``memory`` when rank 0 and every server share a node, else ``nccl`` (over gloo);
+  ``memory`` with servers on other nodes is a clear error;
 - is the orchestrator's :class:`~telescope.orchestrator.services.TrainingService`,
   and holds its :class:`~telescope.orchestrator.services.GenerationService`
   (``generation``: a :class:`~telescope.orchestrator.services.ServerPool` over the
@@ -29,12 +52,13 @@ are drained and published as ``trainer.<phase>`` with ``rank`` and ``step``; eac
 rank's ``weights.send`` is published when the weights are pushed; servers' weight
 loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
 
-Shutdown stops every server, kills every actor (samplers included), stops the
-trace receiver and removes the placement groups;
-servers are also killed by process group from the driver (same machine), so a
-crashed actor leaves no stray process. After SIGTERM to the process group
-(``close(budget_s=...)``) the server processes are killed first and the Ray cleanup
-gets a bounded time, since Ray's own processes may be gone.
+Shutdown asks every server's worker to stop its server, kills every actor
+(samplers included), stops the trace receiver and removes the placement groups.
+Nothing is killed by PID from the driver's host: a server process dies with its
+worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
+crashed or killed actor leaves no stray process. After SIGTERM to the process group
+(``close(budget_s=...)``) the Ray cleanup gets a bounded time, and none when Ray's
+GCS is already gone.
 
 Faults (README, "Faults a run survives"): every request to a server has the read timeout
 ``inference_request_timeout_s``; :meth:`RayServices.supervise` starts the
@@ -56,9 +80,10 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
+import socket
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,8 +146,34 @@ def runtime_env(config: TelescopeConfig, run_dir: Path) -> dict[str, Any]:
     return env
 
 
+def _registered_cluster() -> str | None:
+    """``RAY_ADDRESS``, else the address ``ray start`` registered on this machine if it answers, else None.
+
+    Unlike Ray's own ``auto``, a cluster found only by its running processes (one
+    that another run started with ``ray.init``) is not returned: it is that run's.
+    """
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        address = find_bootstrap_address(None)
+    except Exception:
+        return None
+    if not address:
+        return None
+    host, _, port = str(address).rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return str(address)
+    except (OSError, ValueError):
+        log.info("the Ray cluster registered at %s does not answer; not attaching to it", address)
+        return None
+
+
 def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
-    """Attach to or start Ray; returns True when this call started a local cluster."""
+    """Attach to or start Ray (see the module docstring); returns True when this call started a private cluster."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if config.ray_disable_runtime_env_hook:
         os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
@@ -135,7 +186,17 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
     }
     if ray.is_initialized():
         return False
-    address = None if config.ray_address in ("", "local") else config.ray_address
+    if config.ray_address in ("", "local"):
+        address = None
+    elif config.ray_address == "auto":
+        address = _registered_cluster()
+        if address is None and not config.ray_auto_start_local:
+            raise RayStartError(
+                "no Ray cluster to attach to (ray_address: auto found neither RAY_ADDRESS nor a cluster "
+                "started with `ray start`); start one (`ray start --head`) or set ray_auto_start_local: true"
+            )
+    else:
+        address = config.ray_address
     if address is not None:
         try:
             ray.init(address=address, **common)
@@ -146,7 +207,7 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
                     f"no Ray cluster at ray_address={config.ray_address!r} ({exc}); start one "
                     "(`ray start --head`) or set ray_auto_start_local: true"
                 ) from None
-    ray.init(include_dashboard=False, **common)
+    ray.init(address="local", include_dashboard=False, **common)  # private: not attached to by other runs
     return True
 
 
@@ -162,22 +223,39 @@ def gcs_reachable(timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _reserve(name: str, workers: int, cpus: float, gpus: float, strategy: str, timeout_s: int) -> PlacementGroup:
+def worker_bundle(cpus: float, gpus: float, resources: dict[str, float] | None = None) -> dict[str, float]:
+    """One worker's placement-group bundle: its CPUs, GPUs (when any) and custom resources."""
     bundle: dict[str, float] = {"CPU": cpus}
     if gpus:
         bundle["GPU"] = gpus
-    group = placement_group([dict(bundle) for _ in range(workers)], strategy=strategy, name=name)
+    bundle.update({name: float(amount) for name, amount in (resources or {}).items()})  # custom (the schema checks)
+    return bundle
+
+
+def _reserve(
+    role: str, group_name: str, workers: int, bundle: dict[str, float], strategy: str, timeout_s: int
+) -> PlacementGroup:
+    group = placement_group([dict(bundle) for _ in range(workers)], strategy=strategy, name=group_name)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         available = ray.available_resources()
+        custom = [k for k in bundle if k not in ("CPU", "GPU")]
         raise RayStartError(
-            f"could not place {workers} {name} workers with {bundle} each ({strategy}) within {timeout_s} s; "
-            f"the cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free. "
-            f"Lower ray_{name}_cpus_per_worker or the number of workers, or add nodes."
+            f"could not place {workers} {role} workers with {bundle} each ({strategy}) within {timeout_s} s; "
+            f"the cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free"
+            + (f", and {', '.join(f'{k}: {available.get(k, 0):g}' for k in custom)}" if custom else "")
+            + f". Lower ray_{role}_cpus_per_worker or the number of workers, "
+            + (f"check ray_{role}_resources_per_worker, " if custom else "")
+            + "or add nodes."
         ) from None
     return group
+
+
+def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
+    """Whether trainer rank 0 and every server were placed on one node (``placement()`` records)."""
+    return all(r["node"] == sender["node"] for r in receivers)
 
 
 class RayServices:
@@ -189,7 +267,11 @@ class RayServices:
         self.trainers: list[Any] = []
         self.servers: list[Any] = []
         self.generation = ServerPool([], config.vllm_scheduling_policy)
-        self.server_pids: list[int] = []
+        #: names this run's placement groups in a shared cluster (``telescope-<run id>-<role>``)
+        self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+        #: where each worker runs (``placement()`` of each server and rank)
+        self.server_placements: list[dict[str, Any]] = []
+        self.trainer_placements: list[dict[str, Any]] = []
         self.groups: list[PlacementGroup] = []
         self.transport_name = ""
         self.receivers_per_server = 1
@@ -213,15 +295,11 @@ class RayServices:
         from telescope.plugins.registry import PluginKind
         from telescope.runtime.workers import InferenceWorker, TrainerWorker
         from telescope.trainer.checkpoint import TrainerCheckpoints
-        from telescope.transports import default_transport_name
 
         c = self.config
         plugins = get_plugins()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
-        self.transport_name = default_transport_name(gpu) if c.weight_transport == "auto" else c.weight_transport
-        self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
-        self.transport_context = TransportContext.from_config(c)
         inference_context = InferenceContext.from_config(c)
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
         inference_context = self._start_monitoring(backend, inference_settings, inference_context)
@@ -235,10 +313,14 @@ class RayServices:
         checkpoints = TrainerCheckpoints.from_config(c)
         servers = c.inference_num_workers // c.inference_tensor_parallel_size
         tp = c.inference_tensor_parallel_size if gpu else 0
-        inference_group = _reserve("inference", servers, c.ray_inference_cpus_per_worker, float(tp),
+        inference_bundle = worker_bundle(c.ray_inference_cpus_per_worker, float(tp),
+                                         c.ray_inference_resources_per_worker)  # fmt: skip
+        inference_group = _reserve("inference", f"telescope-{self.run_id}-inference", servers, inference_bundle,
                                    c.ray_inference_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
         self.groups.append(inference_group)
-        trainer_group = _reserve("trainer", c.trainer_num_workers, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0,
+        trainer_bundle = worker_bundle(c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0,
+                                       c.ray_trainer_resources_per_worker)  # fmt: skip
+        trainer_group = _reserve("trainer", f"telescope-{self.run_id}-trainer", c.trainer_num_workers, trainer_bundle,
                                  c.ray_trainer_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
         self.groups.append(trainer_group)
 
@@ -280,14 +362,23 @@ class RayServices:
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
         master_addr, master_port = ray.get(self.trainers[0].rendezvous_address.remote())
         setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
-        urls = ray.get([s.base_url.remote() for s in self.servers])
-        self.server_pids = [p for p in ray.get([s.pid.remote() for s in self.servers]) if p]
+        self.server_placements = ray.get([s.placement.remote() for s in self.servers])
+        self.trainer_placements = ray.get([t.placement.remote() for t in self.trainers])
+        self._check_reachable(self.server_placements)
+        self._record_placements()
         ray.get(setups)
-        log.info("servers up at %s; trainer ranks set up", urls)
+        urls = [p["url"] for p in self.server_placements]
+        log.info("servers up at %s; trainer ranks set up on %s", urls, [p["node"] for p in self.trainer_placements])
         self.generation.clients = [
             InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
             for i, url in enumerate(urls)
         ]
+        one_node = single_node(self.trainer_placements[0], self.server_placements)
+        self.transport_name = self._transport_name(gpu, one_node)
+        self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
+        self.transport_context = dataclasses.replace(
+            TransportContext.from_config(c), sender_host=self.trainer_placements[0]["node"], single_node=one_node
+        )
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
                 self.transport_name,
@@ -296,6 +387,48 @@ class RayServices:
                 servers * self.receivers_per_server,
             )
         )
+
+    def _transport_name(self, gpu: bool, one_node: bool) -> str:
+        """``weight_transport``, with ``auto`` resolved for this placement (see the module docstring)."""
+        from telescope.transports import default_transport_name
+
+        name = self.config.weight_transport
+        if name == "auto":
+            return default_transport_name(gpu, multi_node=not one_node)
+        if name == "memory" and not one_node:
+            nodes = sorted({p["node"] for p in self.server_placements} - {self.trainer_placements[0]["node"]})
+            raise RayStartError(
+                f"weight_transport: memory works on one machine, but inference servers run on {', '.join(nodes)} "
+                f"and trainer rank 0 on {self.trainer_placements[0]['node']}; use weight_transport: nccl "
+                "(gloo on CPUs) or auto"
+            )
+        return name
+
+    def _check_reachable(self, placements: list[dict[str, Any]]) -> None:
+        """A server on another node must not advertise a loopback URL (the orchestrator could not reach it)."""
+        from urllib.parse import urlsplit
+
+        from telescope.runtime.addressing import is_loopback
+
+        here = ray.util.get_node_ip_address()
+        for index, placed in enumerate(placements):
+            host = urlsplit(placed["url"]).hostname or ""
+            if is_loopback(host) and placed["node"] != here:
+                raise RayStartError(
+                    f"inference server {index} runs on node {placed['node']} but listens on {placed['url']} "
+                    f"(inference_host={self.config.inference_host!r}), which the orchestrator on {here} cannot "
+                    "reach; set inference_host: 0.0.0.0 (the default) or that node's address"
+                )
+
+    def _record_placements(self) -> None:
+        """One ``worker.placed`` event per server and trainer rank: where Ray put it."""
+        from telescope.recording.events import emit
+
+        for index, placed in enumerate(self.server_placements):
+            emit("worker.placed", component="inference", server=index, node=placed["node"], url=placed["url"],
+                 gpu_ids=placed["gpu_ids"])  # fmt: skip
+        for rank, placed in enumerate(self.trainer_placements):
+            emit("worker.placed", component="trainer", rank=rank, node=placed["node"], gpu_ids=placed["gpu_ids"])
 
     def _start_monitoring(
         self, backend: str, settings: PluginSettings | None, context: InferenceContext
@@ -468,9 +601,6 @@ class RayServices:
                 ray.kill(self.servers[index])
             self.servers[index] = self._new_server(index)
             url = str(await self.servers[index].base_url.remote())
-        pid = await self.servers[index].pid.remote()
-        if pid:
-            self.server_pids.append(int(pid))
         client = self.generation.clients[index]
         if url.rstrip("/") != client.base_url:  # another port: a new client (the old one is closed)
             self.generation.clients[index] = InferenceClient(
@@ -570,20 +700,13 @@ class RayServices:
         if budget_s is None:
             self.shutdown()
             return
-        self._kill_server_processes()  # in sessions of their own: the signal to the group did not reach them
-        if gcs_reachable():
+        if gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
             await asyncio.to_thread(_bounded, budget_s, self.shutdown)
         else:
             log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
 
-    def _kill_server_processes(self) -> None:
-        for pid in self.server_pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        self.server_pids = []
-
     def shutdown(self) -> None:
-        """Stop servers, kill actors, free placement groups (safe to call twice)."""
+        """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice)."""
         for server in self.servers:
             with contextlib.suppress(Exception):
                 ray.get(server.stop.remote(), timeout=30)
@@ -597,13 +720,10 @@ class RayServices:
             with contextlib.suppress(Exception):
                 self.trace_receiver.stop()
             self.trace_receiver = None
-        for pid in self.server_pids:  # a server whose actor died without stopping it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
         for group in self.groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(group)
-        self.servers, self.trainers, self.groups, self.server_pids = [], [], [], []
+        self.servers, self.trainers, self.groups = [], [], []
         self.node_samplers = []
 
 

@@ -13,6 +13,15 @@ built, and where checkpoints go), so a worker never re-reads files, re-applies
 defaults or sees the whole config. Torch's intra-op threads follow the CPUs Ray
 gives the actor.
 
+Where they run is Ray's choice, and each worker works from what Ray tells it, on
+its own node: an inference worker publishes its node's address
+(``ray.util.get_node_ip_address()``, as ``TELESCOPE_NODE_IP``) so its server's URL is
+that address (:mod:`telescope.runtime.addressing`), and hands its backend the GPU ids
+Ray assigned it (``InferenceContext.gpu_ids``); a trainer rank selects the CUDA
+device that is its assigned id (``LOCAL_RANK``, :mod:`telescope.runtime.devices`)
+and, when the rendezvous is on another address, binds gloo to the interface that
+reaches it (``GLOO_SOCKET_IFNAME``). :meth:`placement` reports node, GPUs and pid.
+
 A trainer rank writes its Python logging and stdout/stderr to
 ``<run_dir>/logs/trainer_<rank>.log`` (:mod:`telescope.recording.run_logs`). Its
 timeline records (the backend's phases; ``weights.send``, returned by
@@ -30,6 +39,7 @@ such as the CUDA device set in ``setup`` persists from call to call.)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -97,9 +107,25 @@ class TrainerWorker:
             port = int(sock.getsockname()[1])
         return ray.util.get_node_ip_address(), port
 
+    def placement(self) -> dict[str, Any]:
+        """Where this rank runs: ``node`` (Ray's address of it), ``gpu_ids`` (Ray's assignment), ``pid``."""
+        from telescope.runtime.devices import ray_gpu_ids
+
+        return {"node": ray.util.get_node_ip_address(), "gpu_ids": list(ray_gpu_ids() or ()), "pid": os.getpid()}
+
     def setup(self, master_addr: str, master_port: int) -> None:
+        from telescope.runtime.addressing import interface_of, is_loopback, local_address_towards
+        from telescope.runtime.devices import local_cuda_index, ray_gpu_ids
+
         os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
+        local = local_cuda_index(ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if local is not None:  # the GPU Ray assigned this rank, not rank % device count
+            os.environ["LOCAL_RANK"] = str(local)
+        if not is_loopback(master_addr) and "GLOO_SOCKET_IFNAME" not in os.environ:
+            interface = interface_of(local_address_towards(master_addr))
+            if interface is not None:  # gloo's default is the hostname's address, often loopback
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
         self.backend.setup(self.rank, self.world_size)
         import torch
 
@@ -204,8 +230,15 @@ class InferenceWorker:
         cpus: float,
     ) -> None:
         from telescope.plugins.facade import get_plugins
+        from telescope.runtime.addressing import NODE_IP_ENV
+        from telescope.runtime.devices import ray_gpu_ids
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
+        self.node = ray.util.get_node_ip_address()
+        os.environ[NODE_IP_ENV] = self.node  # a wildcard-bound server is reached at this node's address
+        self.gpu_ids = ray_gpu_ids()
+        if self.gpu_ids:  # the devices Ray assigned this worker (the backend must not pick others)
+            context = dataclasses.replace(context, gpu_ids=self.gpu_ids)
         backend_class = get_plugins().inference_backend(backend)
         self._backend = backend_class(context, settings)
         self._index = index
@@ -214,6 +247,10 @@ class InferenceWorker:
 
     def base_url(self) -> str:
         return str(self.server.address.base_url)
+
+    def placement(self) -> dict[str, Any]:
+        """Where this server runs: ``node``, ``url``, ``gpu_ids`` (Ray's assignment), ``pid`` (the server's)."""
+        return {"node": self.node, "url": self.base_url(), "gpu_ids": list(self.gpu_ids or ()), "pid": self.pid()}
 
     def pid(self) -> int | None:
         process = getattr(self.server, "process", None)

@@ -193,6 +193,11 @@ class MemoryTransport(WeightTransport):
         if "root" not in init_info:
             raise ValueError(f"memory transport init info lacks 'root': {init_info}")
         self.root = Path(init_info["root"])
+        if not self.root.is_dir():
+            raise ValueError(
+                f"the memory transport's folder {self.root} does not exist here: the sender is on another "
+                "machine, and this transport works on one machine only; use weight_transport: nccl (gloo on CPUs)"
+            )
 
     def _published(self, version: int) -> dict[str, Any]:
         """``current.json`` once it names ``version``; raises when it names a newer one or on timeout."""

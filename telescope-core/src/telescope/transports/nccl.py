@@ -29,15 +29,19 @@ a collective that one rank skips blocks the others (until the timeout,
 Without CUDA the same code runs over gloo on CPU tensors; that is how its
 protocol is tested here. The NCCL path itself (``ProcessGroupNCCL``, pinned
 staging, H2D copies) needs a GPU machine and is covered by tests marked ``gpu``.
-The rendezvous address is ``127.0.0.1`` when
-``ray_broadcast_prefer_loopback_if_single_node`` and :attr:`single_node` are
-true, else this machine's outward address (or ``TELESCOPE_WEIGHT_BROADCAST_HOST``).
+Where the rendezvous is: the sender (trainer rank 0) hosts the ``TCPStore``; it
+is dialled at loopback only when ``ray_broadcast_prefer_loopback_if_single_node`` is
+set and the run placed the sender and every receiver on one node
+(``TransportContext.single_node``, computed from the placement), else at rank 0's
+node address (``TransportContext.sender_host``, as Ray reports it), or
+``TELESCOPE_WEIGHT_BROADCAST_HOST`` when set. Over gloo every rank binds the
+interface that routes to that host (:func:`telescope.runtime.addressing.local_address_towards`),
+not the address its hostname resolves to, which is often loopback and unreachable
+from another node; NCCL picks its interfaces itself (``NCCL_SOCKET_IFNAME``).
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -47,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from telescope.api.transport import WeightTransport
+from telescope.runtime.addressing import local_address_towards, rendezvous_host
 from telescope.transports.bucketing import Manifest, dtype_from_name, pack, plan, unpack
 
 if TYPE_CHECKING:
@@ -54,15 +59,6 @@ if TYPE_CHECKING:
     from telescope.transports.plugin import NCCLSettings
 
 _PREFIX = "telescope-weights"
-
-
-def _outward_ip() -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("10.255.255.255", 1))
-            return str(probe.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
 
 
 class NCCLTransport(WeightTransport):
@@ -88,7 +84,7 @@ class NCCLTransport(WeightTransport):
         self.pin_memory = own.weight_broadcast_pin_memory
         self.timeout_s = self.context.timeout_s
         self.prefer_loopback = self.context.prefer_loopback_if_single_node
-        self.single_node = True
+        self.single_node = self.context.single_node  # from the run's placement (True for a hand-built context)
         self.rank: int | None = None
         self.world_size: int | None = None
         self.device = torch.device("cpu")
@@ -106,9 +102,7 @@ class NCCLTransport(WeightTransport):
     def prepare_sender(self, num_receivers: int) -> dict[str, Any]:
         if num_receivers < 1:
             raise ValueError("the nccl transport needs at least one receiver")
-        host = os.environ.get("TELESCOPE_WEIGHT_BROADCAST_HOST") or (
-            "127.0.0.1" if self.prefer_loopback and self.single_node else _outward_ip()
-        )
+        host = rendezvous_host(self.prefer_loopback, self.single_node, self.context.sender_host)
         self._store = dist.TCPStore(
             host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False
         )
@@ -144,7 +138,11 @@ class NCCLTransport(WeightTransport):
         self._store = store
         prefixed = dist.PrefixStore(_PREFIX, store)
         if self.backend == "gloo":
-            self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, timeout)
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch's stubs
+            options._timeout = timeout
+            # bind the interface that reaches the rendezvous host (see the module docstring)
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=local_address_towards(self._address[0]))]
+            self._group = dist.ProcessGroupGloo(prefixed, self.rank, self.world_size, options)
         else:
             from torch.distributed import ProcessGroupNCCL
 

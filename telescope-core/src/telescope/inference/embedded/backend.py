@@ -3,9 +3,13 @@
 Worker ``i`` listens on ``inference_host:inference_base_port + i`` and runs
 ``python -m telescope.inference.embedded.server`` with the engine's settings
 (written as JSON next to its log). :meth:`EmbeddedBackend.start_server` returns
-once ``/health`` answers. The engine uses CUDA when the process sees a GPU
-(worker ``i`` takes visible device ``i mod count``), else the CPU. It is the
-default wherever vLLM is not usable (``inference_backend: auto``).
+once ``/health`` answers (on another port when that one is taken, say by another
+run's server: :func:`~telescope.runtime.processes.start_on_free_port`). The engine uses
+CUDA when the process sees a GPU, else the CPU: under Ray, the GPU Ray assigned the
+worker (``InferenceContext.gpu_ids``: the server process sees only those); without
+a scheduler, worker ``i`` takes visible device ``i mod count``
+(:func:`telescope.runtime.devices.embedded_device`). It is the default wherever
+vLLM is not usable (``inference_backend: auto``).
 
 For tests and notebooks, :func:`start_in_thread` serves an engine from a thread
 of the current process instead (no process start-up, shares the GIL).
@@ -20,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
-from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn
+from telescope.runtime.devices import embedded_device
+from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext
@@ -39,13 +44,18 @@ class EmbeddedBackend(InferenceBackend):
 
         if not torch.cuda.is_available():
             return "cpu"
-        return f"cuda:{worker_index % torch.cuda.device_count()}"
+        return embedded_device(self.context.gpu_ids, worker_index, torch.cuda.device_count())
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
+        context = self.context
+        return start_on_free_port(
+            lambda port: self._start(worker_index, run_dir, port), context.host, context.base_port + worker_index
+        )
+
+    def _start(self, worker_index: int, run_dir: Path | None, port: int) -> InferenceServer:
         from telescope.inference.embedded.records import EngineSettings
 
         context = self.context
-        port = context.base_port + worker_index
         log_file = log_path(run_dir, worker_index, self.name, console=True)
         cleanup: list[Path] = []
         if run_dir is not None:
@@ -72,8 +82,11 @@ class EmbeddedBackend(InferenceBackend):
             command += ["--log-dir", str(run_dir), "--log-name", f"inference_{worker_index}"]
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if context.gpu_ids:  # the process sees exactly the GPUs Ray assigned this worker
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(context.gpu_ids)
         process = spawn(command, env, log_file)
-        server = ProcessServer(process, ServerAddress(connect_host(context.host), port), log_file, cleanup)
+        address = ServerAddress(connect_host(context.host), port)
+        server = ProcessServer(process, address, log_file, cleanup, bind_host=context.host)
         return server.wait_until_healthy(self.health_timeout_s)
 
 

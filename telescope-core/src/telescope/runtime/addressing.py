@@ -1,0 +1,96 @@
+"""Network addresses on a cluster: what others dial to reach a process, and what it binds.
+
+No code path assumes 127.0.0.1 or the driver's host. The rules:
+
+- A server bound to a wildcard (``inference_host: 0.0.0.0``, the default) is reached
+  at its node's address: :func:`advertised_host` returns ``TELESCOPE_NODE_IP``, which
+  the Ray worker that starts it sets to the node address Ray reports
+  (``ray.util.get_node_ip_address()`` inside the actor); outside Ray (``telescope
+  eval``, tests) it is loopback. A server bound to one address is reached there.
+- A rendezvous (the trainer's process group, the weight transport's store) is
+  hosted by the rank that owns it, at its node's address; a peer binds the
+  interface it reaches that address through (:func:`local_address_towards`):
+  gloo's default device is the address the hostname resolves to, which is
+  loopback on many machines (``127.0.0.1 <hostname>`` in ``/etc/hosts``) and so
+  unreachable from another node.
+- Loopback is used only where every party is known to share the node
+  (``ray_broadcast_prefer_loopback_if_single_node`` with a single-node placement).
+
+Pure functions of the standard library (and psutil for interface names); nothing
+here imports Ray.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+#: Set by the Ray worker that starts a server: the address of its node.
+NODE_IP_ENV = "TELESCOPE_NODE_IP"
+LOOPBACK = "127.0.0.1"
+
+
+def is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::", "[::]")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def node_ip() -> str | None:
+    """This node's address as the scheduler reported it (``TELESCOPE_NODE_IP``), else None."""
+    return os.environ.get(NODE_IP_ENV) or None
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address a client dials for a server bound to ``bind_host`` on this node."""
+    if is_wildcard(bind_host):
+        return node_ip() or LOOPBACK
+    return bind_host
+
+
+def local_address_towards(host: str) -> str:
+    """The address of this machine's interface that routes to ``host`` (loopback for a loopback host).
+
+    A UDP ``connect`` sends nothing; it only asks the kernel for the route.
+    """
+    if is_loopback(host):
+        return LOOPBACK
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host.strip("[]"), 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return node_ip() or LOOPBACK
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that holds ``address`` (e.g. ``eth0``), or None."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addresses):
+            return name
+    return None
+
+
+def rendezvous_host(prefer_loopback: bool, single_node: bool, owner_host: str | None) -> str:
+    """Where a rendezvous its owner hosts is dialled: loopback only when every party shares the node.
+
+    ``owner_host`` is the owner's node address (None: unknown, then this machine's
+    outward address); ``TELESCOPE_WEIGHT_BROADCAST_HOST`` overrides both.
+    """
+    override = os.environ.get("TELESCOPE_WEIGHT_BROADCAST_HOST")
+    if override:
+        return override
+    if prefer_loopback and single_node:
+        return LOOPBACK
+    return owner_host or node_ip() or local_address_towards("10.255.255.255")
