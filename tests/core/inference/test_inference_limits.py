@@ -166,6 +166,8 @@ def test_engine_settings_from_the_context(tiny_model_path: Path) -> None:
     budget_only = EngineSettings.from_context(context(model=model, max_num_batched_tokens=40), device="cpu")
     assert budget_only.max_num_seqs == 40  # each running sequence decodes one token per step
     assert EngineSettings.from_json(explicit.to_json()) == explicit
+    with pytest.raises(ValueError, match="at least max_num_seqs"):
+        Engine(EngineSettings(model_path=model, max_num_seqs=8, max_num_batched_tokens=4))
 
 
 def test_vllm_gets_the_flags() -> None:

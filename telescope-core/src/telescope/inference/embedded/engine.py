@@ -168,6 +168,12 @@ class Engine:
     def __init__(self, settings: EngineSettings) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        budget = settings.max_num_batched_tokens
+        if budget is not None and budget < settings.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be at least max_num_seqs ({settings.max_num_seqs}): "
+                "every running sequence decodes one token per step"
+            )
         self.settings = settings
         self.device = torch.device(settings.device)
         dtype = getattr(torch, settings.dtype)
