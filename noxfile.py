@@ -7,7 +7,8 @@ torch build is installed first from ``TELESCOPE_TORCH_SPEC`` (default
 
 ``tests(package=...)`` tests one package *without the others installed*: ``core``
 alone (``telescope-core[dev]``), ``envs`` with core but no sandbox, ``sandbox`` with
-core but no envs; tests that need a package the session lacks skip. ``all`` installs
+core but no envs, ``megatron`` with core and megatron-core; tests that need a
+package the session lacks skip. ``all`` installs
 the whole workspace (``requirements-dev.txt``) and runs every CPU test, as
 ``./dev test`` does. ``nox`` with no arguments runs tests, e2e, lint, typecheck and
 plugins; ``nox -s gpu`` is for a GPU machine and ``nox -s bench`` runs the
@@ -30,6 +31,7 @@ PACKAGES: dict[str, tuple[list[str], str]] = {
     "envs": ([CORE, "./telescope-envs[math]"], "tests/envs"),
     "sandbox": ([CORE, "./telescope-sandbox[e2b,modal]"], "tests/sandbox"),
     "ui_sync": ([CORE, "./telescope-ui-sync[test]"], "tests/ui_sync"),
+    "megatron": ([CORE, "./telescope-megatron"], "tests/megatron"),
 }
 TORCH_SPEC = os.environ.get("TELESCOPE_TORCH_SPEC", "torch==2.13.0")
 ENV = {"RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -76,7 +78,10 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over the three packages."""
     install_workspace(session)
-    session.run("mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src", "telescope-ui-sync/src")
+    session.run(
+        "mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src", "telescope-ui-sync/src",
+        "telescope-megatron/src",
+    )  # fmt: skip
 
 
 @nox.session

@@ -79,6 +79,9 @@ class FakeWorkers:
     async def connect_weights(self) -> None:
         pass
 
+    def supervise(self, on_fatal: Any) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

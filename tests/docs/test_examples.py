@@ -35,7 +35,7 @@ from telescope.plugins.registry import PluginEntry, PluginKind
 Install = Callable[[str], Project]
 
 #: Pages without an example project of their own.
-NO_PROJECT = {"README.md"}
+NO_PROJECT = {"README.md", "megatron-backend.md"}  # megatron-backend.md describes a shipped package
 #: Languages of blocks that are files of a project (they must carry a marker).
 CODE_LANGS = {"python", "toml", "yaml"}
 

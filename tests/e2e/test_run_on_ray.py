@@ -177,6 +177,10 @@ def assert_timeline_and_metadata(reader: RunReader) -> None:
     assert (run_dir / "code" / "telescope-core" / "src" / "telescope" / "recording" / "events.py").exists()
     trainer_log = (run_dir / "logs" / "trainer_0.log").read_text()
     assert "trainer rank 0 of 1" in trainer_log and "step 2: loss" in trainer_log
+    console = run_dir / "logs" / "stdout"
+    assert "telescope: run directory" in (console / "orchestrator.log").read_text()
+    assert (console / "trainer_0.log").exists() and (console / "inference_0.log").exists()
+    assert "run completed" in (run_dir / "logs" / "detailed" / "orchestrator.log").read_text()
 
 
 @pytest.mark.slow

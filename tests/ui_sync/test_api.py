@@ -54,6 +54,28 @@ def test_catalog_and_series_compare_runs(client: tuple[TestClient, str, Path]) -
     assert evals["series"][0]["x"] == [6]
 
 
+def test_a_copied_block_stored_run_is_a_second_run_with_its_own_series(tmp_path: Path) -> None:
+    """The layer below the two-run chart: a copy of a run (its events and rollouts in sealed
+    Parquet blocks) syncs as a run of its own, and the series route returns both runs'.
+    (The chart's missing series was the front end's: see test_browser's selection test.)"""
+    import shutil
+
+    run = write_run(tmp_path / "runs" / "a", steps=3)
+    assert (run / "events" / "block-000000.parquet").is_file() and (run / "rollouts" / "block-000000.parquet").is_file()
+    copy = Path(shutil.copytree(run, tmp_path / "runs" / "a-2"))
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    ids = [run_id_for(run), run_id_for(copy)]
+    assert [r["run_id"] for r in api.get("/api/runs").json()["runs"]] == sorted(ids)
+    for rid in ids:
+        counts = api.get(f"/api/runs/{rid}").json()["counts"]
+        assert (counts["rollouts"], counts["events"], counts["steps"]) == (24, 4, 3)
+    series = api.get("/api/metrics/series", params={"runs": ",".join(ids), "names": "reward/mean"}).json()["series"]
+    assert [(s["run_id"], s["x"]) for s in series] == [(ids[0], [0, 1, 2]), (ids[1], [0, 1, 2])]
+    assert series[0]["y"] == series[1]["y"] == [0.0, 0.1, 0.2]
+
+
 def test_long_series_are_downsampled_keeping_extremes(tmp_path: Path) -> None:
     from telescope.recording.run_store import RunStore
 
@@ -114,6 +136,143 @@ def test_timeline_sandboxes_infra_evals_logs(client: tuple[TestClient, str, Path
     assert api.get("/api/logs", params={"run": rid, "q": "step 0"}).json()["total"] == 1
 
 
+def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) -> None:
+    from telescope.recording.run_store import RunStore
+
+    store = RunStore(tmp_path / "busy")
+    store.set_status("running", step=0)
+    con = connect(":memory:")
+    service = SyncService(con, [tmp_path / "busy"])
+    for i in range(3000):  # 3,000 s of events on two servers, one in 100 failed
+        store.log_event({"kind": "inference.request", "start": 1000.0 + i, "duration_s": 0.5 + (i % 7) / 10,
+                         "server": i % 2, **({"error": "boom"} if i % 100 == 0 else {})})  # fmt: skip
+        if i == 1504:  # the syncer reads the run in two parts, the cut inside a 10 s bin: its halves add up
+            store.flush()
+            service.sync_all()
+    store.close()
+    service.sync_all()
+    assert con.execute("SELECT sum(events), count(*) FROM event_bins").fetchone() == (3000, 600)
+    api = TestClient(create_app(con))
+    rid = run_id_for(tmp_path / "busy")
+    for buckets in (50, 1000):  # 60 s buckets come from the pre-computed 10 s bins, 3 s ones from the events
+        whole = api.get("/api/timeline", params={"run": rid, "limit": 100, "buckets": buckets}).json()
+        assert whole["truncated"] and whole["total"] == 3000 and len(whole["events"]) == 100
+        assert min(e["duration"] for e in whole["events"]) == 1.1  # the longest
+        bins = whole["bins"]
+        lanes = [whole["lanes"][i]["id"] for i in bins["lane"]]
+        assert set(lanes) == {"inference|server 0", "inference|server 1"} and bins["kinds"] == ["inference.request"]
+        assert sum(bins["count"]) == 3000 and sum(bins["errors"]) == 30
+        assert len(bins["count"]) <= 2 * buckets and all(n > 0 for n in bins["count"])
+        assert all(0 <= b < buckets for b in bins["bucket"]) and bins["width"] * buckets == pytest.approx(2999.8)
+        assert abs(sum(bins["busy"]) - sum(0.5 + (i % 7) / 10 for i in range(3000))) < 1e-3
+        detail = api.get(f"/api/events/{rid}/{bins['seq'][0]}").json()  # a bucket's longest event
+        server, first = int(lanes[0][-1]), bins["bucket"][0]
+        in_bucket = [i for i in range(server, 3000, 2) if int((1000.0 + i - 1000.0) // bins["width"]) == first]
+        assert f"{detail['component']}|{detail['lane']}" == lanes[0]
+        assert detail["duration"] == pytest.approx(max(0.5 + (i % 7) / 10 for i in in_bucket))
+    narrow = api.get("/api/timeline", params={"run": rid, "start": 1100.0, "end": 1149.0}).json()
+    assert not narrow["truncated"] and narrow["bins"] is None and len(narrow["events"]) == 50
+    assert [e["start"] for e in narrow["events"]] == sorted(e["start"] for e in narrow["events"])
+
+
+def write_two_environment_run(run_dir: Path) -> Path:
+    """Three steps of rollouts from environments ``a`` (reward 1, tag ``level=hard``) and ``b``
+    (reward 0, ``level=easy``), with the step metrics a run records over all of them."""
+    from telescope.recording.run_store import RunStore
+
+    store = RunStore(run_dir)
+    store.set_status("running", step=0)
+    for step in range(3):
+        store.log_metrics(step, {"reward/mean": 0.5, "grad_norm": 1.0 + step, "sample_metrics/correct/mean": 0.5})
+        store.log_rollouts(step, [
+            {"environment": env, "reward": float(env == "a"), "sample_metrics": {"correct": float(env == "a")},
+             "completion_tokens": 10 * (i + 1), "tags": {"level": "hard" if env == "a" else "easy"}, "group_index": i}
+            for i, env in enumerate("abab")
+        ])  # fmt: skip
+    store.set_status("completed", step=3)
+    store.close()
+    return run_dir
+
+
+def test_metrics_filtered_by_environment_and_tag_come_from_the_rollouts(tmp_path: Path) -> None:
+    run = write_two_environment_run(tmp_path / "runs" / "envs")
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    rid = run_id_for(run)
+    assert api.get("/api/metrics/filters", params={"runs": rid}).json() == {
+        "environments": ["a", "b"], "tags": ["level=easy", "level=hard"],
+    }  # fmt: skip
+    names = "reward/mean,sample_metrics/correct/mean,tokens/completion/max,rollouts/count,grad_norm"
+
+    def series(**filters: object) -> dict[str, tuple[list[float], bool]]:
+        params = {"runs": rid, "names": names, **filters}
+        return {
+            s["name"]: (s["y"], s["filtered"]) for s in api.get("/api/metrics/series", params=params).json()["series"]
+        }
+
+    unfiltered = series()
+    assert unfiltered["reward/mean"] == ([0.5, 0.5, 0.5], False)  # as recorded
+    by_env = series(env="a")
+    assert by_env["reward/mean"] == ([1.0, 1.0, 1.0], True)
+    assert by_env["sample_metrics/correct/mean"] == ([1.0, 1.0, 1.0], True)
+    assert by_env["tokens/completion/max"] == ([30.0, 30.0, 30.0], True)  # rollouts 0 and 2 of a step are env a
+    assert by_env["rollouts/count"] == ([2.0, 2.0, 2.0], True)
+    assert by_env["grad_norm"] == ([1.0, 2.0, 3.0], False)  # the rollouts cannot give it: as recorded
+    assert series(tag="level=easy")["reward/mean"] == ([0.0, 0.0, 0.0], True)
+    assert series(tag=["level=easy", "level=hard"])["rollouts/count"] == ([4.0, 4.0, 4.0], True)  # one name: either
+    assert series(env="a", tag="level=easy")["reward/mean"] == ([], True)  # both must hold
+    timed = api.get("/api/metrics/series", params={"runs": rid, "names": "reward/mean", "env": "b", "x": "time"}).json()
+    assert timed["series"][0]["y"] == [0.0, 0.0, 0.0] and timed["series"][0]["x"][0] == 0.0
+
+
+def test_declared_ranges_come_from_the_config_and_the_run_metadata(tmp_path: Path) -> None:
+    import json
+
+    run = write_run(tmp_path / "runs" / "a", steps=1)
+    ranges = {"correct": {"min": 0, "max": 1}}
+    (run / "metadata.json").write_text(json.dumps({"environments": [
+        {"name": "countdown", "reward_min": 0.0, "reward_max": 2.0, "metrics_ranges": ranges},
+    ]}))  # fmt: skip
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    ranges = TestClient(create_app(con)).get(f"/api/runs/{run_id_for(run)}").json()["ranges"]
+    assert ranges == {"reward": {"countdown": [0.0, 2.0]}, "metrics": {"correct": [0, 1]}}
+
+
+def test_code_snapshot_files_text_and_diff_between_runs(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "runs" / "a", steps=1)
+    b = write_run(tmp_path / "runs" / "b", steps=1)
+    for run, train in ((a, "lr = 1e-6\nsteps = 10\n"), (b, "lr = 3e-6\nsteps = 10\n")):
+        (run / "code" / "pkg").mkdir(parents=True)
+        (run / "code" / "README.md").write_text("# the project\n")
+        (run / "code" / "pkg" / "train.py").write_text(train)
+    (a / "code" / "old.py").write_text("x = 1\n")
+    (b / "code" / "pkg" / "new.py").write_text("y = 2\n")
+    (tmp_path / "secret.txt").write_text("not for the dashboard")
+    con = connect(":memory:")
+    SyncService(con, [tmp_path / "runs"]).sync_all()
+    api = TestClient(create_app(con))
+    ra, rb = run_id_for(a), run_id_for(b)
+    listing = api.get(f"/api/code/{ra}").json()
+    assert listing["files"] == ["README.md", "old.py", "pkg/train.py"]
+    assert api.get(f"/api/code/{ra}/file", params={"path": "pkg/train.py"}).text == "lr = 1e-6\nsteps = 10\n"
+    for outside in ("../config.json", "../../secret.txt", "/etc/passwd"):
+        assert api.get(f"/api/code/{ra}/file", params={"path": outside}).status_code == 403, outside
+    assert api.get(f"/api/code/{ra}/file", params={"path": "missing.py"}).status_code == 404
+    diff = api.get("/api/code-diff", params={"a": ra, "b": rb}).json()
+    assert diff["changed"] == [
+        {"path": "old.py", "status": "removed"}, {"path": "pkg/new.py", "status": "added"},
+        {"path": "pkg/train.py", "status": "modified"},
+    ] and diff["same"] == 1  # fmt: skip
+    text = api.get("/api/code-diff", params={"a": ra, "b": rb, "path": "pkg/train.py"}).json()["diff"]
+    assert "-lr = 1e-6\n+lr = 3e-6\n" in text and "--- a/pkg/train.py" in text
+    import shutil
+
+    shutil.rmtree(b)
+    assert api.get(f"/api/code/{rb}").status_code == 410
+
+
 def test_config_diff(client: tuple[TestClient, str, Path], tmp_path: Path) -> None:
     api, rid, _ = client
     other = run_id_for(client[2].parent / "b")
@@ -151,6 +310,29 @@ def test_built_assets_are_up_to_date_and_load_nothing_from_the_network() -> None
     assert "http://" not in index and "https://" not in index
     css = (build.STATIC_DIR / "assets" / "app.css").read_text()
     assert "url(http" not in css and "@import" not in css
+
+
+def test_the_wheel_ships_the_built_front_end(tmp_path: Path) -> None:
+    """``pip wheel`` of the package (hatchling, no network) holds every built asset and no front-end source."""
+    import zipfile
+
+    pytest.importorskip("hatchling", reason="the build backend (requirements-dev.txt installs it)")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w"]
+    result = subprocess.run(
+        [*command, str(tmp_path), str(REPO / "telescope-ui-sync")], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [wheel] = tmp_path.glob("telescope_ui_sync-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = build.STATIC_DIR
+    built = {f"telescope_ui_sync/static/{p.relative_to(static).as_posix()}" for p in static.rglob("*") if p.is_file()}
+    assert {"telescope_ui_sync/static/index.html", "telescope_ui_sync/static/assets/app.js"} <= built
+    assert any(name.endswith(".woff2") for name in built)  # KaTeX's fonts: nothing is fetched at run time
+    assert built <= names, sorted(built - names)[:5]
+    assert not [name for name in names if "node_modules" in name or name.endswith(".ts")]
+    entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[telescope]" in text and "telescope_ui_sync.plugin" in text
 
 
 def test_the_cli_module_stays_light() -> None:

@@ -21,6 +21,8 @@ to ``max_number``, built from a seeded random expression, offline and determinis
 
 ``prompt_style``: ``"full"`` (the default) states the task in words;
 ``"compact"`` is ``"3 5 -> 8"``, for tiny models trained from scratch on a CPU.
+``add_thinking_prefix``: the prompt ends with an open ``<think>`` assistant turn
+(:mod:`telescope_envs._prompts`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import ClassVar
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope_envs._data import load_rows, stable_id, unique_ids
+from telescope_envs._prompts import ThinkingPrefix
 
 UPSTREAM_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -173,7 +176,7 @@ def solve(nums: Sequence[int], target: int) -> str | None:
     return search([(Fraction(n), str(n)) for n in nums])
 
 
-class CountdownEnvironment(BaseEnvironment):
+class CountdownEnvironment(ThinkingPrefix, BaseEnvironment):
     """Reach the target with the given numbers; reward = format (0/1) + correct (0/1)."""
 
     name: ClassVar[str] = "countdown"
@@ -196,10 +199,12 @@ class CountdownEnvironment(BaseEnvironment):
         seed: int = 0,
         max_samples: int | None = None,
         prompt_style: str = "full",
+        add_thinking_prefix: bool = False,
     ) -> None:
         if prompt_style not in ("full", "compact"):
             raise ValueError(f"countdown: prompt_style must be 'full' or 'compact', not {prompt_style!r}")
         self.prompt_style = prompt_style
+        self.add_thinking_prefix = add_thinking_prefix
         self.dataset_name = dataset_name
         self.dataset_split = dataset_split
         self.num_samples = num_samples

@@ -7,12 +7,14 @@ environment; the ``hendrycks_math`` environment and the ``math500`` and
 - Prompt: the problem, then "put your final answer within ``\\boxed{}``".
 - Reward (0 or 1): the last ``\\boxed{...}`` of the completion equals the reference
   answer up to LaTeX formatting and mathematical equivalence
-  (:func:`telescope_envs.math_answers.answers_match`, math-verify).
+  (:func:`telescope_envs.math_answers.check_answer`, math-verify).
 - Reference: the ``answer_column`` when the dataset has one (MATH-500, AIME),
   otherwise the last ``\\boxed{}`` of the ``solution_column`` (the MATH train set).
 - Sample metrics: ``correct``, ``has_boxed``, ``math_verify_checked`` (1 when the
   boxed answer was not a plain string match, so math-verify decided), ``response_chars``,
   ``reward_compute_time``.
+- ``add_thinking_prefix``: the prompt ends with an open ``<think>`` assistant turn
+  (:mod:`telescope_envs._prompts`).
 - Demonstration (for the optional warm start): ``The answer is $\\boxed{<reference>}$.``
 
 Needs ``math-verify`` (``pip install 'telescope-envs[math]'``): declared in ``requires``,
@@ -28,13 +30,14 @@ from typing import Any, ClassVar
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope_envs._data import load_rows, stable_id, unique_ids
+from telescope_envs._prompts import ThinkingPrefix
 from telescope_envs.math_answers import check_answer, extract_boxed
 
 HENDRYCKS_MATH_DATASET = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-class MathEnvironment(BaseEnvironment):
+class MathEnvironment(ThinkingPrefix, BaseEnvironment):
     """Math problems whose reward is a math-verify check of the boxed answer."""
 
     name: ClassVar[str] = "math"
@@ -58,7 +61,9 @@ class MathEnvironment(BaseEnvironment):
         answer_column: str | None = "answer",
         solution_column: str = "solution",
         max_samples: int | None = None,
+        add_thinking_prefix: bool = False,
     ) -> None:
+        self.add_thinking_prefix = add_thinking_prefix
         self.dataset_name = dataset_name or self.default_dataset
         self.dataset_split = dataset_split or self.default_split
         self.dataset_subset = dataset_subset

@@ -30,7 +30,9 @@ string) or ``tests`` / ``test_cases`` column, as ``{"inputs": [...], "outputs":
 [...], "fn_name": ...}`` or ``[{"input": ..., "output": ...}]``.
 
 Needs ``telescope-sandbox`` (``pip install 'telescope-envs[code]'``), imported when
-the first completion is scored. The pool is created lazily and is not pickled.
+the first completion is scored. The pool is created lazily (or before the first
+rollout with ``eager_prepare_resources``: :meth:`I3CodeEnvironment.prepare_resources`)
+and is not pickled.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs._deps import require
+from telescope_envs._prompts import ThinkingPrefix
 from telescope_envs.code_harness import HARNESS
 
 I3_DATASET = "PrimeIntellect/INTELLECT-3-RL"
@@ -96,7 +99,7 @@ def parse_tests(row: dict[str, Any]) -> tuple[list[dict[str, str]], str | None]:
     return tests, fn_name
 
 
-class I3CodeEnvironment(BaseEnvironment):
+class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
     """Code generation graded by running tests in a sandbox."""
 
     name: ClassVar[str] = "i3_code"
@@ -126,7 +129,19 @@ class I3CodeEnvironment(BaseEnvironment):
         sandbox_memory_mb: int = 1024,
         sandbox_disk_mb: int = 256,
         sandbox_provider_kwargs: dict[str, Any] | None = None,
+        add_thinking_prefix: bool = False,
+        provider: str | None = None,
+        pool_size: int | None = None,
+        memory_mb: int | None = None,
+        disk_size_gb: float | None = None,
     ) -> None:
+        """``provider``, ``pool_size``, ``memory_mb`` and ``disk_size_gb`` are the upstream's names of
+        ``sandbox_provider``, ``sandbox_pool_size``, ``sandbox_memory_mb`` and ``sandbox_disk_mb`` (in GB);
+        an upstream name that is set wins."""
+        sandbox_provider = provider if provider is not None else sandbox_provider
+        sandbox_pool_size = pool_size if pool_size is not None else sandbox_pool_size
+        sandbox_memory_mb = memory_mb if memory_mb is not None else sandbox_memory_mb
+        sandbox_disk_mb = round(disk_size_gb * 1024) if disk_size_gb is not None else sandbox_disk_mb
         if reward_mode not in ("pass_rate", "all_or_nothing"):
             raise ValueError(f"i3_code reward_mode must be 'pass_rate' or 'all_or_nothing', not {reward_mode!r}")
         self.dataset_name = dataset_name
@@ -142,6 +157,7 @@ class I3CodeEnvironment(BaseEnvironment):
         self.sandbox_memory_mb = sandbox_memory_mb
         self.sandbox_disk_mb = sandbox_disk_mb
         self.sandbox_provider_kwargs = dict(sandbox_provider_kwargs or {})
+        self.add_thinking_prefix = add_thinking_prefix
         self._pool: Any = None
         self._pool_lock = threading.Lock()
 
@@ -219,6 +235,10 @@ class I3CodeEnvironment(BaseEnvironment):
                     provider_kwargs=self.sandbox_provider_kwargs,
                 )
             return self._pool
+
+    def prepare_resources(self) -> None:
+        """Create the sandbox pool now, with its ``sandbox_pool_size`` sandboxes warm (``eager_prepare_resources``)."""
+        self.pool()
 
     def close(self) -> None:
         with self._pool_lock:

@@ -8,6 +8,8 @@ from telescope.plugins.registry import Registrar
 ENVIRONMENTS: dict[str, str] = {
     "countdown": "telescope_envs.countdown:CountdownEnvironment",
     "hendrycks_math": "telescope_envs.hendrycks_math:HendrycksMathEnvironment",
+    "dapo_math": "telescope_envs.math_sets:DapoMathEnvironment",
+    "deepscaler": "telescope_envs.math_sets:DeepScalerEnvironment",
     "wordle": "telescope_envs.wordle:WordleEnvironment",
     "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
     "calculator": "telescope_envs.calculator:CalculatorEnvironment",

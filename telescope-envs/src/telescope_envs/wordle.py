@@ -110,10 +110,15 @@ class WordleEnvironment(MultiTurnEnvironment):
         self,
         dataset_name: str = "builtin",
         dataset_split: str = "train",
-        num_guesses: int = 6,
+        num_guesses: int | None = None,
         game_backend: str = "auto",
         max_samples: int | None = None,
+        max_turns: int | None = None,
     ) -> None:
+        """``max_turns`` is the upstream's name of ``num_guesses`` (one guess per model turn); default 6."""
+        if max_turns is not None and num_guesses is not None and max_turns != num_guesses:
+            raise ValueError(f"wordle: max_turns ({max_turns}) and num_guesses ({num_guesses}) disagree; set one")
+        num_guesses = num_guesses if num_guesses is not None else (max_turns if max_turns is not None else 6)
         if game_backend not in ("auto", "builtin", "textarena"):
             raise ValueError(f"wordle game_backend must be 'auto', 'builtin' or 'textarena', not {game_backend!r}")
         if not 1 <= num_guesses <= self.max_turns:

@@ -13,7 +13,10 @@ export interface RunSummary {
 }
 export interface CatalogMetric { name: string; label: string }
 export interface Section { name: string; groups: { name: string; metrics: CatalogMetric[] }[] }
-export interface Series { run_id: string; name: string; x: number[]; y: (number | null)[] }
+export interface Series { run_id: string; name: string; x: number[]; y: (number | null)[]; filtered?: boolean }
+export interface MetricFilters { environments: string[]; tags: string[] }
+export interface CodeFiles { files: string[]; summary: Record<string, unknown> | null; git: Record<string, unknown> | null }
+export interface CodeDiff { changed: { path: string; status: "added" | "removed" | "modified" }[]; same: number }
 export interface Sample {
   seq: number; step: number; group_index: number; rollout_index: number; sample_id: string; environment: string;
   reward: number | null; advantage: number | null; stop_reason: string | null; num_turns: number | null;
@@ -23,18 +26,29 @@ export interface Sample {
 export interface SearchResult { seq: number; step: number; group_index: number; rollout_index: number; reward: number | null; field: string; snippet: string; discard_reason: string | null }
 export interface Lane { id: string; component: string; lane: string }
 export interface TimelineEvent { seq: number; kind: string; lane: string; start: number; duration: number; step: number | null; error: boolean }
+// A fuller window's density, per lane and bucket (columns of equal length): lane indexes
+// Timeline.lanes, bucket counts `width` seconds from `origin`, kind indexes `kinds`.
+export interface TimelineBins {
+  origin: number; width: number; kinds: (string | null)[];
+  lane: number[]; bucket: number[]; count: number[]; busy: number[]; errors: number[]; seq: number[]; kind: number[];
+}
 export interface Timeline {
   range: { start: number; end: number } | null; window: { start: number; end: number } | null; lanes: Lane[];
-  events: TimelineEvent[]; steps: { step: number; start: number; end: number }[]; truncated: boolean; total: number;
+  events: TimelineEvent[]; bins: TimelineBins | null; steps: { step: number; start: number; end: number }[];
+  truncated: boolean; total: number;
 }
 
 export class ApiError extends Error {
   constructor(public status: number, message: string) { super(message); }
 }
 
-export async function get<T>(path: string, params: Record<string, string | number | boolean | null | undefined> = {}): Promise<T> {
+type Param = string | number | boolean | null | undefined;
+
+export async function get<T>(path: string, params: Record<string, Param | Param[]> = {}): Promise<T> {
   const query = new URLSearchParams();
-  for (const [key, value] of Object.entries(params)) if (value !== null && value !== undefined && value !== "") query.set(key, String(value));
+  for (const [key, value] of Object.entries(params)) {
+    for (const item of Array.isArray(value) ? value : [value]) if (item !== null && item !== undefined && item !== "") query.append(key, String(item));
+  }
   const url = query.toString() ? `${path}?${query}` : path;
   const response = await fetch(url, { headers: { Accept: "application/json" } });
   if (!response.ok) {

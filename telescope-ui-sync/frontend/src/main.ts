@@ -28,7 +28,10 @@ const MAX_SELECTED = 20;
 const REFRESH_MS = 1000;
 
 let runs: Run[] = [];
-let selected: string[] = store<string[]>("selected", []);
+// The runs the user picked (kept in localStorage). Written only when the user picks: the
+// default shown when none of them is there (the newest run) is never saved, so it cannot
+// overwrite a choice stored meanwhile, by another tab or before the run list arrived.
+let chosen: string[] = store<string[]>("selected", []);
 let page: Page | null = null;
 let pageKey = "";
 let refreshing = false;
@@ -51,8 +54,14 @@ function color(runId: string): string {
   return PALETTE[(index < 0 ? 0 : index) % PALETTE.length];
 }
 
+/** The runs shown: those picked that exist, else the newest run. */
+function shownRuns(): string[] {
+  const present = chosen.filter((id) => runs.some((run) => run.run_id === id));
+  return present.length ? present : runs.length ? [runs[runs.length - 1].run_id] : [];
+}
+
 function context(params: URLSearchParams): Ctx {
-  const present = selected.filter((id) => runs.some((run) => run.run_id === id));
+  const present = shownRuns();
   return {
     runs,
     selected: present,
@@ -77,7 +86,7 @@ function context(params: URLSearchParams): Ctx {
 
 function mountPage(force = false): void {
   const { name, params } = route();
-  const key = `${name}|${selected.join(",")}`;
+  const key = `${name}|${shownRuns().join(",")}`;
   for (const link of nav.querySelectorAll("a")) link.classList.toggle("active", link.dataset.page === name);
   if (!force && key === pageKey && page) return;
   page?.destroy?.();
@@ -108,10 +117,11 @@ async function refreshPage(): Promise<void> {
 }
 
 function toggleRun(runId: string, only: boolean): void {
-  if (only) selected = [runId, ...selected.filter((id) => id !== runId)];
-  else if (selected.includes(runId)) selected = selected.filter((id) => id !== runId);
-  else selected = [...selected, runId].slice(0, MAX_SELECTED);
-  save("selected", selected);
+  const shown = shownRuns();
+  if (only) chosen = [runId, ...shown.filter((id) => id !== runId)];
+  else if (shown.includes(runId)) chosen = shown.filter((id) => id !== runId);
+  else chosen = [...shown, runId].slice(0, MAX_SELECTED);
+  save("selected", chosen);
   renderRuns();
   mountPage();
 }
@@ -119,13 +129,14 @@ function toggleRun(runId: string, only: boolean): void {
 function renderRuns(): void {
   const filter = runFilter.value.trim().toLowerCase();
   clear(runList);
+  const shown = shownRuns();
   for (const run of runs) {
     if (filter && !run.name.toLowerCase().includes(filter) && !run.run_id.toLowerCase().includes(filter)) continue;
-    const isSelected = selected.includes(run.run_id);
+    const isSelected = shown.includes(run.run_id);
     const fraction = run.progress.fraction ?? 0;
     const status = run.missing ? "deleted" : run.status ?? "new";
     runList.append(
-      h("div", { class: `run-item${isSelected ? " selected" : ""}${selected[0] === run.run_id ? " primary" : ""}`, "data-run": run.run_id },
+      h("div", { class: `run-item${isSelected ? " selected" : ""}${shown[0] === run.run_id ? " primary" : ""}`, "data-run": run.run_id },
         h("input", { type: "checkbox", checked: isSelected, title: "Compare this run", onchange: () => toggleRun(run.run_id, false) }),
         h("span", { class: "dot", style: `background:${color(run.run_id)}` }),
         h("button", { class: "run-name", title: run.path, onclick: () => toggleRun(run.run_id, true) }, run.name),
@@ -139,7 +150,7 @@ function renderRuns(): void {
 function renderBanners(): void {
   clear(banners);
   if (serverDown) banners.append(h("div", { class: "banner error" }, "The telescope ui server does not answer; retrying…"));
-  for (const id of selected) {
+  for (const id of shownRuns()) {
     const run = runs.find((r) => r.run_id === id);
     if (run?.missing) {
       banners.append(h("div", { class: "banner warning", "data-missing": run.run_id },
@@ -154,11 +165,10 @@ async function pollRuns(): Promise<void> {
     serverDown = false;
     const before = JSON.stringify(runs);
     runs = data.runs;
-    if (!selected.some((id) => runs.some((run) => run.run_id === id)) && runs.length) {
-      selected = [runs[runs.length - 1].run_id];
-      save("selected", selected);
+    if (JSON.stringify(runs) !== before) {
+      renderRuns();
+      mountPage(); // a picked run that appears (or goes) changes what is shown
     }
-    if (JSON.stringify(runs) !== before) renderRuns();
     if (!page) mountPage(true);
   } catch {
     serverDown = true;

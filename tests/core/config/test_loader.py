@@ -176,11 +176,11 @@ def test_a_bare_flag_for_a_number_is_an_error_not_one(tmp_path: Path) -> None:
 @NEEDS_ENVS
 def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
     text = "\n".join(
-        problems_of(write(tmp_path, "environments: [{name: countdwn}]\nalgorithm: grop\ntrain_backend: megatron\n"))
+        problems_of(write(tmp_path, "environments: [{name: countdwn}]\nalgorithm: grop\ntrain_backend: megatrom\n"))
     )
     assert "unknown environment 'countdwn'" in text and "Did you mean 'countdown'?" in text
     assert "unknown algorithm 'grop'" in text and "grpo" in text and "reinforce_pp" in text
-    assert "unknown trainer backend 'megatron'" in text and "run.yaml:3)" in text  # names the file and line
+    assert "unknown trainer backend 'megatrom'" in text and "run.yaml:3)" in text  # names the file and line
 
 
 @NEEDS_ENVS

@@ -118,7 +118,9 @@ def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_pat
                 return result.completions[0].token_ids
 
         assert len(asyncio.run(go())) == 4
-        assert (tmp_path / "logs" / "inference_0.log").exists()
+        # log records in logs/, the raw console (uvicorn, tracebacks) in logs/stdout/
+        assert "embedded engine serving" in (tmp_path / "logs" / "inference_0.log").read_text()
+        assert (tmp_path / "logs" / "stdout" / "inference_0.log").exists()
     finally:
         server.stop()
     assert server.process.poll() is not None  # type: ignore[attr-defined]

@@ -98,8 +98,24 @@ def test_a_process_log_holds_logging_and_printed_output(tmp_path: Path) -> None:
     assert (sys.stdout, sys.stderr) == original
     main = (tmp_path / "logs" / "trainer_0.log").read_text()
     detailed = (tmp_path / "logs" / "detailed" / "trainer_0.log").read_text()
+    console = (tmp_path / "logs" / "stdout" / "trainer_0.log").read_text()
     assert "INFO telescope.trainer: step 3 done" in main and "a detail" not in main
-    assert "printed by the backend" in main and "a warning on stderr" in main
+    assert "printed by the backend" not in main and "step 3 done" not in console
+    assert console.splitlines() == ["printed by the backend", "a warning on stderr"]
     assert "DEBUG telescope.trainer: a detail" in detailed and "step 3 done" in detailed
     logging.getLogger("telescope.trainer").info("after undo")
     assert "after undo" not in (tmp_path / "logs" / "trainer_0.log").read_text()
+    print("printed after undo")
+    assert "after undo" not in (tmp_path / "logs" / "stdout" / "trainer_0.log").read_text()
+
+
+def test_a_server_whose_console_its_parent_keeps_is_not_teed(tmp_path: Path) -> None:
+    original = sys.stdout, sys.stderr
+    undo = capture_process_logs(tmp_path, "inference_0", tee_streams=False, main_level=logging.DEBUG)
+    try:
+        assert (sys.stdout, sys.stderr) == original
+        logging.getLogger("telescope.inference").debug("engine step")
+    finally:
+        undo()
+    assert "DEBUG telescope.inference: engine step" in (tmp_path / "logs" / "inference_0.log").read_text()
+    assert not (tmp_path / "logs" / "stdout" / "inference_0.log").exists()

@@ -20,6 +20,7 @@ from telescope.recording.run_store import (
     group_records,
     resolve_run_dir,
     resolve_run_dir_from_config,
+    rollout_record,
 )
 
 
@@ -90,7 +91,18 @@ def test_rollout_records_carry_every_field(tmp_path: Path) -> None:
     assert (second["completion_tokens"], second["total_tokens"]) == (4, 8)
     assert second["policy_versions"] == [2, 4] and second["policy_version"] == 2
     assert second["stop_reason"] == "length" and second["error"] is None
+    assert "tags" not in first
     assert RunReader(tmp_path).rollouts(step=6) == []
+
+
+def test_a_sample_s_tags_go_into_its_rollout_records() -> None:
+    rollout = make_rollout(1.0)
+    tagged = Rollout(
+        sample=Sample(prompt="p", metadata={"tags": {"level": 3, "subject": "algebra"}}),
+        turns=rollout.turns, reward=rollout.reward,
+    )  # fmt: skip
+    record = rollout_record(tagged, step=0, group_index=0)
+    assert record["tags"] == {"level": 3, "subject": "algebra"}
 
 
 def test_events_are_captured_until_unsubscribed(tmp_path: Path) -> None:

@@ -200,6 +200,51 @@ def test_a_block_sealed_during_a_read_is_read_once(tmp_path: Path, monkeypatch: 
     store.close()
 
 
+def chunk_records(chunks: list[Any]) -> list[dict[str, Any]]:
+    """The records of :meth:`RunReader.read_chunks_since` chunks, read the way a consumer would."""
+    out: list[dict[str, Any]] = []
+    for chunk in chunks:
+        table = pq.read_table(chunk.path).slice(chunk.skip) if chunk.path is not None else chunk.table
+        out.extend(EVENTS_SCHEMA.to_records(table) if table is not None else [])
+    return out
+
+
+def test_chunks_name_what_cursors_read(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = RunStore(tmp_path, event_block_duration_seconds=10, event_upload_interval_seconds=LONG, clock=clock)
+    reader = RunReader(tmp_path)
+    cursor = chunk_cursor = None
+
+    def emit(*numbers: int, seal: bool = False) -> None:
+        for i in numbers:
+            store.log_event({"kind": "infra.tick", "start": clock.now, "i": i})
+        store.flush()
+        if seal:
+            clock.now += 10
+            store.flush()
+
+    for numbers, seal in (((0, 1, 2), False), ((3, 4), True), ((5, 6), True), ((7,), False), ((), False)):
+        emit(*numbers, seal=seal)
+        records, cursor = reader.read_events_since(cursor)
+        chunks, skipped = reader.read_chunks_since("events", chunk_cursor)
+        assert chunk_records(chunks) == records and skipped == 0
+        chunk_cursor = chunks[-1].cursor if chunks else chunk_cursor
+        assert (chunk_cursor or StreamCursor()) == cursor
+    assert [chunk.path is not None for chunk in reader.read_chunks_since("events")[0]] == [True, True, False]
+    with (tmp_path / "events" / "tail-000002.jsonl").open("ab") as tail:  # a crash's half line
+        tail.write(b'{"kind": "x"}\nnot json\n{"kind": "y"}\n{"kind": "half')
+    chunks, skipped = reader.read_chunks_since("events", chunk_cursor)
+    assert [r["kind"] for r in chunk_records(chunks)] == ["x", "y"] and skipped == 1
+    assert chunks[-1].cursor.rows == 3  # 7, x and y; the half line waits
+    parts, part_cursor = [], StreamCursor(2)
+    while small := reader.read_chunks_since("events", part_cursor, max_bytes=20)[0]:  # a tail read in parts
+        assert len(small) == 1
+        parts.append(chunk_records(small))
+        part_cursor = small[0].cursor
+    assert len(parts) >= 2 and [r["kind"] for part in parts for r in part] == ["infra.tick", "x", "y"]
+    store.close()
+
+
 def test_filters_agree_on_tail_and_blocks(tmp_path: Path) -> None:
     store = RunStore(tmp_path, event_upload_interval_seconds=LONG)
     rows = [("inference.request", 10.0, 5.0, 1), ("inference", 20.0, 0.0, 1), ("inferencex.y", 12.0, 1.0, 2),

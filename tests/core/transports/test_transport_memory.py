@@ -1,4 +1,4 @@
-"""The shared-memory transport: publish, receive by version, replacement, across processes."""
+"""The shared-memory transport: publish, receive by version, replacement, region reuse, across processes."""
 
 from __future__ import annotations
 
@@ -32,7 +32,12 @@ def test_send_then_receive_and_load() -> None:
         sender.send(_weights(3.0), version=2)
         with pytest.raises(RuntimeError, match="replaced by version 2"):
             list(receiver.receive(1))
-        assert not (sender.root / "v1.bin").exists()  # type: ignore[operator]
+        # one region for the run, reused: no file created per version
+        assert sorted(p.name for p in sender.root.iterdir()) == [  # type: ignore[union-attr]
+            "current.json",
+            "region-0.bin",
+            "region-0.json",
+        ]
     finally:
         sender.close()
     assert not sender.root.exists()  # type: ignore[union-attr]
@@ -51,6 +56,44 @@ def test_receive_waits_for_the_sender() -> None:
             list(MemoryTransport(None, root=sender.root, timeout_s=0.05).receive(9))
     finally:
         timer.join()
+        sender.close()
+
+
+def test_the_region_is_reused_and_replaced_only_when_the_layout_changes() -> None:
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=5)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    try:
+        sender.send(_weights(1.0), version=1)
+        assert float(dict(receiver.receive(1))["w"][0, 0]) == 1.0
+        region = sender.root / "region-0.bin"  # type: ignore[operator]
+        inode = region.stat().st_ino
+        for version in (2, 3, 4):
+            sender.send(_weights(float(version)), version=version)
+            got = dict(receiver.receive(version))
+            assert torch.equal(got["w"], torch.full((4, 4), float(version)))
+            assert torch.equal(got["b"], torch.arange(3, dtype=torch.bfloat16) * version)
+        assert region.stat().st_ino == inode  # the same file, written in place
+        sender.send([("w", torch.ones(2, 8))], version=5)  # a new layout: a new region, the old one unlinked
+        assert torch.equal(dict(receiver.receive(5))["w"], torch.ones(2, 8))
+        assert not region.exists() and (sender.root / "region-1.bin").exists()  # type: ignore[operator]
+    finally:
+        sender.close()
+
+
+def test_a_slot_overwritten_while_received_is_an_error_not_silent_corruption() -> None:
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=5)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    try:
+        sender.send(_weights(1.0), version=1)
+        reading = receiver.receive(1)
+        next(reading)
+        sender.send(_weights(2.0), version=2)  # the other slot: version 1 stays intact
+        sender.send(_weights(3.0), version=3)  # version 1's slot again
+        with pytest.raises(RuntimeError, match="overwritten"):
+            list(reading)
+    finally:
         sender.close()
 
 

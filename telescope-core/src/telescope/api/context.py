@@ -73,6 +73,12 @@ class InferenceContext(_Context):
     seed: int = 0
     max_model_len: int = 4096
     max_concurrent_sequences: int = 64
+    #: sequences one server runs at once (``max_num_seqs``); None = the backend's choice from
+    #: ``max_concurrent_sequences`` (the most the orchestrator sends a server)
+    max_num_seqs: int | None = None
+    #: tokens one scheduler step processes, prefill and decode (``max_num_batched_tokens``);
+    #: None = the backend's default
+    max_num_batched_tokens: int | None = None
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
     host: str = "127.0.0.1"
     base_port: int = 8100
@@ -88,6 +94,7 @@ class InferenceContext(_Context):
         return cls(
             model=c.model, model_dtype=c.model_dtype, seed=c.seed, max_model_len=c.max_model_len,
             max_concurrent_sequences=max(1, c.max_concurrent_prompts_per_server * c.group_size),
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
             scheduling_policy=c.vllm_scheduling_policy, host=c.inference_host, base_port=c.inference_base_port,
             tensor_parallel_size=c.inference_tensor_parallel_size, chat_template=c.chat_template,
             enable_thinking=c.enable_thinking,

@@ -80,6 +80,17 @@ class EnvironmentBase(ABC):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
+    def prepare_resources(self) -> None:
+        """Prepare expensive shared resources before the first rollout (e.g. warm a sandbox pool).
+
+        Called once per run by the orchestrator, in a worker thread, after the
+        evaluations before training and before the first rollout is dispatched, when
+        ``eager_prepare_resources`` is true; otherwise never, and the environment
+        creates what it needs on first use (so this must only move work earlier,
+        never be required). An exception stops the run with the environment's name.
+        Default: nothing.
+        """
+
     def demonstration(self, sample: Sample) -> str | None:
         """A reference completion for ``sample``, for the optional supervised warm start.
 

@@ -112,13 +112,22 @@ class Turn:
 
 @dataclass(frozen=True)
 class Rollout:
-    """One sampled trajectory for a sample: its turns, its messages and, once scored, its reward."""
+    """One sampled trajectory for a sample: its turns, its messages and, once scored, its reward.
+
+    The orchestrator's output checks (:mod:`telescope.orchestrator.filters`) set the last
+    two fields when the rollout's group finishes: ``filtered`` names the filters that
+    flagged it (``overlong``, ``gibberish``, ``repetition``; its loss is then masked,
+    see :meth:`TrainingSample.from_rollout`) and ``overlong_penalty`` is the length
+    penalty (<= 0) added to its reward for the advantages.
+    """
 
     sample: Sample
     turns: list[Turn]
     messages: list[Message] = field(default_factory=list)
     reward: RewardResult | None = None
     error: str | None = None
+    filtered: tuple[str, ...] = ()
+    overlong_penalty: float = 0.0
 
     @property
     def token_ids(self) -> list[int]:
@@ -219,9 +228,11 @@ class TrainingSample:
     def from_rollout(
         cls, rollout: Rollout, advantage: float, group_index: int = 0, rollout_index: int = 0
     ) -> TrainingSample:
+        """The rollout's tokens with its advantage; a filtered rollout's loss mask is all false."""
+        mask = rollout.loss_mask
         return cls(
             token_ids=rollout.token_ids,
-            loss_mask=rollout.loss_mask,
+            loss_mask=[False] * len(mask) if rollout.filtered else mask,
             inference_logprobs=rollout.inference_logprobs,
             advantage=float(advantage),
             policy_version=rollout.oldest_policy_version,

@@ -158,8 +158,12 @@ def load_config(
     overrides: Sequence[str] | dict[str, Any] = (),
     *,
     check_plugins: bool = True,
+    layer: bool = False,
 ) -> LoadedConfig:
     """Load, merge and validate a config. Raises :class:`ConfigError` on any problem.
+
+    ``layer``: check the file as a defaults layer (every key known, typed, in range and
+    consistent) rather than as a run, which also needs at least one environment.
 
     The schema is composed from the installed plugins first, so that plugin fields
     are known to the YAML, the command line (``--my_plugin_field``) and validation alike.
@@ -201,7 +205,7 @@ def load_config(
     if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
         derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
 
-    problems = [locate(p, provenance, source=yaml_source) for p in cross_field_problems(config)]
+    problems = [locate(p, provenance, source=yaml_source) for p in cross_field_problems(config, layer=layer)]
     problems += [locate(message, provenance, fields) for message, fields in schema.settings_problems(config)]
     if check_plugins:
         from telescope.config.rules import registry_problems

@@ -112,6 +112,16 @@ class TelescopeConfig(BaseModel):
         "Requires enable_individual_sample_lanes",
     )
     max_off_policy_steps: int = Field(8, ge=1, description="Cancel in-flight rollouts after this many weight updates")
+    batch_assembly: Literal["first_finished", "deterministic"] = Field(
+        "first_finished",
+        description='"first_finished": a batch takes the first groups to finish (no waiting for stragglers); '
+        '"deterministic": each group is bound to a step and its batch waits for it (reproducible)',
+    )
+    eager_prepare_resources: bool = Field(
+        False,
+        description="Call every training environment's prepare_resources() (e.g. warm its sandbox pool) before "
+        "the first rollout; false = environments prepare lazily, on first use",
+    )
 
     # ------------------------------------------------------------------ trainer
     learning_rate: float = Field(1.0e-6, gt=0, description="Learning rate (must be > 0)")
@@ -183,6 +193,39 @@ class TelescopeConfig(BaseModel):
         1.2, gt=1, description="Upper bound of the geometric-mean IS ratio (must be > 1; on-policy is 1)"
     )
 
+    # ------------------------------------------------- overlong and output filters
+    filter_overlong: bool = Field(
+        False,
+        description="Mask the loss of truncated completions (finish reason length: max_tokens or max_model_len "
+        "reached without EOS); they stay in their group's advantage baseline",
+    )
+    overlong_penalty_factor: float = Field(
+        0.0,
+        ge=0,
+        description="DAPO's graduated length penalty: a completion longer than max_tokens - overlong_buffer_tokens "
+        "loses factor * excess / overlong_buffer_tokens reward (at most factor); 0 = disabled",
+    )
+    overlong_buffer_tokens: int = Field(
+        256, ge=1, description="Tokens before max_tokens over which the overlong penalty ramps from 0 to the factor"
+    )
+    filter_gibberish: bool = Field(
+        False,
+        description="Mask the loss of completions with a rare token (id > gibberish_token_threshold) sampled "
+        "at a log-probability below -log(vocab_size) - gibberish_logprob_offset",
+    )
+    gibberish_token_threshold: int = Field(100000, ge=1, description="Token ids above this count as rare")
+    gibberish_logprob_offset: float = Field(
+        2.0, gt=0, description="A rare token is gibberish below log-probability -log(vocab_size) - this offset"
+    )
+    filter_repetition: bool = Field(
+        False,
+        description="Mask the loss of repetitive completions: zlib compression ratio of the text's last "
+        "10000 characters above repetition_compression_threshold (texts under 100 characters pass)",
+    )
+    repetition_compression_threshold: float = Field(
+        10.0, gt=1, description="Compression ratio (bytes / zlib-compressed bytes) above which a completion repeats"
+    )
+
     # --------------------------------------------------------- rollout/sampling
     group_size: int = Field(8, ge=1, description="Number of completions sampled per prompt")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (> 0)")
@@ -204,6 +247,19 @@ class TelescopeConfig(BaseModel):
     inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences one inference server runs at once (vLLM --max-num-seqs; the embedded engine's "
+        "batch). null = max_concurrent_prompts_per_server x group_size (capped at 1024 for vLLM, 256 embedded)",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens one inference scheduler step processes, prefill and decode (vLLM "
+        "--max-num-batched-tokens; the embedded engine prefills longer prompts in chunks). null = vLLM's default; "
+        "no limit in the embedded engine",
+    )
     vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
         "priority", description='"priority" = turn-aware scheduling for multi-turn; "fcfs" = first-come-first-served'
     )
@@ -228,6 +284,59 @@ class TelescopeConfig(BaseModel):
     checkpoint_dir: str | None = Field(None, description="Checkpoint path. null = RUN_DIR/checkpoints")
     checkpoint_keep_last: int | None = Field(None, ge=1, description="Keep only the N most recent checkpoints")
     checkpoint_keep_every: int | None = Field(None, ge=1, description="Always keep checkpoints at these step multiples")
+
+    # ---------------------------------------------------------- fault tolerance
+    inference_request_timeout_s: float | None = Field(
+        1800.0,
+        gt=0,
+        description="Read timeout of every HTTP request to an inference server (completions, weight updates), "
+        "in seconds: a request with no answer in this time fails, and a completion's rollout is errored and "
+        "counted in timeouts/inference_request/count. null = wait forever",
+    )
+    reward_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Seconds an environment's compute_reward may take: past it the rollout is errored (reward 0, "
+        "counted in timeouts/reward/count) and the run goes on. null = no limit",
+    )
+    environment_step_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Seconds one step of a multi-turn environment (env_response with its tool calls and "
+        "sandboxes, is_done) may take: past it the rollout is errored (counted in "
+        "timeouts/environment_step/count) and the run goes on. null = no limit",
+    )
+    max_consecutive_zero_advantage_batches: int = Field(
+        20,
+        ge=0,
+        description="Fail the run, saying why, when this many batches' worth of groups in a row "
+        "(N x prompts_batch_size_for_trainer) were discarded as zero-advantage: no batch can be formed. "
+        "0 = wait forever",
+    )
+    watchdog_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="Fail the run when nothing progresses for this many seconds (no request, reward, group, "
+        "training step, weight load or eval finishes), naming the stuck component (inference server, trainer "
+        "rank, environment call, sandbox) in status.json and the log. 0 = no watchdog",
+    )
+    inference_health_check_interval_s: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds between health checks of each inference server: one that died or stopped "
+        "answering is restarted on its placement with the current weights, and its groups are re-dispatched. "
+        "0 = no checks and no restarts",
+    )
+    inference_max_restarts: int = Field(
+        3, ge=0, description="Restarts allowed per inference server; one more failure fails the run"
+    )
+    trainer_max_restarts: int = Field(
+        2,
+        ge=0,
+        description="Times the trainer group restarts from the last checkpoint when a rank dies (needs "
+        "checkpoint_every > 0); once exhausted, or with no checkpoint, the run fails and prints the command "
+        "that resumes it",
+    )
 
     # -------------------------------------------------------------------- evals
     eval_before_training: bool = Field(True, description="Run evaluations before training starts")
@@ -296,37 +405,6 @@ class TelescopeConfig(BaseModel):
         True, description="Free Megatron gradient buffers during broadcast"
     )
 
-    # ----------------------------------------------------------------- megatron
-    megatron_tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallelism degree")
-    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree")
-    megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree")
-    megatron_expert_parallel_size: int = Field(1, ge=1, description="Expert parallelism degree (MoE models)")
-    megatron_global_batch_size: int | None = Field(
-        None, ge=1, description="Global batch size. null = prompts_batch_size_for_trainer"
-    )
-    megatron_disable_unified_memory_jit: bool = Field(True, description="Disable unified memory JIT")
-    megatron_optimizer_cpu_offload: bool = Field(False, description="Offload optimizer states to CPU")
-    megatron_optimizer_offload_fraction: float = Field(
-        1.0, ge=0, le=1, description="Fraction of optimizer state to offload"
-    )
-    megatron_overlap_cpu_optimizer_d2h_h2d: bool = Field(True, description="Overlap CPU optimizer D2H/H2D transfers")
-    megatron_use_precision_aware_optimizer: bool = Field(False, description="Use the precision-aware optimizer")
-    megatron_main_grads_dtype: Dtype = Field("float32", description="Data type for main gradients")
-    megatron_main_params_dtype: Dtype = Field("float32", description="Data type for main parameters")
-    megatron_exp_avg_dtype: Dtype = Field("float32", description="Data type for Adam exponential average")
-    megatron_exp_avg_sq_dtype: Dtype = Field("float32", description="Data type for Adam exponential average squared")
-    megatron_grad_reduce_in_fp32: bool = Field(True, description="Reduce gradients in FP32")
-    megatron_gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
-    megatron_sequence_parallel: bool = Field(
-        True, description="Shard the sequence dimension in LayerNorm/dropout (effective only with TP > 1)"
-    )
-    megatron_use_distributed_optimizer: bool = Field(
-        True, description="Shard optimizer states across DP ranks (effective only with DP > 1)"
-    )
-    megatron_overlap_grad_reduce: bool = Field(False, description="Overlap gradient allreduce with backward compute")
-    megatron_use_transformer_engine: bool = Field(False, description="Use the TransformerEngine layer spec")
-    megatron_fp8: bool = Field(False, description="FP8 compute (requires TransformerEngine and a Hopper GPU)")
-
     # ---------------------------------------------------------------- validators
 
     @field_validator("checkpoint_every", mode="before")
@@ -368,10 +446,14 @@ class TelescopeConfig(BaseModel):
         return self
 
 
-def cross_field_problems(c: TelescopeConfig) -> list[str]:
-    """Rules between fields that need no plugin; one message per broken rule."""
+def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str]:
+    """Rules between fields that need no plugin; one message per broken rule.
+
+    ``layer``: the config is a defaults layer, not a run (``telescope config validate
+    --defaults``): what only a run needs (an environment) is not asked for.
+    """
     problems: list[str] = []
-    if not c.environments:
+    if not c.environments and not layer:
         problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
     if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
         problems.append(
@@ -389,6 +471,21 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
         problems.append("tis_mode='icepop' needs use_tis=true (it chooses how the TIS weight is bounded)")
     if not c.use_tis and c.tis_floor > 0:
         problems.append(f"tis_floor ({c.tis_floor}) bounds the TIS weight and needs use_tis=true")
+    if c.overlong_penalty_factor > 0 and c.overlong_buffer_tokens > c.max_tokens:
+        problems.append(
+            f"overlong_buffer_tokens ({c.overlong_buffer_tokens}) must not exceed max_tokens ({c.max_tokens}) "
+            "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
+            "before max_tokens"
+        )
+    if (
+        c.max_num_seqs is not None
+        and c.max_num_batched_tokens is not None
+        and c.max_num_batched_tokens < c.max_num_seqs
+    ):
+        problems.append(
+            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be at least max_num_seqs ({c.max_num_seqs}): "
+            "every running sequence decodes one token per step"
+        )
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         problems.append(
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
@@ -429,18 +526,6 @@ def cross_field_problems(c: TelescopeConfig) -> list[str]:
             f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
             "(0 = evals only before/after training) or add inference workers"
         )
-    if c.train_backend == "megatron":
-        model_parallel = (
-            c.megatron_tensor_parallel_size * c.megatron_pipeline_parallel_size * c.megatron_context_parallel_size
-        )
-        if c.trainer_num_workers % model_parallel:
-            problems.append(
-                f"trainer_num_workers ({c.trainer_num_workers}) must be divisible by "
-                "megatron_tensor_parallel_size x megatron_pipeline_parallel_size x "
-                f"megatron_context_parallel_size ({model_parallel})"
-            )
-        if c.megatron_fp8 and not c.megatron_use_transformer_engine:
-            problems.append("megatron_fp8=true requires megatron_use_transformer_engine=true")
     return problems
 
 
@@ -461,7 +546,7 @@ _section("orchestrator", [
     "max_concurrent_prompts_per_server", "prompts_batch_size_for_trainer", "number_of_steps",
     "max_async_rollout", "discard_group_zero_advantage", "enable_prompt_prefetch",
     "prompt_prefetch_buffer_size", "enable_individual_sample_lanes", "free_lane_after_generation",
-    "max_off_policy_steps",
+    "max_off_policy_steps", "batch_assembly", "eager_prepare_resources",
 ])  # fmt: skip
 _section("trainer", [
     "learning_rate", "weight_decay", "grad_clip", "lr_scheduler", "warmup_steps", "min_lr_ratio", "train_backend",
@@ -472,16 +557,25 @@ _section("algorithm", [
     "tis_cap", "tis_logprob_clamp", "tis_mode", "tis_floor", "kl_penalty_tau", "kl_estimator", "entropy_coef",
     "entropy_chunk_size", "seq_is_masking", "seq_is_mask_low", "seq_is_mask_high",
 ])  # fmt: skip
+_section("overlong and output filters", [
+    "filter_overlong", "overlong_penalty_factor", "overlong_buffer_tokens", "filter_gibberish",
+    "gibberish_token_threshold", "gibberish_logprob_offset", "filter_repetition", "repetition_compression_threshold",
+])  # fmt: skip
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
 _section("inference server", [
-    "inference_backend", "inference_host", "inference_base_port", "max_model_len",
-    "vllm_scheduling_policy", "enable_thinking", "chat_template",
+    "inference_backend", "inference_host", "inference_base_port", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "vllm_scheduling_policy", "enable_thinking", "chat_template",
 ])  # fmt: skip
 _section("sandboxes", ["sandbox_provider"])
 _section("checkpointing", [
     "checkpoint_every", "checkpoint_save_training_state", "resume_from_checkpoint", "checkpoint_dir",
     "checkpoint_keep_last", "checkpoint_keep_every",
+])  # fmt: skip
+_section("fault tolerance", [
+    "inference_request_timeout_s", "reward_timeout_s", "environment_step_timeout_s",
+    "max_consecutive_zero_advantage_batches", "watchdog_timeout_s", "inference_health_check_interval_s",
+    "inference_max_restarts", "trainer_max_restarts",
 ])  # fmt: skip
 _section("evals", [
     "eval_before_training", "eval_after_training", "eval_num_servers", "eval_start_end_use_all_servers", "evals",
@@ -497,4 +591,3 @@ _section(
     "weight broadcasting",
     ["weight_transport"] + [n for n in TelescopeConfig.model_fields if n.startswith("weight_broadcast_")],
 )
-_section("megatron", [n for n in TelescopeConfig.model_fields if n.startswith("megatron_")])

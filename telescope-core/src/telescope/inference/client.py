@@ -36,8 +36,9 @@ phases come from its OTLP spans). The caller's ids (``group_id``, ``sample_id``,
 
 Retries (tenacity): connection failures and 503 are retried with exponential
 back-off (a server still starting, a restart); anything else is raised at once,
-because a completion is not free to repeat. There is no read timeout by default:
-a long generation is not an error; cancel the task instead.
+because a completion is not free to repeat. ``read_timeout`` bounds the wait for
+every answer (a run sets it from ``inference_request_timeout_s``: a request to a
+hung server fails instead of blocking forever); None waits without limit.
 """
 
 from __future__ import annotations
@@ -253,6 +254,7 @@ class InferenceClient:
         self.model = model
         self.max_retries = max_retries
         self.policy_version = initial_policy_version
+        self.read_timeout = read_timeout
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None),

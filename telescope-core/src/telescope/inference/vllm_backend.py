@@ -8,7 +8,9 @@ attributes, so all of it is importable and testable without vLLM.
 The server (:func:`serve_command`)
     ``vllm serve MODEL`` on ``inference_host:inference_base_port + i`` with
     ``--tensor-parallel-size`` (``inference_tensor_parallel_size``),
-    ``--gpu-memory-utilization``, ``--max-model-len``, ``--scheduling-policy``
+    ``--gpu-memory-utilization``, ``--max-model-len``, ``--max-num-seqs`` (``max_num_seqs``, see
+    :func:`max_num_seqs`), ``--max-num-batched-tokens`` (``max_num_batched_tokens``, when set),
+    ``--scheduling-policy``
     (``vllm_scheduling_policy``), ``--dtype`` (``model_dtype``), ``--seed``,
     ``--chat-template`` (``chat_template``, written to a file) and
     ``--default-chat-template-kwargs '{"enable_thinking": ...}'`` for chat
@@ -102,6 +104,14 @@ def vllm_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("vllm") or "vllm")
 
 
+def max_num_seqs(context: InferenceContext) -> int:
+    """``--max-num-seqs``: the config's ``max_num_seqs``, else the most sequences the orchestrator sends a
+    server (prompts per server x group size), capped at 1024 and at ``max_num_batched_tokens``."""
+    if context.max_num_seqs is not None:
+        return context.max_num_seqs
+    return max(1, min(1024, context.max_concurrent_sequences, context.max_num_batched_tokens or 1024))
+
+
 def serve_command(
     context: InferenceContext,
     worker_index: int,
@@ -131,7 +141,7 @@ def serve_command(
         "--max-model-len",
         str(context.max_model_len),
         "--max-num-seqs",
-        str(max(1, min(1024, context.max_concurrent_sequences))),
+        str(max_num_seqs(context)),
         "--scheduling-policy",
         context.scheduling_policy,
         "--dtype",
@@ -145,6 +155,8 @@ def serve_command(
         "--worker-extension-cls",
         EXTENSION_CLASS,
     ]
+    if context.max_num_batched_tokens is not None:
+        command += ["--max-num-batched-tokens", str(context.max_num_batched_tokens)]
     if chat_template_file is not None:
         command += ["--chat-template", chat_template_file]
     if context.enable_thinking:

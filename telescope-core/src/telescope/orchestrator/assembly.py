@@ -18,9 +18,9 @@ from telescope.orchestrator.orchestrator import Orchestrator
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptSource
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.services import GenerationService, TrainingService
+from telescope.orchestrator.step_recorder import StepRecorder
 from telescope.plugins.facade import Plugins
 from telescope.recording.progress import StepProgress
-from telescope.recording.recorder import StepRecorder
 from telescope.recording.run_store import RunStore
 
 

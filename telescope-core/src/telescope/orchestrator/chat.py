@@ -46,8 +46,12 @@ class ChatRenderer:
         eos: int | None = self.tokenizer.eos_token_id
         return eos
 
-    def render_text(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
+    def render_text(
+        self, messages: list[Message], *, add_generation_prompt: bool, continue_final_message: bool = False
+    ) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
         if self.enable_thinking:
@@ -61,7 +65,15 @@ class ChatRenderer:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """Token ids of the first turn's prompt, ending with the generation prompt."""
+        """Token ids of the first turn's prompt, ending with the generation prompt.
+
+        When the last message is the assistant's (a prefix the environment puts in the
+        model's mouth, such as ``<think>``: ``add_thinking_prefix``), the prompt ends
+        inside that message instead and the model continues it; the prefix is part of
+        the prompt, not of the completion.
+        """
+        if messages and messages[-1].get("role") == "assistant":
+            return self.encode(self.render_text(messages, add_generation_prompt=False, continue_final_message=True))
         return self.encode(self.render_text(messages, add_generation_prompt=True))
 
     def continuation_ids(

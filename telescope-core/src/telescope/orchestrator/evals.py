@@ -13,6 +13,11 @@ say ``correct`` > 0, else when its reward is positive.
 :func:`reserved_eval_ids`); keyed on the config's environment name and the
 sample's stable id, never on a display name an environment can override.
 
+Faults: rewards and environment steps have the run's time limits; a rollout whose
+server became unavailable (:class:`~telescope.orchestrator.rollouts.ServerUnavailable`:
+it died and is being restarted) runs again on the next of the eval's servers, a
+little later, up to :data:`EVAL_SERVER_RETRIES` times.
+
 Timeline: each eval is one ``eval.run`` event (``name``, ``phase``, ``step``, its
 metrics); the events of its rollouts (requests, rewards, sandboxes) carry ``eval`` (the
 name), ``eval_step`` and ``eval_phase`` (which run of it), ``sample_id`` and
@@ -37,12 +42,17 @@ from telescope.api.records import Rollout, Sample
 from telescope.config.entries import EvalEntry
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
+from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
 from telescope.orchestrator.scheduler import request_seed
 from telescope.orchestrator.services import GenerationService, SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
 from telescope.recording import events
+
+#: Times an eval rollout whose server became unavailable (it died, it is restarting) is tried again,
+#: on the next of the eval's servers, EVAL_RETRY_WAIT_S apart (a restart takes seconds to minutes).
+EVAL_SERVER_RETRIES = 60
+EVAL_RETRY_WAIT_S = 2.0
 
 # ------------------------------------------------------------ pass@k / pass^k
 # Unbiased pass@k and pass^k estimators (Chen et al. 2021, "Evaluating Large Language Models
@@ -209,26 +219,36 @@ class EvalRunner:
             entry.max_tokens if entry.max_tokens is not None else self.config.max_tokens,
             self.config.max_model_len,
             self.config.interleaved_rollouts,
+            self.config.reward_timeout_s,
+            self.config.environment_step_timeout_s,
         )
         capacity = max(1, len(servers) * self.config.max_concurrent_prompts_per_server)
         gate = asyncio.Semaphore(capacity)
 
         async def one(item_index: int, sample: Sample, draw: int) -> Rollout:
-            server = servers[(item_index * n + draw) % len(servers)]
+            async def on(server: int) -> Rollout:
+                async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
+                    seed = request_seed(self.config.seed + 7919 * (index + 1), item_index, draw, turn)
+                    return await self.generation.generate(
+                        server, prompt_ids, max_tokens, seed=seed, priority=turn, sampling=sampling
+                    )
 
-            async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
-                seed = request_seed(self.config.seed + 7919 * (index + 1), item_index, draw, turn)
-                return await self.generation.generate(
-                    server, prompt_ids, max_tokens, seed=seed, priority=turn, sampling=sampling
-                )
-
-            async with gate:
                 messages = environment.format_prompt(sample)
                 with events.context(eval=entry.name, sample_id=sample.sample_id, rollout_index=draw):
                     return await run_rollout(
                         environment, sample, messages, self.renderer.prompt_ids(messages),
                         renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
                     )  # fmt: skip
+
+            async with gate:
+                for attempt in range(EVAL_SERVER_RETRIES + 1):  # a server that died: the next one, a bit later
+                    try:
+                        return await on(servers[(item_index * n + draw + attempt) % len(servers)])
+                    except ServerUnavailable:
+                        if attempt == EVAL_SERVER_RETRIES:
+                            raise
+                        await asyncio.sleep(EVAL_RETRY_WAIT_S)
+                raise AssertionError("unreachable")
 
         rollouts = await asyncio.gather(*(one(i, sample, d) for i, sample in enumerate(items) for d in range(n)))
         per_item = [rollouts[i * n : (i + 1) * n] for i in range(len(items))]

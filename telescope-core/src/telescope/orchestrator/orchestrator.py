@@ -5,6 +5,7 @@ Reads as the loop it runs (:meth:`Orchestrator.run`)::
     restore (resume) or warm start (supervised steps on demonstrations)
     publish the trainer's weights to every server
     evaluate (before training)
+    prepare environment resources (eager_prepare_resources)
     for step in steps:
         groups  = await scheduler.next_batch(step)          # inference keeps generating meanwhile
         batch   = build_training_batch(step, groups, ...)   # reward scaling + the algorithm's advantages
@@ -28,6 +29,17 @@ Resume: a checkpoint holds the trainer state (weights, optimizer, LR schedule, R
 and a sidecar with the orchestrator's state (step, prompt position, counters); the run
 continues at the next step with the restored weights pushed to every server first.
 
+Faults (README, "Faults a run survives"): the loop runs under a :class:`~telescope.orchestrator.watchdog.Watchdog`
+(``watchdog_timeout_s``), which fails the run naming the stuck component when nothing
+progresses. When a trainer rank dies (:class:`~telescope.orchestrator.services.TrainerFailure`),
+the loop restarts the trainer group (the training service's ``restart_trainer``), loads
+the last checkpoint, rewinds the prompt stream and the counters to it, pushes its
+weights, and goes on from its step, at most ``trainer_max_restarts`` times; with no
+checkpoint, or none left, the run fails with :class:`TrainerLost` (the launcher
+prints the command that resumes). Step metrics carry the services' fault counters
+(``infra/server_restarts``, ``infra/trainer_restarts``) and the scheduler's
+``infra/groups_redispatched``.
+
 Evals on dedicated servers (``eval_num_servers``): the last servers are kept out of
 training, and a periodic eval due at step ``s`` runs on them beside training, with
 the weights of step ``s`` for all its requests: while it runs, weight pushes pass the
@@ -46,9 +58,13 @@ model and RL starts from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from telescope.api.algorithm import Algorithm
@@ -60,10 +76,21 @@ from telescope.orchestrator.prompts import PromptSource
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
-from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainerFailure, TrainingService
+from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples
+from telescope.orchestrator.watchdog import StuckReport, Watchdog
 from telescope.recording import events
-from telescope.recording.recorder import StepOutcome, StepRecorder
+
+log = logging.getLogger("telescope.orchestrator")
+
+
+class TrainerLost(RuntimeError):
+    """A trainer rank died and the trainer group could not restart; ``checkpoint`` is what a resume would use."""
+
+    def __init__(self, message: str, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 @dataclass
@@ -106,6 +133,13 @@ class Orchestrator:
         self.train_servers, self.eval_servers = self._split_servers()
         self.training_sampling = SamplingSettings(config.temperature, config.top_p)
         self._eval_tasks: list[asyncio.Task[Any]] = []
+        self.trainer_restarts = 0
+        self.scheduler: RolloutScheduler | None = None
+        self._phase = "starting"
+        self._waiting_on: str | None = None
+        self.watchdog = Watchdog(
+            config.watchdog_timeout_s, probes=self._probes(), describe=self._describe, on_stuck=self._report_stuck
+        )
 
     # ----------------------------------------------------------------- setup
 
@@ -145,60 +179,189 @@ class Orchestrator:
         rng = random.Random(c.seed)
         for step in range(c.warm_start_steps):
             batch = [examples[rng.randrange(len(examples))] for _ in range(c.warm_start_batch_size)]
-            metrics = await self.training.supervised_step(batch, c.warm_start_learning_rate)
+            with self._doing(f"taking warm-start step {step + 1}/{c.warm_start_steps}", "trainer"):
+                metrics = await self.training.supervised_step(batch, c.warm_start_learning_rate)
+            self.watchdog.beat()
             if step % 20 == 0 or step == c.warm_start_steps - 1:
                 self.recorder.note(f"warm start step {step + 1}/{c.warm_start_steps}: loss {metrics['loss']:.4f}")
 
     # ------------------------------------------------------------------ loop
 
     async def run(self) -> None:
+        """The whole run, under the watchdog (see the module docstring)."""
+        await self.watchdog.guard(self._run())
+
+    async def _run(self) -> None:
         resumed = await self.restore()
         if not resumed and self.config.warm_start_steps > 0:
             await self.warm_start()
-        with events.timed("weights.sync", component="orchestrator", version=self.start_step):
-            await self.training.push_weights(self.start_step)
-        scheduler = RolloutScheduler(
-            self.config, self.prompts, self.renderer, self._generate, self.train_servers,
-            start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
-        )  # fmt: skip
+        await self._publish(self.start_step)
+        scheduler = self.scheduler = self._new_scheduler()
         if self.evals and self.config.eval_before_training and self.start_step == 0:
-            await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
+            with self._doing("running the evals before training"):
+                await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
+        if self.config.eager_prepare_resources:
+            with self._doing("preparing the environments' resources"):
+                await self.prepare_resources()
         scheduler.start()
         try:
-            for step in range(self.start_step, self.config.number_of_steps):
-                with events.context(step=step), events.timed("orchestrator.step", component="orchestrator"):
-                    await self._train_one_step(scheduler, step)
-                if self.checkpoints.due(step + 1):
-                    await self._save(scheduler, step + 1)
+            step = self.start_step
+            while step < self.config.number_of_steps:
+                try:
+                    with events.context(step=step), events.timed("orchestrator.step", component="orchestrator"):
+                        await self._train_one_step(scheduler, step)
+                    if self.checkpoints.due(step + 1):
+                        await self._save(scheduler, step + 1)
+                except TrainerFailure as failure:
+                    scheduler = self.scheduler = await self._restart_trainer(scheduler, failure)
+                    step = self.start_step
+                    continue
                 self._maybe_periodic_evals(step + 1)
+                step += 1
             await scheduler.close()
             await self._finish_periodic_evals()
             if self.checkpoints.enabled and not self.checkpoints.exists(self.config.number_of_steps):
                 await self._save(scheduler, self.config.number_of_steps)
             if self.evals and self.config.eval_after_training:
-                await self.evals.run_all(
-                    step=self.config.number_of_steps, servers=self._start_end_servers(), phase="after"
-                )
+                with self._doing("running the evals after training"):
+                    await self.evals.run_all(
+                        step=self.config.number_of_steps, servers=self._start_end_servers(), phase="after"
+                    )
         finally:
             await scheduler.close()
             for task in self._eval_tasks:
                 task.cancel()
 
+    async def prepare_resources(self) -> None:
+        """Every training environment's ``prepare_resources()``, together, each in a worker thread.
+
+        One ``orchestrator.prepare_resources`` timeline event per environment. A failure
+        stops the run: the user asked for the resources up front.
+        """
+
+        async def prepare(slot: Any) -> None:
+            with events.timed("orchestrator.prepare_resources", component="orchestrator", environment=slot.name):
+                try:
+                    await asyncio.to_thread(slot.environment.prepare_resources)
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"environment {slot.name!r}: prepare_resources() failed (eager_prepare_resources): "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+
+        await asyncio.gather(*(prepare(slot) for slot in self.prompts.slots))
+
+    def _new_scheduler(self, first_group_id: int = 0) -> RolloutScheduler:
+        scheduler = RolloutScheduler(
+            self.config, self.prompts, self.renderer, self._generate, self.train_servers,
+            start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
+            available=getattr(self.generation, "is_available", None), first_group_id=first_group_id,
+        )  # fmt: skip
+        return scheduler
+
+    async def _publish(self, version: int, held_servers: Sequence[int] = ()) -> dict[str, float]:
+        """Push the trainer's weights to every server as ``version`` (``held_servers`` keep theirs)."""
+        with (
+            self._doing(f"pushing weights version {version} to the servers", "trainer"),
+            events.timed("weights.sync", component="orchestrator", version=version, held_servers=list(held_servers)),
+        ):
+            return await self.training.push_weights(version, held_servers=held_servers)
+
+    # --------------------------------------------------------------- faults
+
+    async def _restart_trainer(self, scheduler: RolloutScheduler, failure: TrainerFailure) -> RolloutScheduler:
+        """A rank died: new trainer ranks, the last checkpoint, and a new scheduler from its step."""
+        self.trainer_restarts += 1
+        checkpoint = self.checkpoints.latest()
+        restart = getattr(self.training, "restart_trainer", None)
+        limit = self.config.trainer_max_restarts
+        why = None
+        if restart is None:
+            why = "this training service cannot restart its ranks"
+        elif not self.checkpoints.enabled:
+            why = "checkpoints are off (checkpoint_every: 0), so there is nothing to restart from"
+        elif checkpoint is None:
+            why = "no checkpoint has been saved yet to restart from"
+        elif self.trainer_restarts > limit:
+            why = f"the trainer group already restarted {limit} time(s) (trainer_max_restarts: {limit})"
+        if why is not None:
+            raise TrainerLost(f"{failure}; the trainer group cannot restart: {why}", checkpoint) from failure
+        assert restart is not None and checkpoint is not None
+        self.recorder.note(
+            f"trainer failed ({failure}); restarting the trainer group from {checkpoint.name} "
+            f"(restart {self.trainer_restarts}/{limit})"
+        )
+        log.warning("trainer failed: %s; restarting from %s", failure, checkpoint)
+        first_group_id = scheduler.next_group_id
+        await scheduler.close()
+        for task in self._eval_tasks:  # they ran with weights that are about to be rolled back
+            task.cancel()
+        self._eval_tasks.clear()
+        with events.timed("orchestrator.trainer_restart", component="orchestrator", checkpoint=str(checkpoint),
+                          restart=self.trainer_restarts, error=str(failure)):  # fmt: skip
+            with self._doing("restarting the trainer group", "trainer"):
+                await restart()
+                await self.training.load_checkpoint(checkpoint)
+            state = self.checkpoints.read_state(checkpoint)
+            self.start_step = int(state["step"])
+            self.prompts.rewind(state["prompts"])
+            self.counters = RunCounters(**state.get("counters", {}))
+            await self._publish(self.start_step)
+        new = self._new_scheduler(first_group_id)
+        new.start()
+        return new
+
+    def _fault_metrics(self) -> dict[str, float]:
+        metrics = {"infra/trainer_restarts": float(self.trainer_restarts)}
+        for service in (self.generation, self.training):
+            report = getattr(service, "fault_metrics", None)
+            if report is not None:
+                metrics.update(report())
+        return metrics
+
+    # ------------------------------------------------------------- watchdog
+
+    @contextlib.contextmanager
+    def _doing(self, phase: str, waiting_on: str | None = None) -> Iterator[None]:
+        """What the orchestrator is doing now (the watchdog's report names it)."""
+        previous = self._phase, self._waiting_on
+        self._phase, self._waiting_on = phase, waiting_on
+        try:
+            yield
+        finally:
+            self._phase, self._waiting_on = previous
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "phase": self._phase,
+            "waiting_on": self._waiting_on,
+            "in_flight": self.scheduler.in_flight() if self.scheduler is not None else [],
+        }
+
+    def _probes(self) -> list[Any]:
+        services = [self.generation] if self.generation is self.training else [self.generation, self.training]
+        return [probe for probe in (getattr(s, "probe", None) for s in services) if probe is not None]
+
+    def _report_stuck(self, report: StuckReport) -> None:
+        self.recorder.store.set_status("running", stuck=report.as_dict())
+        self.recorder.note(f"watchdog: {report.message}")
+
     async def _train_one_step(self, scheduler: RolloutScheduler, step: int) -> None:
         step_start = time.perf_counter()
-        ready = await scheduler.next_batch(step)
+        with self._doing(f"waiting for the groups of step {step}", "inference"):
+            ready = await scheduler.next_batch(step)
         waited = time.perf_counter() - step_start
         with events.timed("orchestrator.batch_assembled", component="orchestrator", groups=len(ready)) as event:
             batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
             event.update(samples=len(batch.samples), tokens=batch.num_tokens,
                          group_ids=[g.scheduled.group_id for g in ready if g.scheduled is not None])  # fmt: skip
         train_start = time.perf_counter()
-        trainer_metrics = await self.training.train_step(batch)
+        with self._doing(f"training step {step}", "trainer"):
+            trainer_metrics = await self.training.train_step(batch)
         train_time = time.perf_counter() - train_start
         held = await self._eval_servers_to_hold(step + 1)  # may first wait for a running eval
         sync_start = time.perf_counter()
-        with events.timed("weights.sync", component="orchestrator", version=step + 1, held_servers=held):
-            sync = await self.training.push_weights(step + 1, held_servers=held)
+        sync = await self._publish(step + 1, held_servers=held)
         sync_time = time.perf_counter() - sync_start
         await scheduler.set_policy_version(step + 1)
         stats = scheduler.take_stats()
@@ -214,6 +377,7 @@ class Orchestrator:
             "timing_train_step_total": train_time,
             "timing_weight_sync_total": sync_time,
             **{k: float(v) for k, v in sync.items()},
+            **self._fault_metrics(),
         }
         self.recorder.record_step(StepOutcome(step, ready, batch, trainer_metrics, timing, stats, self.counters, step))
 
@@ -230,7 +394,10 @@ class Orchestrator:
             "prompts": prompt_state,
             "counters": dataclasses.asdict(self.counters),
         }
-        with events.timed("orchestrator.checkpoint", component="orchestrator", checkpoint_step=step):
+        with (
+            events.timed("orchestrator.checkpoint", component="orchestrator", checkpoint_step=step),
+            self._doing(f"saving checkpoint {step}", "trainer"),
+        ):
             await self.checkpoints.save(step, self.training, state)
 
     # ----------------------------------------------------------------- evals
@@ -282,4 +449,4 @@ class Orchestrator:
         self._eval_tasks.clear()
 
     def summary(self) -> dict[str, Any]:
-        return {"start_step": self.start_step, **dataclasses.asdict(self.counters)}
+        return {"start_step": self.start_step, **dataclasses.asdict(self.counters), **self._fault_metrics()}

@@ -122,6 +122,12 @@ class PromptSource:
         return {"draw": self._taken_state["draw"], "positions": [list(p) for p in self._taken_state["positions"]],
                 "seed": self.seed, "skip_draws": []}  # fmt: skip
 
+    def rewind(self, state: dict[str, Any]) -> None:
+        """Go back to ``state`` mid-run (a trainer restart from a checkpoint): prefetched prompts are dropped."""
+        self.close()
+        self._thread, self._queue, self._stop = None, None, threading.Event()
+        self.load_state_dict(state)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self._thread is not None:
             raise RuntimeError("load the prompt source state before taking the first prompt")

@@ -9,7 +9,13 @@
 - Environment code (rewards, environment replies, tools) runs in worker threads:
   a slow reward never blocks generation, and an exception marks this rollout as
   errored (``rollout.error``, a zero reward, counted in the metrics) instead of
-  stopping the run.
+  stopping the run. A reward or an environment step that runs past its limit
+  (``RolloutLimits.reward_timeout_s`` / ``environment_step_timeout_s``) is abandoned
+  the same way, its error starting with ``timeout/<kind>:``
+  (:mod:`telescope.orchestrator.deadlines`).
+- A server that cannot serve (:class:`ServerUnavailable`: it died, or is being
+  restarted) is not the rollout's fault: the exception propagates, and the
+  scheduler re-dispatches the whole group.
 - The generation lane (``lane``) can be released as soon as generation ends,
   before the reward is computed (``free_lane_after_generation``).
 - Each turn's ``max_tokens`` is capped so that the trajectory stays within
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
 from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, Turn
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.deadlines import OperationTimeout, call_with_deadline
 from telescope.recording import events
 
 
@@ -45,6 +52,14 @@ class Generation:
     token_policy_versions: list[int] | None = None
 
 
+class ServerUnavailable(RuntimeError):
+    """The inference server cannot serve (it died or is restarting); the work belongs on another server."""
+
+    def __init__(self, server: int, reason: str) -> None:
+        super().__init__(f"inference server {server} is unavailable: {reason}")
+        self.server = server
+
+
 #: generate(token ids of the whole trajectory so far, max_tokens, turn_index) -> Generation
 GenerateFn = Callable[[list[int], int, int], Awaitable[Generation]]
 
@@ -54,6 +69,10 @@ class RolloutLimits:
     max_tokens: int
     max_model_len: int
     interleaved: bool = True
+    #: seconds ``compute_reward`` may take (None: no limit)
+    reward_timeout_s: float | None = None
+    #: seconds ``env_response`` or ``is_done`` may take (None: no limit)
+    environment_step_timeout_s: float | None = None
 
 
 class Lane:
@@ -122,12 +141,17 @@ async def run_rollout(
             conversation.append(reply)
             state.turn += 1
             assert isinstance(environment, MultiTurnEnvironment)
-            if generation.finish_reason == "length" or await asyncio.to_thread(
-                environment.is_done, conversation, state
+            step_limit = limits.environment_step_timeout_s
+            where = f"of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
+            if generation.finish_reason == "length" or await call_with_deadline(
+                "environment_step", f"is_done {where}", step_limit, environment.is_done, conversation, state
             ):
                 break
             with events.context(turn=len(turns) - 1):  # the reply to this turn (its tool calls, sandboxes)
-                new_messages = await asyncio.to_thread(environment.env_response, conversation, state)
+                new_messages = await call_with_deadline(
+                    "environment_step", f"env_response {where}", step_limit, environment.env_response,
+                    conversation, state,
+                )  # fmt: skip
             if limits.interleaved:
                 input_ids = renderer.continuation_ids(history, reply, generation.token_ids, new_messages)
                 conversation.extend(new_messages)
@@ -137,8 +161,10 @@ async def run_rollout(
                 previous = sum(len(t.input_token_ids) + len(t.output_token_ids) for t in turns)
                 # Re-tokenized: the earlier turns' tokens are whatever the template now gives.
                 input_ids = full[previous:] if len(full) > previous else []
-    except asyncio.CancelledError:
-        raise
+    except (asyncio.CancelledError, ServerUnavailable):
+        raise  # cancelled, or re-dispatched elsewhere by the scheduler
+    except OperationTimeout as exc:  # a hung environment step or request: this rollout only
+        error = str(exc)
     except Exception as exc:  # an environment failure marks this rollout, the run goes on
         error = f"{type(exc).__name__} during generation: {exc}"
     finally:
@@ -147,7 +173,7 @@ async def run_rollout(
 
     unscored = Rollout(sample=sample, turns=turns, messages=conversation, error=error)
     if error is None and turns:
-        reward = await _score(environment, unscored, renderer, state)
+        reward = await _score(environment, unscored, renderer, state, limits.reward_timeout_s)
     else:
         reward = RewardResult(total_reward=0.0, error=error or "no turn was generated")
     if lane is not None:
@@ -165,10 +191,16 @@ def _token_versions(generation: Generation) -> list[int]:
     return []
 
 
-async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object) -> RewardResult:
-    """The rollout's reward (errors contained), as one ``reward.compute`` event."""
+async def _score(
+    environment: EnvironmentBase,
+    rollout: Rollout,
+    renderer: ChatRenderer,
+    state: object,
+    timeout_s: float | None = None,
+) -> RewardResult:
+    """The rollout's reward (errors and timeouts contained), as one ``reward.compute`` event."""
     start, t0 = time.time(), time.perf_counter()
-    result = await _compute_reward(environment, rollout, renderer, state)
+    result = await _compute_reward(environment, rollout, renderer, state, timeout_s)
     events.emit(
         "reward.compute", start=start, duration_s=time.perf_counter() - t0, component="orchestrator",
         sample_id=rollout.sample.sample_id, environment=rollout.sample.environment,
@@ -178,19 +210,23 @@ async def _score(environment: EnvironmentBase, rollout: Rollout, renderer: ChatR
 
 
 async def _compute_reward(
-    environment: EnvironmentBase, rollout: Rollout, renderer: ChatRenderer, state: object
+    environment: EnvironmentBase,
+    rollout: Rollout,
+    renderer: ChatRenderer,
+    state: object,
+    timeout_s: float | None = None,
 ) -> RewardResult:
+    sample = rollout.sample
+    what = f"compute_reward of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
     try:
         if isinstance(environment, BaseEnvironment):
-            result = await asyncio.to_thread(
-                environment.compute_reward, rollout.completion_text, rollout.sample, renderer.eos_token
-            )
+            result = await call_with_deadline(
+                "reward", what, timeout_s, environment.compute_reward, rollout.completion_text, sample,
+                renderer.eos_token,
+            )  # fmt: skip
         elif isinstance(environment, MultiTurnEnvironment):
-            result = await asyncio.to_thread(
-                environment.compute_reward,
-                rollout.messages,
-                rollout.sample,
-                state,  # type: ignore[arg-type]
+            result = await call_with_deadline(
+                "reward", what, timeout_s, environment.compute_reward, rollout.messages, sample, state
             )
         else:
             raise TypeError(f"{type(environment).__name__} is neither a single- nor a multi-turn environment")
@@ -200,5 +236,7 @@ async def _compute_reward(
         if reward != reward or reward in (float("inf"), float("-inf")):
             raise ValueError(f"compute_reward returned a non-finite reward ({reward})")
         return result
+    except OperationTimeout as exc:  # a hung reward function: abandoned, counted, the run goes on
+        return RewardResult(total_reward=0.0, error=str(exc))
     except Exception as exc:  # a failing reward function is contained and counted
         return RewardResult(total_reward=0.0, error=f"{type(exc).__name__} in compute_reward: {exc}")

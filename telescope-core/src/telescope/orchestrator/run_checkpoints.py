@@ -84,6 +84,13 @@ class RunCheckpoints:
             )
         return folder
 
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint of this run with its orchestrator state, or None."""
+        folder = self._ckpt.latest_checkpoint(self.root) if self.enabled else None
+        if folder is None or not self.sidecar(folder).exists():
+            return None
+        return folder
+
     def read_state(self, folder: Path) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(self.sidecar(folder).read_text(encoding="utf-8"))
         return data

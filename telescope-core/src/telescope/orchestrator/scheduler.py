@@ -1,23 +1,66 @@
 """Dispatching groups of rollouts within the async budget, and assembling batches.
 
-The schedule. Every dispatched group is assigned a *target step*: the training
-step whose batch it is meant for. Step ``t`` needs ``prompts_batch_size_for_trainer``
-accepted groups; a group counts against its step's quota while in flight or
-accepted, and a discarded or cancelled group gives its place back. A group may
-target step ``t`` only while ``t <= policy_version + max_async_rollout``, where
-``policy_version`` is the number of weight updates the servers have received. So:
+Two ways to assemble a batch (``batch_assembly``); both keep inference at most
+``max_async_rollout`` steps ahead of training, where ``policy_version`` is the
+number of weight updates the servers have received, and ``B`` is
+``prompts_batch_size_for_trainer``.
+
+``deterministic`` (bound to a step, reproducible). Every dispatched group is
+assigned a *target step*: the training step whose batch it is meant for. Step
+``t`` needs ``B`` accepted groups; a group counts against its step's quota while in
+flight or accepted, and a discarded or cancelled group gives its place back. A
+group may target step ``t`` only while ``t <= policy_version + max_async_rollout``.
+The batch of step ``t`` waits for exactly its groups, so one long generation
+delays the whole step. So:
 
 - ``max_async_rollout = 0`` is synchronous: every group of step ``t`` is dispatched
   at version ``t``, after the previous step's weights are loaded;
 - with ``N > 0`` a sample trained at step ``t`` was dispatched at version ``>= t - N``
   (its first turn; later turns are newer), so it is at most ``N`` versions stale.
 
+``first_finished`` (the default: no waiting for stragglers). Accepted groups go
+to one pool in the order they finish; the batch of step ``t`` takes the first
+``B`` of them. Dispatch keeps at most ``B * (policy_version + max_async_rollout + 1
+- t)`` groups in flight or pooled (the same budget as the quotas above, unbound
+from steps), not counting in-flight groups that can no longer be trained (see
+below). The staleness bound is the same: a pooled group dispatched at a version
+older than ``t - max_async_rollout`` is discarded as ``max_async`` when step ``t``
+forms, so a sample trained at step ``t`` was still dispatched at version ``>= t -
+N``. A straggler therefore delays no batch: it finishes into a later one while it
+is fresh enough, is discarded when it is not, and is cancelled (below) when it
+runs on past ``max_off_policy_steps``. With ``max_async_rollout = 0`` both modes
+dispatch and train the same groups. The batch's content depends on completion
+times, so runs are not reproducible in this mode; choose ``deterministic`` for that.
+Its known bias: short completions finish first, so a batch leans towards them
+while long ones arrive later and staler (some are discarded or cancelled); the
+``max_async_rollout`` bound limits how far.
+
 Stale work. When the version moves to ``v``, in-flight groups dispatched before
 ``v - max_off_policy_steps`` are cancelled; cancelling the task closes its HTTP
 requests, which aborts them on the server. They are counted as ``canceled``.
 A finished group whose oldest turn is more than ``max_off_policy_steps`` behind
-the step it would train is discarded as ``max_async``. Groups whose rewards are all
-equal are discarded as ``zero_advantage`` when ``discard_group_zero_advantage``.
+the step it would train (with ``first_finished``, also one dispatched more than
+``max_async_rollout`` versions before it) is discarded as ``max_async``. With
+``first_finished`` and long-tailed completion lengths this cancellation does happen
+at the default settings: a straggler stays in flight while later groups fill the
+batches and the version moves on. When a group finishes, the
+output checks (:mod:`telescope.orchestrator.filters`: overlong, gibberish and
+repetition filters, the overlong penalty) mark its rollouts; groups whose rewards as
+the algorithm sees them (scaled, penalty included) are all equal are discarded as
+``zero_advantage`` when ``discard_group_zero_advantage``; when
+``max_consecutive_zero_advantage_batches`` batches' worth of groups in a row are, no
+batch can ever be formed and :meth:`RolloutScheduler.next_batch` raises
+:class:`NoLearningSignal` (the run fails and says why).
+
+Servers that fail. A group whose server cannot serve (a rollout raised
+:class:`~telescope.orchestrator.rollouts.ServerUnavailable`: the server died or is
+being restarted) is *re-dispatched*: its other rollouts are cancelled, and the same
+prompt (same draw, same request seeds) runs again on a server that is available,
+for the same target step (it keeps its place in the quota, or in the
+``first_finished`` budget). Servers marked unavailable (``available(server)``
+false) get no new work. So a server that dies loses no prompt, and no prompt is
+trained twice. Re-dispatches are counted (``SchedulerStats.groups_redispatched``);
+a group re-dispatched :data:`MAX_REDISPATCHES` times counts as failed.
 
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
 individual sample lanes each sample holds a lane (released after generation with
@@ -28,7 +71,9 @@ Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
 ``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
 ``orchestrator.group_completed`` (accepted; timed from dispatch),
 ``orchestrator.group_discarded`` (``reason``: ``zero_advantage``, ``max_async``,
-``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``. Every event
+``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``; a group whose
+server failed is ``orchestrator.group_redispatched`` (``server``: the one that failed,
+``error``) and then dispatched again (``redispatch: true``). Every event
 emitted while a rollout runs (requests, rewards, tools, sandboxes) carries its
 ``group_id``, ``sample_id`` and ``rollout_index`` (an event context).
 """
@@ -45,9 +90,11 @@ from dataclasses import dataclass, field
 
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.batching import training_rewards
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
-from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, run_rollout
+from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, run_rollout
 from telescope.recording import events
 from telescope.recording.rollout_metrics import DiscardLog
 
@@ -56,8 +103,18 @@ log = logging.getLogger("telescope.orchestrator")
 #: Consecutive groups that may fail outright (an inference worker down, a bug) before the run stops.
 MAX_CONSECUTIVE_GROUP_FAILURES = 50
 
+#: Times one group may be re-dispatched because its server failed before it counts as a failed group.
+MAX_REDISPATCHES = 20
+
+#: Seconds between checks for a server coming back when every server is unavailable.
+AVAILABILITY_POLL_S = 0.5
+
 #: generate(server, prompt_ids, max_tokens, seed, priority) -> Generation
 ServerGenerateFn = Callable[[int, list[int], int, int, int], Awaitable[Generation]]
+
+
+class NoLearningSignal(RuntimeError):
+    """Every group for too long had all rewards equal: no batch can be formed (see the module docstring)."""
 
 
 @dataclass
@@ -71,6 +128,7 @@ class ScheduledGroup:
     task: asyncio.Task[None] | None = None
     group_id: int = -1
     dispatched_at: float = field(default_factory=time.time)
+    redispatches: int = 0
 
     def emit(self, kind: str, **fields: object) -> None:
         """A timeline event about this group, timed from its dispatch."""
@@ -106,6 +164,8 @@ class SchedulerStats:
     errored_rollouts: list[Rollout] = field(default_factory=list)
     groups_dispatched: int = 0
     failed_groups: int = 0
+    #: groups sent again to another server because theirs failed
+    groups_redispatched: int = 0
     #: groups dropped as stale or zero-advantage (cancellations are counted per rollout)
     discarded_groups: int = 0
 
@@ -135,6 +195,8 @@ class RolloutScheduler:
         policy_version: int = 0,
         on_waiting: Callable[[str], None] | None = None,
         status_interval_s: float = 15.0,
+        available: Callable[[int], bool] | None = None,
+        first_group_id: int = 0,
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
@@ -149,21 +211,28 @@ class RolloutScheduler:
         self.stats = SchedulerStats()
         self.on_waiting = on_waiting
         self.status_interval_s = status_interval_s
-        self._quota: dict[int, int] = {}
-        self._ready: dict[int, list[ReadyGroup]] = {}
+        self.first_finished = config.batch_assembly == "first_finished"
+        self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
+        self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
+        self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
         self._lane_capacity = config.max_concurrent_prompts_per_server
+        self.checks = OutputChecks.from_config(config, _vocab_size(renderer))
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
-        self._next_id = 0
+        self._next_id = first_group_id  # a scheduler after a trainer restart goes on with the ids
         self._closed = False
         # prompt ledger: drawn but not settled (in flight or waiting), and settled draws
         self._unsettled: dict[int, PromptItem] = {}
         self._settled: set[int] = set()
         self._draw_lock = asyncio.Lock()
         self._consecutive_failures = 0
+        self.available = available if available is not None else (lambda server: True)
+        self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
+        self._consecutive_zero_advantage = 0
+        self._zero_advantage_limit = config.max_consecutive_zero_advantage_batches * self.batch_size
 
     # ------------------------------------------------------------- lifecycle
 
@@ -181,6 +250,10 @@ class RolloutScheduler:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._in_flight.clear()
+        for waiting in self._redispatch:  # groups whose server failed and that found no other before the end
+            self.stats.discards.add_canceled(self.config.group_size)
+            waiting.emit("group_canceled", rollouts=self.config.group_size)
+        self._redispatch.clear()
 
     # ---------------------------------------------------------------- policy
 
@@ -201,7 +274,19 @@ class RolloutScheduler:
         wanted = self.config.group_size if self.config.enable_individual_sample_lanes else 1
         return min(wanted, self._lane_capacity)
 
+    def _trainable(self, scheduled: ScheduledGroup) -> bool:
+        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound."""
+        return scheduled.dispatch_version + self.config.max_async_rollout >= self.next_step_to_fill
+
     def _open_target(self) -> int | None:
+        """The step a new group is for, or None when the async budget is spent (see the module docstring)."""
+        if self.first_finished:
+            budget = (
+                self.policy_version + self.config.max_async_rollout + 1 - self.next_step_to_fill
+            ) * self.batch_size
+            held = len(self._pool) + len(self._redispatch)
+            held += sum(1 for g in self._in_flight.values() if self._trainable(g))
+            return self.next_step_to_fill + held // self.batch_size if held < budget else None
         limit = self.policy_version + self.config.max_async_rollout
         step = self.next_step_to_fill
         while step <= limit:
@@ -211,45 +296,69 @@ class RolloutScheduler:
         return None
 
     def _free_server(self) -> int | None:
-        best = max(self.servers, key=lambda s: self._lane_capacity - self._lane_use[s])
+        servers = [s for s in self.servers if self.available(s)]
+        if not servers:
+            return None
+        best = max(servers, key=lambda s: self._lane_capacity - self._lane_use[s])
         if self._lane_capacity - self._lane_use[best] >= self._lanes_per_group():
             return best
         return None
+
+    def _has_work(self) -> bool:
+        return bool(self._redispatch) or self._open_target() is not None
 
     async def _dispatch_loop(self) -> None:
         try:
             while not self._closed:
                 async with self._changed:
-                    await self._changed.wait_for(
-                        lambda: self._closed or (self._open_target() is not None and self._free_server() is not None)
-                    )
+                    while not (self._closed or (self._has_work() and self._free_server() is not None)):
+                        # a server coming back is not announced: look again now and then
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._changed.wait(), timeout=AVAILABILITY_POLL_S)
                     if self._closed:
                         return
-                    target = self._open_target()
                     server = self._free_server()
-                    assert target is not None and server is not None
-                    self._quota[target] = self._quota.get(target, 0) + 1
+                    assert server is not None
                     self._lane_use[server] += self._lanes_per_group()  # each Lane gives one back
+                    if self._redispatch:  # a group whose server failed keeps its target and its prompt
+                        self._start_group(self._redispatch.pop(0), server)
+                        continue
+                    target = self._open_target()
+                    assert target is not None
+                    if not self.first_finished:
+                        self._quota[target] = self._quota.get(target, 0) + 1
                 async with self._draw_lock:
                     item = await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
                 group_id = self._next_id
                 self._next_id += 1
-                scheduled = ScheduledGroup(item, target, self.policy_version, server, group_id=group_id)
-                self._in_flight[group_id] = scheduled
-                self.stats.groups_dispatched += 1
-                events.emit(
-                    "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
-                    group_id=group_id, sample_id=item.sample.sample_id, server=server, target_step=target,
-                    dispatch_version=self.policy_version, environment=self.prompts.slots[item.slot].name,
-                )  # fmt: skip
-                scheduled.task = asyncio.create_task(self._run_group(group_id, scheduled), name=f"group-{group_id}")
+                self._start_group(ScheduledGroup(item, target, self.policy_version, server, group_id=group_id), server)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # surfaced to next_batch, which raises it in the loop
             self._failure = exc
             async with self._changed:
                 self._changed.notify_all()
+
+    def _start_group(self, scheduled: ScheduledGroup, server: int) -> None:
+        """Dispatch ``scheduled`` to ``server`` (its lanes are taken); a re-dispatch keeps its ids and target."""
+        redispatch = scheduled.redispatches > 0
+        scheduled.server = server
+        scheduled.dispatch_version = self.policy_version
+        scheduled.dispatched_at = time.time()
+        item = scheduled.item
+        self._in_flight[scheduled.group_id] = scheduled
+        if not redispatch:
+            self.stats.groups_dispatched += 1
+        events.emit(
+            "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
+            group_id=scheduled.group_id, sample_id=item.sample.sample_id, server=server,
+            target_step=scheduled.target_step, dispatch_version=self.policy_version,
+            environment=self.prompts.slots[item.slot].name, **({"redispatch": True} if redispatch else {}),
+        )  # fmt: skip
+        scheduled.task = asyncio.create_task(
+            self._run_group(scheduled.group_id, scheduled), name=f"group-{scheduled.group_id}"
+        )
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -265,7 +374,10 @@ class RolloutScheduler:
     async def _run_group(self, group_id: int, scheduled: ScheduledGroup) -> None:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
-        limits = RolloutLimits(self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts)
+        limits = RolloutLimits(
+            self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts,
+            self.config.reward_timeout_s, self.config.environment_step_timeout_s,
+        )  # fmt: skip
         held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
@@ -284,8 +396,24 @@ class RolloutScheduler:
                     limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
                 )  # fmt: skip
 
+        failure: Exception | None = None
         try:
-            rollouts = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
+            rollouts = await _all_or_none([one(i) for i in range(self.config.group_size)])
+        except ServerUnavailable as exc:  # not the group's fault: run it again on a server that works
+            for lane in lanes:
+                lane.release()
+            if scheduled.redispatches >= MAX_REDISPATCHES:  # servers that look fine and fail: a failure
+                failure = exc
+            else:
+                scheduled.emit("group_redispatched", error=str(exc))
+                log.warning("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
+                scheduled.redispatches += 1
+                self.stats.groups_redispatched += 1
+                async with self._changed:
+                    self._in_flight.pop(group_id, None)  # and into the re-dispatch queue at once (first_finished)
+                    self._redispatch.append(scheduled)
+                    self._changed.notify_all()
+                return
         except asyncio.CancelledError:
             self.stats.discards.add_canceled(self.config.group_size)
             scheduled.emit("group_canceled", rollouts=self.config.group_size)
@@ -294,60 +422,110 @@ class RolloutScheduler:
             for lane in lanes:
                 lane.release()
             async with self._changed:
-                self._quota[scheduled.target_step] -= 1
+                self._give_back(scheduled.target_step)
                 self._changed.notify_all()
             raise
         except Exception as exc:  # a worker failure: contained, counted, the run goes on
-            log.exception("group %d (sample %s) failed", group_id, item.sample.sample_id)
-            scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
-            self.stats.failed_groups += 1
-            self._consecutive_failures += 1
-            self._in_flight.pop(group_id, None)
-            self._settle(item)
-            for lane in lanes:
-                lane.release()
-            async with self._changed:
-                self._quota[scheduled.target_step] -= 1
-                if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
-                    self._failure = RuntimeError(
-                        f"{self._consecutive_failures} groups in a row failed; the last error: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                self._changed.notify_all()
-            return
+            failure = exc
         finally:
             if not individual:
                 for lane in lanes:
                     lane.release()
+        if failure is not None:
+            await self._fail(group_id, scheduled, lanes, failure)
+            return
         await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
 
-    async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
+    async def _fail(self, group_id: int, scheduled: ScheduledGroup, lanes: list[Lane], exc: Exception) -> None:
+        """A group that failed outright: counted; too many in a row stop the run."""
+        item = scheduled.item
+        log.error("group %d (sample %s) failed: %s: %s", group_id, item.sample.sample_id, type(exc).__name__, exc,
+                  exc_info=exc)  # fmt: skip
+        scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
+        self.stats.failed_groups += 1
+        self._consecutive_failures += 1
         self._in_flight.pop(group_id, None)
+        self._settle(item)
+        for lane in lanes:
+            lane.release()
+        async with self._changed:
+            self._give_back(scheduled.target_step)
+            if self._consecutive_failures >= MAX_CONSECUTIVE_GROUP_FAILURES:
+                self._failure = RuntimeError(
+                    f"{self._consecutive_failures} groups in a row failed; the last error: {type(exc).__name__}: {exc}"
+                )
+            self._changed.notify_all()
+
+    async def _finish(self, group_id: int, scheduled: ScheduledGroup, group: Group, slot: EnvironmentSlot) -> None:
         self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
-        if errored:
-            group = Group(sample=group.sample, rollouts=[r for r in group.rollouts if not r.error])
+        # overlong / gibberish / repetition filters and the overlong penalty (filters.py)
+        group = Group(sample=group.sample, rollouts=[self.checks.apply(r) for r in group.rollouts if not r.error])
+        ranges = {group.sample.environment: (slot.reward_min, slot.reward_max)}
         async with self._changed:
+            # leaves in-flight and enters the pool at once: first_finished's budget counts both
+            self._in_flight.pop(group_id, None)
             reason = None
             if len(group.rollouts) < 2:
                 reason = "too_few_samples"  # errors left too few samples to compare
-            elif self.config.discard_group_zero_advantage and group.is_zero_advantage:
+            elif self.config.discard_group_zero_advantage and len(set(training_rewards(group, ranges))) <= 1:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
                 reason = "zero_advantage"
+                self._consecutive_zero_advantage += 1
+                limit = self._zero_advantage_limit
+                if limit and self._consecutive_zero_advantage >= limit and self._failure is None:
+                    self._failure = NoLearningSignal(self._no_signal_message())
             rewards = [r.reward.total_reward if r.reward is not None else None for r in group.rollouts]
             if reason is None:
+                self._consecutive_zero_advantage = 0
                 scheduled.emit("group_completed", rollouts=len(group.rollouts), errored=len(errored), rewards=rewards)
                 ready = ReadyGroup(
                     group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item, scheduled
                 )
-                self._ready.setdefault(scheduled.target_step, []).append(ready)
+                if self.first_finished:
+                    self._pool.append(ready)
+                else:
+                    self._ready.setdefault(scheduled.target_step, []).append(ready)
             else:
                 scheduled.emit("group_discarded", reason=reason, errored=len(errored), rewards=rewards)
-                self._quota[scheduled.target_step] -= 1
+                self._give_back(scheduled.target_step)
                 self._settle(scheduled.item)
             self._changed.notify_all()
+
+    def _give_back(self, target_step: int) -> None:
+        """A discarded, failed or cancelled group gives its place back (first_finished counts groups instead)."""
+        if not self.first_finished:
+            self._quota[target_step] -= 1
+
+    def _no_signal_message(self) -> str:
+        rewards = sorted({r.reward.total_reward for g in self.stats.discards.zero_advantage_groups[-50:]
+                          for r in g.rollouts if r.reward is not None})  # fmt: skip
+        shown = ", ".join(f"{r:g}" for r in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
+        return (
+            f"no batch can be formed: the last {self._consecutive_zero_advantage} groups "
+            f"({self.config.max_consecutive_zero_advantage_batches} batches of "
+            f"{self.batch_size}) were all discarded as zero-advantage (every sample of a group got the same "
+            f"reward{': ' + shown if shown else ''}), so there is no learning signal. The task may be too hard or "
+            "too easy for the model, or the reward function may be broken. Raise "
+            "max_consecutive_zero_advantage_batches (0 = wait forever), or set "
+            "discard_group_zero_advantage: false to train on such groups"
+        )
+
+    @property
+    def next_group_id(self) -> int:
+        return self._next_id
+
+    def in_flight(self) -> list[dict[str, object]]:
+        """The groups being generated or scored, the oldest first (for the watchdog's report)."""
+        now = time.time()
+        groups = sorted(self._in_flight.values(), key=lambda g: g.dispatched_at)
+        return [
+            {"group_id": g.group_id, "sample_id": g.item.sample.sample_id, "server": g.server,
+             "target_step": g.target_step, "age_s": round(now - g.dispatched_at, 1)}
+            for g in groups
+        ]  # fmt: skip
 
     def _report_waiting(self, step: int, accepted: int) -> None:
         s = self.stats
@@ -390,8 +568,45 @@ class RolloutScheduler:
 
     # --------------------------------------------------------------- batches
 
+    def _discard_stale(self, step: int, candidates: list[ReadyGroup], max_dispatch_lag: int | None) -> list[ReadyGroup]:
+        """Drop (and count) the groups too stale to train at ``step``; returns the rest, in order.
+
+        Stale: the oldest token more than ``max_off_policy_steps`` versions behind, or
+        (``max_dispatch_lag`` given) dispatched more than that many versions before ``step``.
+        """
+        fresh = [
+            g for g in candidates
+            if step - min(r.oldest_policy_version for r in g.group.rollouts) <= self.config.max_off_policy_steps
+            and (max_dispatch_lag is None or step - g.dispatch_version <= max_dispatch_lag)
+        ]  # fmt: skip
+        kept = {id(g) for g in fresh}
+        for stale in (g for g in candidates if id(g) not in kept):
+            if stale.scheduled is not None:
+                stale.scheduled.emit("group_discarded", reason="max_async", step=step)
+            self.stats.discards.add_stale(stale.group.rollouts)
+            self.stats.discarded_groups += 1
+            self._settle(stale.item)
+        if len(fresh) < len(candidates):
+            self._changed.notify_all()
+        return fresh
+
+    def _candidates(self, step: int) -> list[ReadyGroup]:
+        """The fresh accepted groups step ``step`` may take (stale ones dropped and counted)."""
+        if self.first_finished:
+            self._pool = self._discard_stale(step, self._pool, self.config.max_async_rollout)
+            return self._pool
+        ready = self._ready.get(step, [])
+        fresh = self._discard_stale(step, ready, None)  # the quota already bounds the dispatch lag
+        if len(fresh) < len(ready):
+            self._quota[step] -= len(ready) - len(fresh)
+            self._ready[step] = fresh
+        return fresh
+
     async def next_batch(self, step: int) -> list[ReadyGroup]:
-        """Wait for the accepted groups of ``step``; returns them (advantages not yet set)."""
+        """Wait for ``prompts_batch_size_for_trainer`` accepted groups for ``step``; returns them (no advantages yet).
+
+        ``deterministic``: the groups bound to ``step``; ``first_finished``: the first to finish.
+        """
         last_report = time.monotonic()
         async with self._changed:
             self.next_step_to_fill = max(self.next_step_to_fill, step)
@@ -399,19 +614,7 @@ class RolloutScheduler:
             while True:
                 if self._failure is not None:
                     raise self._failure
-                ready = self._ready.get(step, [])
-                fresh = [g for g in ready if step - min(r.oldest_policy_version for r in g.group.rollouts)
-                         <= self.config.max_off_policy_steps]  # fmt: skip
-                if len(fresh) < len(ready):
-                    for stale in (g for g in ready if g not in fresh):
-                        if stale.scheduled is not None:
-                            stale.scheduled.emit("group_discarded", reason="max_async", step=step)
-                        self.stats.discards.add_stale(stale.group.rollouts)
-                        self.stats.discarded_groups += 1
-                        self._settle(stale.item)
-                    self._quota[step] -= len(ready) - len(fresh)
-                    self._ready[step] = ready = fresh
-                    self._changed.notify_all()
+                ready = self._candidates(step)
                 if len(ready) >= self.batch_size:
                     break
                 with contextlib.suppress(TimeoutError):
@@ -419,11 +622,34 @@ class RolloutScheduler:
                 if time.monotonic() - last_report >= self.status_interval_s:
                     self._report_waiting(step, len(ready))
                     last_report = time.monotonic()
-            batch = ready[: self.batch_size]  # the quota never lets more than batch_size finish
+            batch = ready[: self.batch_size]  # deterministic: the quota never lets more than batch_size finish
             for used in batch:
                 self._settle(used.item)
-            del self._ready[step]
-            self._quota.pop(step, None)
+            if self.first_finished:
+                self._pool = ready[self.batch_size :]
+            else:
+                del self._ready[step]
+                self._quota.pop(step, None)
             self.next_step_to_fill = step + 1
             self._changed.notify_all()
             return batch
+
+
+async def _all_or_none(coroutines: list[Awaitable[Rollout]]) -> list[Rollout]:
+    """Every rollout of a group, or, when one raises, none: the others are cancelled and awaited."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _vocab_size(renderer: ChatRenderer) -> int:
+    """The tokenizer's vocabulary (added tokens included), for the gibberish filter's uniform log-probability."""
+    try:
+        return len(renderer.tokenizer)
+    except TypeError:
+        return int(getattr(renderer.tokenizer, "vocab_size", 2) or 2)

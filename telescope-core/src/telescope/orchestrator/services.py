@@ -8,18 +8,52 @@ implements both with Ray actors (trainer ranks, inference servers);
 ``telescope eval`` implements only generation (:mod:`telescope.runtime.standalone_eval`);
 tests implement them with in-process fakes, so the orchestration logic is tested
 without Ray or a model.
+
+Faults. A training service raises :class:`TrainerFailure` when a rank died; a
+generation service raises :class:`~telescope.orchestrator.rollouts.ServerUnavailable`
+when a server cannot serve (the group is re-dispatched). Optional methods, looked up
+with ``getattr`` (fakes and ``telescope eval`` have none of them):
+
+- ``GenerationService.is_available(server) -> bool``: whether the server takes work now;
+- ``TrainingService.restart_trainer()`` (async): replace every trainer rank by a new one
+  (raising :class:`TrainerFailure` when it cannot); the orchestrator then loads the last
+  checkpoint;
+- ``fault_metrics() -> dict[str, float]`` (either): counters for the step metrics
+  (``infra/server_restarts``);
+- ``probe() -> list[dict]`` (either, async): the watchdog's findings on each server and
+  trainer rank (see :mod:`telescope.orchestrator.watchdog`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from telescope.api.records import FinishReason, SupervisedExample, TrainingBatch
-from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.deadlines import OperationTimeout
+from telescope.orchestrator.rollouts import Generation, ServerUnavailable
+
+__all__ = [
+    "GenerationService",
+    "SamplingSettings",
+    "ServerPool",
+    "ServerUnavailable",
+    "TrainerFailure",
+    "TrainingService",
+    "complete_on",
+]
+
+
+class TrainerFailure(RuntimeError):
+    """A trainer rank died (or its actor is gone): the trainer group must restart to go on."""
+
+    def __init__(self, what: str, cause: BaseException | None = None) -> None:
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"{what}{detail}")
+        self.what = what
 
 
 @dataclass(frozen=True)
@@ -57,24 +91,71 @@ async def complete_on(
 
 
 class ServerPool:
-    """The :class:`GenerationService` over one inference client per server (what a run and ``telescope eval`` use)."""
+    """The :class:`GenerationService` over one inference client per server (what a run and ``telescope eval`` use).
+
+    Failures, told apart for the scheduler: a request that gets no answer within the
+    client's read timeout (``inference_request_timeout_s``) raises
+    :class:`~telescope.orchestrator.deadlines.OperationTimeout` (kind
+    ``inference_request``: that rollout is errored and counted); a connection refused
+    or dropped, or a server marked unavailable (a supervisor is restarting it, see
+    :mod:`telescope.runtime.supervisor`), raises
+    :class:`~telescope.orchestrator.rollouts.ServerUnavailable` (the group is
+    re-dispatched). ``on_failure`` is told which server failed a request, so a
+    supervisor can check it at once rather than at its next health check.
+    """
 
     def __init__(self, clients: list[Any], scheduling_policy: str) -> None:
         self.clients = clients
         self.scheduling_policy = scheduling_policy
+        self.unavailable: dict[int, str] = {}  # server -> why it takes no requests now
+        self.on_failure: Callable[[int], None] | None = None
 
     @property
     def num_servers(self) -> int:
         return len(self.clients)
 
+    def is_available(self, server: int) -> bool:
+        return server not in self.unavailable
+
+    def set_unavailable(self, server: int, reason: str | None) -> None:
+        """Take ``server`` out of service (``reason``), or back in (None)."""
+        if reason is None:
+            self.unavailable.pop(server, None)
+        else:
+            self.unavailable[server] = reason
+
     async def generate(
         self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
         sampling: SamplingSettings,
     ) -> Generation:  # fmt: skip
-        return await complete_on(
-            self.clients[server], prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
-            scheduling_policy=self.scheduling_policy,
-        )  # fmt: skip
+        import httpx
+
+        from telescope.inference.client import InferenceServerError
+
+        if server in self.unavailable:
+            raise ServerUnavailable(server, self.unavailable[server])
+        client = self.clients[server]
+        try:
+            return await complete_on(
+                client, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+                scheduling_policy=self.scheduling_policy,
+            )  # fmt: skip
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout) as exc:
+            timeout = getattr(client, "read_timeout", None) or 0.0
+            raise OperationTimeout("inference_request", f"a completion on inference server {server}", timeout) from exc
+        except httpx.TransportError as exc:  # refused, reset, closed mid-response: the server is gone
+            self._failed(server)
+            raise ServerUnavailable(server, f"{type(exc).__name__}: {exc}") from exc
+        except InferenceServerError as exc:
+            if exc.status != 503:
+                raise
+            self._failed(server)
+            raise ServerUnavailable(server, str(exc)) from exc
+
+    def _failed(self, server: int) -> None:
+        if self.on_failure is not None:
+            with contextlib.suppress(Exception):
+                self.on_failure(server)
 
     async def aclose(self) -> None:
         """Close every client's connections (the servers keep running)."""

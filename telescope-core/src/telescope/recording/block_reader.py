@@ -16,6 +16,11 @@ the block file before it deletes the tail, and the reader checks for the block f
 when a tail vanishes). A tail is left behind only when a later block exists (an orphan of
 a crashed writer, or the legacy file); blocks that are missing are skipped.
 
+For a consumer with its own engine (the dashboard's DuckDB), :meth:`StreamReader.chunks_since`
+walks the same way but parses nothing: it names the sealed blocks (and how many of their
+rows were read already) and gives a tail's new lines as an Arrow table of the block's
+columns, each with the cursor after it.
+
 Filters (:class:`RecordFilter`: ``kind`` prefix, a time range, a step) run on Arrow before
 records become Python dicts; on a full read of a block they are pushed into the Parquet
 reader, which skips row groups by their statistics.
@@ -36,9 +41,11 @@ assumes the writer's and the emitters' clocks agree (one machine, or synchronise
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -63,6 +70,38 @@ class StreamCursor:
     seq: int = LEGACY_SEQ
     rows: int = 0
     offset: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New data of a stream, unparsed (:meth:`StreamReader.chunks_since`): rows ``skip:`` of the
+    sealed block ``path`` (a Parquet file of the stream's :attr:`~StreamSchema.arrow_schema`),
+    or ``table``, new complete lines of a tail as a table of the same columns. ``cursor`` is
+    the position after it."""
+
+    cursor: StreamCursor
+    path: Path | None = None
+    skip: int = 0
+    table: pa.Table | None = None
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One step of :meth:`StreamReader._walk`: sealed block ``seq`` read from ``start.rows``
+    (``data`` is ``None``), or the bytes ``data`` of its tail from ``start``. ``next_cursor``
+    is where the stream continues after it, or ``None`` when that depends on how much of
+    ``data`` was taken (the open block)."""
+
+    seq: int
+    start: StreamCursor
+    data: bytes | None
+    next_cursor: StreamCursor | None
+
+    def after(self, rows: int, consumed: int) -> StreamCursor:
+        """The cursor after this piece, given the records and bytes taken of ``data``."""
+        if self.next_cursor is not None:
+            return self.next_cursor
+        return StreamCursor(self.seq, self.start.rows + rows, self.start.offset + consumed)
 
 
 @dataclass(frozen=True)
@@ -151,33 +190,45 @@ class StreamReader:
         cursor = cursor or StreamCursor()
         where = where if where is not None and not where.is_empty else None
         out: list[Record] = []
-        while True:
-            seq = cursor.seq
-            sealed = self._read_block(seq, cursor.rows, where)
-            if sealed is not None:
-                out.extend(sealed)
-                cursor = StreamCursor(seq + 1)
+        for piece in self._walk(cursor):
+            if piece.data is None:
+                out.extend(self._read_block(piece.seq, piece.start.rows, where) or [])
+                cursor = piece.after(0, 0)
                 continue
-            read = self._read_tail(seq, cursor)
-            later = [s for s in list_blocks(self.directory).seqs if s > seq]
-            if read is None:  # no tail: sealed just now, or a gap
-                sealed = self._read_block(seq, cursor.rows, where)
-                if sealed is not None:
-                    out.extend(sealed)
-                    cursor = StreamCursor(seq + 1)
-                    continue
-                if later:
-                    cursor = StreamCursor(later[0])
-                    continue
-                return out, cursor
-            records, new_cursor = read
-            if not later:  # the open block
-                out.extend(self._filter(records, where))
-                return out, new_cursor
-            # a later block exists, so this tail is complete: sealed meanwhile, an orphan, or the legacy file
-            sealed = self._read_block(seq, cursor.rows, where)
-            out.extend(sealed if sealed is not None else self._filter(records, where))
-            cursor = StreamCursor(later[0])
+            records, consumed, skipped = parse_lines(piece.data)
+            self.skipped_lines += skipped
+            out.extend(self._filter(records, where))
+            cursor = piece.after(len(records), consumed)
+        return out, cursor
+
+    def chunks_since(self, cursor: StreamCursor | None = None, *, max_bytes: int | None = None) -> list[Chunk]:
+        """What :meth:`read_since` would return, as :class:`Chunk` s that are not parsed into records.
+
+        For a consumer that reads the blocks with its own engine (the dashboard's DuckDB):
+        a sealed block is only named (its path and the rows of it already read); the new
+        complete lines of a tail come as a table of the block's columns (parsed by Arrow,
+        see :meth:`~telescope.recording.block_format.StreamSchema.table_from_lines`). Each
+        chunk carries the cursor after it, so a consumer may stop after any chunk. A tail
+        read is cut at ``max_bytes`` (at a line end); the list then ends with it.
+        """
+        cursor = cursor or StreamCursor()
+        chunks: list[Chunk] = []
+        for piece in self._walk(cursor, max_bytes):
+            if piece.data is None:
+                chunks.append(
+                    Chunk(piece.after(0, 0), path=block_path(self.directory, piece.seq), skip=piece.start.rows)
+                )
+                continue
+            cut = piece.data.rfind(b"\n") + 1
+            table = self.schema.table_from_lines(piece.data[:cut]) if cut else None
+            rows = table.num_rows if table is not None else 0
+            if rows != piece.data.count(b"\n", 0, cut):  # bad (or blank) lines were left out
+                self.skipped_lines += sum(1 for line in piece.data[:cut].split(b"\n") if line.strip()) - rows
+            after = piece.after(rows, cut)
+            if rows or after != cursor:
+                chunks.append(Chunk(after, table=table if rows else None))
+            cursor = after
+        return chunks
 
     def tail_window(self, since: float, where: RecordFilter | None = None) -> list[Record]:
         """The events that ended at or after ``since`` (and match ``where``), cheaply for live views."""
@@ -238,24 +289,62 @@ class StreamReader:
             return self.legacy
         return tail_path(self.directory, seq)
 
-    def _read_tail(self, seq: int, cursor: StreamCursor) -> tuple[list[Record], StreamCursor] | None:
-        """The complete records of tail ``seq`` after ``cursor``; ``None`` when there is no such file."""
+    def _walk(self, cursor: StreamCursor, max_bytes: int | None = None) -> Iterator[_Piece]:
+        """The pieces of the stream after ``cursor``, in order: sealed blocks (to read from a
+        row) and the bytes of tails (see the module docstring for why nothing is lost or
+        repeated when the writer seals a block meanwhile). A tail read cut at ``max_bytes``
+        ends the walk."""
+        while True:
+            seq = cursor.seq
+            if self._is_sealed(seq):
+                piece = _Piece(seq, cursor, None, StreamCursor(seq + 1))
+                yield piece
+                cursor = piece.next_cursor  # type: ignore[assignment]
+                continue
+            read = self._read_tail(seq, cursor, max_bytes)
+            later = [s for s in list_blocks(self.directory).seqs if s > seq]
+            if read is None:  # no tail: sealed just now, or a gap
+                if self._is_sealed(seq):
+                    continue
+                if later:
+                    cursor = StreamCursor(later[0])
+                    continue
+                return
+            data, start, cut_short = read
+            if cut_short or not later:  # the open block (or a tail read in parts): the cursor stays in it
+                yield _Piece(seq, start, data, None)
+                return
+            # a later block exists, so this tail is complete: sealed meanwhile, an orphan, or the legacy file
+            if self._is_sealed(seq):
+                yield _Piece(seq, cursor, None, StreamCursor(later[0]))
+            else:
+                yield _Piece(seq, start, data, StreamCursor(later[0]))
+            cursor = StreamCursor(later[0])
+
+    def _is_sealed(self, seq: int) -> bool:
+        return seq >= 0 and block_path(self.directory, seq).is_file()
+
+    def _read_tail(
+        self, seq: int, cursor: StreamCursor, max_bytes: int | None = None
+    ) -> tuple[bytes, StreamCursor, bool] | None:
+        """(the bytes of tail ``seq`` after ``cursor``, where they start, whether ``max_bytes``
+        cut them short); ``None`` when there is no such file. A tail shorter than the cursor's
+        offset (replaced or truncated under us) is read again from its start."""
         path = self._tail_file(seq)
         if path is None:
             return None
         try:
             with path.open("rb") as handle:
                 size = handle.seek(0, 2)
-                rows, offset = cursor.rows, cursor.offset
-                if size < offset:  # replaced or truncated under us: read it again
-                    rows, offset = 0, 0
-                handle.seek(offset)
-                data = handle.read(size - offset)
+                start = cursor if size >= cursor.offset else StreamCursor(seq)
+                handle.seek(start.offset)
+                want = size - start.offset
+                data = handle.read(want if max_bytes is None else min(want, max_bytes))
+                while max_bytes is not None and len(data) < want and b"\n" not in data:  # one line over max_bytes
+                    data += handle.read(max_bytes)
         except FileNotFoundError:
             return None
-        records, consumed, skipped = parse_lines(data)
-        self.skipped_lines += skipped
-        return records, StreamCursor(seq, rows + len(records), offset + consumed)
+        return data, StreamCursor(seq, start.rows, start.offset), len(data) < want
 
     def _read_tail_window(self, seq: int, since: float) -> tuple[list[Record], float | None] | None:
         """Records of tail ``seq`` flushed at or after ``since``, and the time of its first flush."""
@@ -276,7 +365,9 @@ class StreamReader:
         read = self._read_tail(seq, StreamCursor(seq, 0, offset))
         if read is None:
             return None
-        return read[0], first_flush
+        records, _, skipped = parse_lines(read[0])
+        self.skipped_lines += skipped
+        return records, first_flush
 
 
 def _float_meta(metadata: dict[bytes, bytes], key: bytes) -> float | None:

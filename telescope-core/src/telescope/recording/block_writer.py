@@ -5,8 +5,9 @@ Producers only :meth:`~BlockStream.put` records on an in-memory queue (a ``deque
 no I/O, no serialisation, no lock on the producer's thread). :meth:`~BlockStream.flush`,
 called by the :class:`Flusher` thread every ``flush interval`` (``event_upload_interval_seconds``),
 drains the queue: it encodes each record as one JSON line (the C encoder also checks that
-it is plain JSON; records that are not go through ``to_jsonable`` first) and appends the
-lines to the open block's tail in one write, then, for events, one index line.
+it is plain JSON; records that are not go through ``to_jsonable`` first; the GIL is
+released every :data:`YIELD_EVERY_RECORDS` records) and appends the lines to the open
+block's tail in one write, then, for events, one index line.
 
 A block is sealed when its time is up (``block_seconds`` since its first record, checked
 at every flush: blocks end on a flush, so a block covers its window plus at most one
@@ -65,6 +66,11 @@ Clock = Callable[[], float]
 PARQUET_COMPRESSION = "zstd"
 #: Rows of a Parquet row group: the unit that a time or step filter skips by its statistics.
 ROW_GROUP_ROWS = 65_536
+#: The writer releases the GIL after encoding this many records. Encoding is pure Python
+#: and holds the GIL; a thread of the same process that wants it back (a training loop
+#: returning from a GIL-free kernel, an event emitter) would otherwise wait for Python's
+#: switch interval (5 ms) each time. 64 records take well under a millisecond to encode.
+YIELD_EVERY_RECORDS = 64
 
 
 class BlockStream:
@@ -167,6 +173,8 @@ class BlockStream:
                     lines.append(dumps_jsonable(record))
                 except (TypeError, ValueError):  # numpy values, NaN, other objects
                     lines.append(dumps_jsonable(to_jsonable(record)))
+                if len(lines) % YIELD_EVERY_RECORDS == 0:
+                    time.sleep(0)  # hand the GIL over (see YIELD_EVERY_RECORDS)
         start = 0
         while start < len(lines):
             end = len(lines) if self.block_rows is None else min(len(lines), start + self.block_rows - self._rows)

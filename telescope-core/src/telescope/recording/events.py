@@ -18,6 +18,10 @@ tool calls, sandbox commands) but not plain threads.
 
 Events made in another process (a trainer rank) travel as dicts and are handed to
 the sinks here with :func:`publish`.
+
+A :func:`timed` block that has not ended yet is listed by :func:`open_blocks` (its
+kind, fields, context and start): what the run is doing right now, which the
+watchdog (:mod:`telescope.orchestrator.watchdog`) reports when nothing progresses.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ Sink = Callable[[Event], None]
 
 _lock = threading.Lock()
 _sinks: list[Sink] = []
+_open: dict[int, Event] = {}  # timed blocks in progress, by id of their field dict
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "telescope_event_context", default=None
 )
@@ -96,10 +101,22 @@ def timed(kind: str, **fields: Any) -> Iterator[Event]:
     extra: Event = dict(fields)
     start = time.time()
     t0 = time.perf_counter()
+    key = id(extra)
+    with _lock:
+        _open[key] = {"kind": kind, "start": start, **(_context.get() or {}), **fields}
     try:
         yield extra
     except BaseException as exc:
         extra.setdefault("error", f"{type(exc).__name__}: {exc}")
         raise
     finally:
+        with _lock:
+            _open.pop(key, None)
         emit(kind, start=start, duration_s=time.perf_counter() - t0, **extra)
+
+
+def open_blocks() -> list[Event]:
+    """The :func:`timed` blocks of this process that have not ended, the oldest first (copies)."""
+    with _lock:
+        blocks = [dict(b) for b in _open.values()]
+    return sorted(blocks, key=lambda b: float(b["start"]))

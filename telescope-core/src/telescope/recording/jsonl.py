@@ -167,8 +167,13 @@ def ends_without_newline(path: Path) -> bool:
         return False
 
 
-class JsonlWriter:
-    """An append-only, thread-safe JSON Lines file: whole lines, flushed on every write."""
+class AppendOnlyTextFile:
+    """A text file opened for appending at the first write; thread-safe, flushed on every write.
+
+    A file that ends in a crash's partial line gets a newline first, so the next write
+    starts a line of its own. After :meth:`close`, :meth:`append` writes nothing and
+    returns False.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -185,21 +190,16 @@ class JsonlWriter:
             handle.flush()
         return handle
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        self.write_many([record])
-
-    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append records; the lines are serialised first, then written whole and flushed."""
-        text = "".join(dumps_line(r) for r in records)
-        if not text:
-            return
+    def append(self, text: str) -> bool:
+        """Append ``text`` whole and flush; False (nothing written) once closed."""
         with self._lock:
             if self._closed:
-                raise RunStoreClosedError(f"cannot write to {self.path}: the run store is closed")
+                return False
             if self._handle is None:
                 self._handle = self._open()
             self._handle.write(text)
             self._handle.flush()
+        return True
 
     def close(self) -> None:
         with self._lock:
@@ -207,3 +207,23 @@ class JsonlWriter:
             if self._handle is not None:
                 self._handle.close()
                 self._handle = None
+
+
+class JsonlWriter:
+    """An append-only, thread-safe JSON Lines file: whole lines, flushed on every write."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = AppendOnlyTextFile(path)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Append records; the lines are serialised first, then written whole and flushed."""
+        text = "".join(dumps_line(r) for r in records)
+        if text and not self._file.append(text):
+            raise RunStoreClosedError(f"cannot write to {self.path}: the run store is closed")
+
+    def close(self) -> None:
+        self._file.close()

@@ -12,6 +12,10 @@ Names follow the metrics reference (docs "Metrics"):
 - tokens: ``tokens/{prompt,completion,total}/{mean,std,min,max}``; completion tokens are
   summed over turns; total is the whole sequence (environment turns included).
 - ``stop_reason_length_pct``, ``group_length_gini_mean``, ``group_length_max_median_ratio_mean``.
+- overlong penalty (``overlong_penalty_factor``), on steps where a rollout got one:
+  ``reward/overlong_penalty/mean`` (over all rollouts, 0 for the unpenalised) and
+  ``reward/overlong_penalty/count`` (rollouts penalised). ``reward/*`` are the
+  environments' rewards, without the penalty.
 - counts: ``rollouts/count``, ``groups/count``, ``rollouts/error_count``.
 - discarded and canceled rollouts: see :func:`discard_metrics` and :class:`DiscardLog`.
 
@@ -148,6 +152,10 @@ def rollout_step_metrics(
 
     length_stops = sum(1 for r in rollouts if r.finish_reason == "length")
     metrics["stop_reason_length_pct"] = 100.0 * length_stops / len(rollouts)
+    penalties = [r.overlong_penalty for r in rollouts if r.overlong_penalty != 0.0]
+    if penalties:
+        metrics["reward/overlong_penalty/mean"] = float(np.mean([r.overlong_penalty for r in rollouts]))
+        metrics["reward/overlong_penalty/count"] = float(len(penalties))
 
     length_ginis: list[float] = []
     max_median_ratios: list[float] = []
@@ -233,12 +241,17 @@ def _is_number(value: object) -> bool:
 # ------------------------------------------------------------------ discards
 
 
+#: The output filters' reasons (:data:`telescope.orchestrator.filters.FILTER_REASONS`).
+FILTER_REASONS = ("overlong", "gibberish", "repetition")
+
+
 def discard_metrics(
     *,
     stale_rollouts: Sequence[Rollout] = (),
     zero_advantage_groups: Sequence[Group] = (),
     canceled: int = 0,
     trained_rollouts: int = 0,
+    filtered_rollouts: Sequence[Rollout] = (),
 ) -> dict[str, float]:
     """Metrics of the rollouts not trained on this step, by reason.
 
@@ -249,9 +262,13 @@ def discard_metrics(
       breakdown in groups: ``.../all_zero`` (every reward 0), ``.../all_positive`` (every
       reward > 0) and ``.../mean_reward`` (mean reward of those rollouts);
     - ``discarded/canceled/count``: in-flight rollouts canceled before they finished;
-    - ``discarded/count`` (the first two) and ``<reason>/pct`` and ``discarded/pct``:
-      percentages of every rollout accounted for this step
-      (``trained_rollouts + max_async + zero_advantage + canceled``);
+    - ``discarded/{overlong,gibberish,repetition}/count``: rollouts of the batch whose loss
+      an output filter masked (``Rollout.filtered``; one rollout may have several reasons),
+      and ``discarded/filtered/count``: such rollouts, each once;
+    - ``discarded/count`` (max_async, zero_advantage and filtered) and ``<reason>/pct`` and
+      ``discarded/pct``: percentages of every rollout accounted for this step
+      (``trained_rollouts + max_async + zero_advantage + filtered + canceled``, where
+      ``trained_rollouts`` counts the batch's rollouts that were not filtered);
     - ``discarded/tokens/{prompt,completion,total}/{mean,std,min,max}``: token lengths of the
       discarded (not canceled) rollouts, when there are some.
 
@@ -260,7 +277,8 @@ def discard_metrics(
     zero_advantage_rollouts = [r for g in zero_advantage_groups for r in g.rollouts]
     stale_count = len(stale_rollouts)
     zero_count = len(zero_advantage_rollouts)
-    total = trained_rollouts + stale_count + zero_count + canceled
+    filtered_count = len(filtered_rollouts)
+    total = trained_rollouts + stale_count + zero_count + filtered_count + canceled
 
     def pct(count: int) -> float:
         return 100.0 * count / total if total > 0 else 0.0
@@ -279,14 +297,20 @@ def discard_metrics(
         ),
         "discarded/canceled/count": float(canceled),
         "discarded/canceled/pct": pct(canceled),
-        "discarded/count": float(stale_count + zero_count),
-        "discarded/pct": pct(stale_count + zero_count),
+        "discarded/filtered/count": float(filtered_count),
+        "discarded/filtered/pct": pct(filtered_count),
+        "discarded/count": float(stale_count + zero_count + filtered_count),
+        "discarded/pct": pct(stale_count + zero_count + filtered_count),
     }
+    for reason in FILTER_REASONS:
+        count = sum(1 for r in filtered_rollouts if reason in r.filtered)
+        metrics[f"discarded/{reason}/count"] = float(count)
+        metrics[f"discarded/{reason}/pct"] = pct(count)
     zero_rewards = [v for v in (_reward(r) for r in zero_advantage_rollouts) if v is not None]
     mean_reward = _mean(zero_rewards)
     if mean_reward is not None:
         metrics["discarded/zero_advantage/mean_reward"] = mean_reward
-    metrics.update(token_metrics([*stale_rollouts, *zero_advantage_rollouts], "discarded/tokens"))
+    metrics.update(token_metrics([*stale_rollouts, *zero_advantage_rollouts, *filtered_rollouts], "discarded/tokens"))
     return metrics
 
 
@@ -296,8 +320,9 @@ class DiscardLog:
 
     The orchestrator calls :meth:`add_zero_advantage` for each group it drops for zero
     advantage, :meth:`add_stale` for finished rollouts it drops as too far off-policy,
-    :meth:`add_canceled` for in-flight rollouts it cancels, and :meth:`add_trained` for
-    the rollouts that go into the batch (the denominator of the percentages). It keeps
+    :meth:`add_canceled` for in-flight rollouts it cancels, :meth:`add_filtered` for the
+    batch's rollouts an output filter masked, and :meth:`add_trained` for the other
+    rollouts that go into the batch (with the others, the denominator of the percentages). It keeps
     the dropped records until the step's metrics are taken: a few groups per step.
     Not thread-safe; fill it from the orchestrator's event loop.
     """
@@ -306,6 +331,7 @@ class DiscardLog:
     zero_advantage_groups: list[Group] = field(default_factory=list)
     canceled: int = 0
     trained_rollouts: int = 0
+    filtered_rollouts: list[Rollout] = field(default_factory=list)
 
     def add_zero_advantage(self, group: Group) -> None:
         self.zero_advantage_groups.append(group)
@@ -317,6 +343,10 @@ class DiscardLog:
         if count < 0:
             raise ValueError(f"cannot add a negative number of canceled rollouts ({count})")
         self.canceled += count
+
+    def add_filtered(self, rollouts: Iterable[Rollout]) -> None:
+        """Rollouts of the batch whose loss an output filter masked (not counted as trained)."""
+        self.filtered_rollouts.extend(rollouts)
 
     def add_trained(self, count: int) -> None:
         if count < 0:
@@ -330,6 +360,7 @@ class DiscardLog:
             zero_advantage_groups=self.zero_advantage_groups,
             canceled=self.canceled,
             trained_rollouts=self.trained_rollouts,
+            filtered_rollouts=self.filtered_rollouts,
         )
 
     def reset(self) -> None:
@@ -337,6 +368,7 @@ class DiscardLog:
         self.zero_advantage_groups = []
         self.canceled = 0
         self.trained_rollouts = 0
+        self.filtered_rollouts = []
 
     def pop_metrics(self) -> dict[str, float]:
         """The step's discard metrics; the log is empty afterwards, ready for the next step."""

@@ -2,11 +2,18 @@
 
 :func:`capture_process_logs` (called by each trainer rank) writes
 
-- ``logs/<name>.log``: log records at INFO and above, and every line the process
-  prints to ``sys.stdout`` / ``sys.stderr`` (the streams are teed: what Ray forwards
-  to the driver with ``ray_log_to_driver`` still goes there);
+- ``logs/<name>.log``: log records at INFO and above (``main_level``: the
+  orchestrator's is DEBUG with ``debug: true``);
 - ``logs/detailed/<name>.log``: log records at DEBUG and above (Telescope's own
-  loggers are set to DEBUG; other libraries keep their level).
+  loggers are set to DEBUG; other libraries keep their level);
+- ``logs/stdout/<name>.log``: the process's console, every line it prints to
+  ``sys.stdout`` / ``sys.stderr`` (the streams are teed: what Ray forwards to the
+  driver with ``ray_log_to_driver`` still goes there). ``tee_streams=False`` leaves
+  the streams alone, for a process whose console its parent already writes there
+  (the embedded inference server).
+
+The three kinds are what ``wandb_upload_logs``, ``wandb_upload_logs_detailed`` and
+``wandb_upload_logs_stdout`` select.
 
 When the root logger had no handler (a fresh Ray worker), a WARNING handler on the
 original stderr is added too, so warnings still reach the driver as they did before
@@ -31,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from telescope.recording.jsonl import AppendOnlyTextFile
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -57,16 +66,19 @@ class TeeStream:
         return getattr(self.primary, name)
 
 
-def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
-    """Send this process's logging and stdout/stderr to ``<run_dir>/logs/<name>.log`` (see the module docstring).
+def capture_process_logs(
+    run_dir: Path | str, name: str, *, tee_streams: bool = True, main_level: int = logging.INFO
+) -> Callable[[], None]:
+    """Send this process's logging and console to ``<run_dir>/logs/`` (see the module docstring).
 
     Returns the function that undoes it (handlers removed, streams restored, files closed).
     """
     logs = Path(run_dir) / "logs"
     (logs / "detailed").mkdir(parents=True, exist_ok=True)
+    (logs / "stdout").mkdir(exist_ok=True)
     formatter = logging.Formatter(FORMAT)
     main = logging.FileHandler(logs / f"{name}.log", encoding="utf-8")
-    main.setLevel(logging.INFO)
+    main.setLevel(main_level)
     detailed = logging.FileHandler(logs / "detailed" / f"{name}.log", encoding="utf-8")
     detailed.setLevel(logging.DEBUG)
     root = logging.getLogger()
@@ -81,10 +93,12 @@ def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
     telescope_logger = logging.getLogger("telescope")
     previous_level = telescope_logger.level
     telescope_logger.setLevel(logging.DEBUG)
-    copy = (logs / f"{name}.log").open("a", encoding="utf-8")
     previous_streams = sys.stdout, sys.stderr
-    sys.stdout = TeeStream(sys.stdout, copy)
-    sys.stderr = TeeStream(sys.stderr, copy)
+    copy: IO[str] | None = None
+    if tee_streams:
+        copy = (logs / "stdout" / f"{name}.log").open("a", encoding="utf-8")
+        sys.stdout = TeeStream(sys.stdout, copy)
+        sys.stderr = TeeStream(sys.stderr, copy)
 
     def undo() -> None:
         sys.stdout, sys.stderr = previous_streams
@@ -92,7 +106,8 @@ def capture_process_logs(run_dir: Path | str, name: str) -> Callable[[], None]:
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
-        copy.close()
+        if copy is not None:
+            copy.close()
 
     return undo
 
@@ -102,9 +117,7 @@ class SandboxLog:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._handle: IO[str] | None = None
-        self._closed = False
+        self._file = AppendOnlyTextFile(self.path)
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = str(event.get("kind", ""))
@@ -126,18 +139,7 @@ class SandboxLog:
             if text:
                 lines.append(f"    [{stream}]")
                 lines.extend(f"    {line}" for line in text.splitlines())
-        with self._lock:
-            if self._closed:
-                return
-            if self._handle is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._handle = self.path.open("a", encoding="utf-8")
-            self._handle.write("\n".join(lines) + "\n")
-            self._handle.flush()
+        self._file.append("\n".join(lines) + "\n")  # dropped once closed
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._handle is not None:
-                self._handle.close()
-                self._handle = None
+        self._file.close()

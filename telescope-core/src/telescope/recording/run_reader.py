@@ -12,7 +12,10 @@ modifies them, and never returns a half-written record:
   open block's JSON Lines tail, preceded by the flat ``events.jsonl`` / ``rollouts.jsonl``
   of a run written before blocks existed.
 
-For a consumer that polls (the dashboard's sync), :meth:`RunReader.read_events_since` and
+A consumer with its own Parquet engine (the dashboard's DuckDB) polls
+:meth:`RunReader.read_chunks_since` instead: the same walk, nothing parsed into dicts.
+
+For a consumer that polls, :meth:`RunReader.read_events_since` and
 :meth:`RunReader.read_rollouts_since` take a
 :class:`~telescope.recording.block_reader.StreamCursor` and return only the records after
 it (reading only new blocks and the tail from a byte offset) with the new cursor; nothing
@@ -34,8 +37,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from telescope.recording.block_format import EVENTS_SCHEMA, META_FILE, ROLLOUTS_SCHEMA
-from telescope.recording.block_reader import RecordFilter, StreamCursor, StreamReader
+from telescope.recording.block_reader import Chunk, RecordFilter, StreamCursor, StreamReader
 from telescope.recording.jsonl import parse_lines
+from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE
 from telescope.recording.run_store import (
     CONFIG_JSON,
     CONFIG_YAML,
@@ -49,7 +53,16 @@ from telescope.recording.run_store import (
     STATUS_FILE,
 )
 
-__all__ = ["Follower", "JsonlFollower", "RecordFilter", "RunReader", "StreamCursor", "StreamFollower", "read_jsonl"]
+__all__ = [
+    "Chunk",
+    "Follower",
+    "JsonlFollower",
+    "RecordFilter",
+    "RunReader",
+    "StreamCursor",
+    "StreamFollower",
+    "read_jsonl",
+]
 
 Record = dict[str, Any]
 
@@ -164,6 +177,18 @@ class RunReader:
         filters, and the next cursor (past every event read, matching or not)."""
         return self._events().read_since(cursor, RecordFilter(kind=kind, since=since, until=until, step=step))
 
+    def read_chunks_since(
+        self, name: str, cursor: StreamCursor | None = None, *, max_bytes: int | None = None
+    ) -> tuple[list[Chunk], int]:
+        """The data of block stream ``name`` (``events`` or ``rollouts``) after ``cursor``, unparsed
+        (see :meth:`~telescope.recording.block_reader.StreamReader.chunks_since`), and the count
+        of bad tail lines skipped by this call. For consumers that read Parquet themselves."""
+        if name not in ("events", "rollouts"):
+            raise ValueError(f"{name!r} is not a block stream; use events or rollouts")
+        reader = self._events() if name == "events" else self._rollouts()
+        chunks = reader.chunks_since(cursor, max_bytes=max_bytes)
+        return chunks, reader.skipped_lines
+
     def event_tail(
         self, seconds: float | None = None, *, kind: str | None = None, now: float | None = None
     ) -> list[Record]:
@@ -196,6 +221,22 @@ class RunReader:
     def config(self) -> Record | None:
         """The resolved config (config.json), or ``None`` before the run wrote it."""
         return _read_json_object(self.run_dir / CONFIG_JSON)
+
+    def metadata(self) -> Record | None:
+        """metadata.json (environments and their metric ranges, host, git, the code snapshot's
+        summary; see :mod:`telescope.recording.run_metadata`), or ``None`` before the run wrote it."""
+        return _read_json_object(self.run_dir / METADATA_FILE)
+
+    @property
+    def code_dir(self) -> Path:
+        """The folder of the run's code snapshot (it may not exist)."""
+        return self.run_dir / CODE_DIR
+
+    def code_files(self) -> list[str]:
+        """The files of the code snapshot, as sorted paths relative to :attr:`code_dir` (``[]`` without one)."""
+        if not self.code_dir.is_dir():
+            return []
+        return sorted(p.relative_to(self.code_dir).as_posix() for p in self.code_dir.rglob("*") if p.is_file())
 
     def config_text(self) -> str | None:
         """The resolved config as YAML text, or ``None`` before the run wrote it."""

@@ -152,9 +152,14 @@ def rollout_record(
     turn: ``input_tokens`` added before it, the prompt or the environment's reply;
     ``output_tokens`` generated; its ``policy_version`` and ``finish_reason``: the
     trajectory is these tokens in order, each turn's request the whole trajectory before
-    it) and ``error`` (the rollout's or the reward function's).
+    it), ``error`` (the rollout's or the reward function's), ``filtered`` (the output
+    filters that masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty
+    when trained on) and ``overlong_penalty`` (added to ``reward`` for its advantage;
+    0 when none); ``tags`` when the sample has some (``Sample.metadata["tags"]``: a
+    dict of name to value, or a list of names), which the dashboard filters its metrics by.
     """
     reward = rollout.reward
+    tags = rollout.sample.metadata.get("tags") if isinstance(rollout.sample.metadata, dict) else None
     return {
         "step": step,
         "group_index": group_index,
@@ -184,6 +189,9 @@ def rollout_record(
             for t in rollout.turns
         ],
         "error": rollout.error or (reward.error if reward is not None else None),
+        "filtered": list(rollout.filtered),
+        "overlong_penalty": rollout.overlong_penalty,
+        **({"tags": tags} if tags else {}),
     }
 
 

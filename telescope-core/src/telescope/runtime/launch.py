@@ -11,16 +11,32 @@ every actor and server is stopped, and a local Ray cluster this run started is s
 down. Exit codes: 0 completed, 1 failed (the message and the path of the full
 traceback are printed), 2 a user error found at start (bad kwargs, missing
 checkpoint, workers that cannot be placed), 130 interrupted (Ctrl-C or SIGTERM).
+
+SIGTERM, as schedulers send it, often goes to the whole process group, and Ray's own
+processes (GCS, raylet, the actors' workers) are in it: they die with the run. So on
+SIGTERM the run writes ``status: interrupted`` at once, stops its inference server
+processes (in sessions of their own, they got no signal) and skips the Ray cleanup
+when the GCS no longer accepts connections (else gives it :data:`TERMINATION_CLEANUP_S`)
+instead of waiting for a GCS that is gone; when Ray no longer answers, the process
+exits right after its own cleanup (``os._exit``), before Ray's core worker would kill
+it a minute later. A second
+SIGTERM during that cleanup is ignored. When the trainer group is lost
+(:class:`~telescope.orchestrator.orchestrator.TrainerLost`), the error names the
+command that resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -35,19 +51,57 @@ if TYPE_CHECKING:
 log = logging.getLogger("telescope.run")
 
 
+#: Seconds the Ray cleanup gets after SIGTERM (Ray's processes may be dying too).
+TERMINATION_CLEANUP_S = 10.0
+
+
 class _Terminated(Exception):
     """SIGTERM, turned into an exception so cleanup runs as for Ctrl-C."""
 
 
-def _setup_file_logging(run_dir: Path, debug: bool) -> logging.Handler:
-    """The orchestrator's log file; DEBUG level with ``debug: true`` (or ``telescope --debug``)."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(run_dir / "logs" / "orchestrator.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("telescope")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if debug or os.environ.get("TELESCOPE_DEBUG") else logging.INFO)
-    return handler
+def _resume_command(run_dir: Path, checkpoint: Path | None) -> str:
+    """The command line that resumes this run from its last checkpoint (or, with none, starts it again)."""
+    argv = sys.argv[1:]
+    args = argv[argv.index("run") + 1 :] if "run" in argv else argv
+    kept: list[str] = []
+    skip = False
+    for arg in args:  # drop an earlier --resume_from_checkpoint and its value
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("-", "_")
+        if name == "__resume_from_checkpoint":
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    if not any(a.split("=", 1)[0].replace("-", "_") == "__run_dir" for a in kept):
+        kept += ["--run_dir", str(run_dir)]
+    if checkpoint is not None:
+        kept += ["--resume_from_checkpoint", "true"]
+    return shlex.join(["telescope", "run", *kept])
+
+
+def _within(seconds: float, function: Any, *args: Any) -> bool:
+    """Run ``function`` in a daemon thread; whether it returned within ``seconds`` (it may block on a dead Ray)."""
+    done = threading.Event()
+
+    def call() -> None:
+        with contextlib.suppress(Exception):
+            function(*args)
+        done.set()
+
+    threading.Thread(target=call, name="telescope-cleanup", daemon=True).start()
+    return done.wait(seconds)
+
+
+def _setup_file_logging(run_dir: Path, debug: bool) -> Callable[[], None]:
+    """The orchestrator's logs (``logs/orchestrator.log``, ``detailed/``, ``stdout/``);
+    the main log is at DEBUG with ``debug: true`` (or ``telescope --debug``).
+    Returns the function that undoes it."""
+    from telescope.recording.run_logs import capture_process_logs
+
+    verbose = debug or bool(os.environ.get("TELESCOPE_DEBUG"))
+    return capture_process_logs(run_dir, "orchestrator", main_level=logging.DEBUG if verbose else logging.INFO)
 
 
 def _record_metadata(run_dir: Path, config: TelescopeConfig, plugins: Plugins) -> None:
@@ -72,7 +126,12 @@ def _prepare_model(config: TelescopeConfig) -> None:
 
 
 async def _train(
-    config: TelescopeConfig, run_dir: Path, store: Any, loggers: list[Any], plugins: Plugins
+    config: TelescopeConfig,
+    run_dir: Path,
+    store: Any,
+    loggers: list[Any],
+    plugins: Plugins,
+    terminated: threading.Event | None = None,
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -80,6 +139,29 @@ async def _train(
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
 
+    terminated = terminated if terminated is not None else threading.Event()
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+
+    def on_sigterm() -> None:  # in the loop: the run stops at its next await
+        if terminated.is_set():
+            return
+        terminated.set()
+        log.warning("SIGTERM: stopping the run")
+        store.set_status("interrupted", error="terminated by SIGTERM")
+        if main is not None:
+            main.cancel()
+
+    fatal: list[BaseException] = []
+
+    def on_fatal(error: BaseException) -> None:  # a server that cannot be kept running ends the run
+        if not fatal:
+            fatal.append(error)
+            if main is not None:
+                main.cancel()
+
+    previous = signal.getsignal(signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     services = RayServices(config, run_dir)
     progress = StepProgress(config.number_of_steps)
     monitor = None
@@ -87,6 +169,7 @@ async def _train(
         await asyncio.to_thread(services.start)
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         await services.connect_weights()
+        services.supervise(on_fatal)  # dead inference servers are restarted (inference_health_check_interval_s)
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         run = build_orchestrator(
             config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
@@ -97,32 +180,44 @@ async def _train(
         finally:
             run.prompts.close()
         return run.summary()
+    except asyncio.CancelledError:
+        if terminated.is_set():
+            raise _Terminated() from None
+        if fatal:
+            raise fatal[0] from None
+        raise
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
         progress.close()
         if monitor is not None:
-            await monitor.stop()
-        await services.close()
+            await monitor.stop(flush=not terminated.is_set())  # a last drain would wait on Ray
+        if terminated.is_set():  # Ray's processes may be gone: stop what is ours, do not wait on Ray
+            await services.close(budget_s=TERMINATION_CLEANUP_S)
+        else:
+            await services.close()
 
 
 def launch_run(loaded: LoadedConfig) -> int:
     """Run training for a validated config; returns the process exit code."""
     import ray
 
+    from telescope.orchestrator.orchestrator import TrainerLost
     from telescope.orchestrator.run_checkpoints import RunCheckpointError
     from telescope.plugins.facade import get_plugins
     from telescope.plugins.registry import PluginError
     from telescope.recording import events
     from telescope.recording.run_logs import SandboxLog
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
-    from telescope.runtime.ray_services import RayStartError, connect_ray
+    from telescope.runtime.ray_services import RayStartError, connect_ray, gcs_reachable
 
     config = loaded.config.model_copy(deep=True)
     run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
     config.run_dir = str(run_dir)
     store = RunStore.from_config(run_dir, config)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
-    store.set_status("running", pid=os.getpid(), step=0)
-    handler = _setup_file_logging(run_dir, config.debug)
+    store.set_status("running", pid=os.getpid(), step=0, error=None, stuck=None)  # a resume clears the last end
+    release_logs = _setup_file_logging(run_dir, config.debug)
     unsubscribe = store.capture_events()
     sandbox_log = SandboxLog(store.log_path("sandboxes"))
     unsubscribers = [unsubscribe, events.subscribe(sandbox_log)]
@@ -131,8 +226,12 @@ def launch_run(loaded: LoadedConfig) -> int:
     loggers = plugins.create_loggers(config, run_dir)
     unsubscribers += [events.subscribe(logger.log_event) for logger in loggers]
     previous_sigterm = signal.getsignal(signal.SIGTERM)
+    terminated = threading.Event()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if terminated.is_set():
+            return  # already stopping: let the cleanup finish
+        terminated.set()
         raise _Terminated()
 
     status: RunStatus = "completed"
@@ -146,11 +245,19 @@ def launch_run(loaded: LoadedConfig) -> int:
         started_run = True
         started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
-        summary = asyncio.run(_train(config, run_dir, store, loggers, plugins))
+        summary = asyncio.run(_train(config, run_dir, store, loggers, plugins, terminated))
         log.info("run completed: %s", summary)
     except (KeyboardInterrupt, _Terminated) as exc:
         status, code, error = "interrupted", 130, exc
+        if isinstance(exc, _Terminated):
+            error = _Terminated("terminated by SIGTERM")
         print("telescope: interrupted; workers stopped, the run directory is intact", file=sys.stderr)
+    except TrainerLost as exc:
+        status, code, error = "failed", 1, exc
+        log.error("run failed:\n%s", traceback.format_exc())
+        what = "resume from its last checkpoint" if exc.checkpoint is not None else "start the run again"
+        print(f"error: the run failed: {exc}\nTo {what}: {_resume_command(run_dir, exc.checkpoint)}",
+              file=sys.stderr)  # fmt: skip
     except (RunCheckpointError, RayStartError, PluginError, ValueError, FileNotFoundError) as exc:
         status, code, error = "failed", 2, exc
         print(f"error: {exc}", file=sys.stderr)
@@ -179,8 +286,14 @@ def launch_run(loaded: LoadedConfig) -> int:
                 print(f"warning: logger {getattr(logger, 'name', logger)} failed to close: {exc}", file=sys.stderr)
         sandbox_log.close()
         store.close()
-        logging.getLogger("telescope").removeHandler(handler)
-        handler.close()
+        release_logs()
         if ray.is_initialized() and (started_ray or config.ray_shutdown_on_exit):
-            ray.shutdown()
+            if not terminated.is_set():
+                ray.shutdown()
+            elif not (gcs_reachable() and _within(TERMINATION_CLEANUP_S, ray.shutdown)):
+                # Ray's GCS died with the process group: nothing is left to disconnect from, and Ray's
+                # exit hooks would block until its core worker kills the process. Everything is written.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
     return code

@@ -25,9 +25,12 @@ def connect_host(bind_host: str) -> str:
     return "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host
 
 
-def log_path(run_dir: Path | None, worker_index: int, kind: str) -> Path:
+def log_path(run_dir: Path | None, worker_index: int, kind: str, *, console: bool = False) -> Path:
+    """Where inference server ``worker_index`` writes: ``logs/inference_<i>.log``, or with
+    ``console`` its raw console ``logs/stdout/inference_<i>.log`` (a temporary file without
+    a run directory)."""
     if run_dir is not None:
-        folder = Path(run_dir) / "logs"
+        folder = Path(run_dir) / "logs" / ("stdout" if console else "")
         folder.mkdir(parents=True, exist_ok=True)
         return folder / f"inference_{worker_index}.log"
     handle, name = tempfile.mkstemp(prefix=f"telescope-{kind}-{worker_index}-", suffix=".log")

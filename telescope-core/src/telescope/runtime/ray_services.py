@@ -29,12 +29,24 @@ are drained and published as ``trainer.<phase>`` with ``rank`` and ``step``; eac
 rank's ``weights.send`` is published when the weights are pushed; servers' weight
 loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
 
-Shutdown stops every server, kills every actor and removes the placement groups;
-
 Shutdown stops every server, kills every actor (samplers included), stops the
 trace receiver and removes the placement groups;
 servers are also killed by process group from the driver (same machine), so a
-crashed actor leaves no stray process.
+crashed actor leaves no stray process. After SIGTERM to the process group
+(``close(budget_s=...)``) the server processes are killed first and the Ray cleanup
+gets a bounded time, since Ray's own processes may be gone.
+
+Faults (README, "Faults a run survives"): every request to a server has the read timeout
+``inference_request_timeout_s``; :meth:`RayServices.supervise` starts the
+:class:`~telescope.runtime.supervisor.ServerSupervisor`, which restarts a dead server
+on its placement (:meth:`RayServices.restart_server`) and gives it the current weights
+(:meth:`RayServices.resync_weights`: the transport is connected again and the last
+pushed version pushed again, once the trainer holds that version). A trainer rank
+that dies makes the trainer calls raise
+:class:`~telescope.orchestrator.services.TrainerFailure` (at once, without waiting for
+the other ranks), and :meth:`RayServices.restart_trainer` replaces every rank in the
+same placement bundles; the orchestrator then loads the last checkpoint.
+:meth:`RayServices.probe` tells the watchdog which server or rank does not answer.
 """
 
 from __future__ import annotations
@@ -57,12 +69,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.services import ServerPool
+from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.infra_monitor import InfraMonitor
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from telescope.api.context import InferenceContext
     from telescope.api.settings import PluginSettings
+    from telescope.runtime.supervisor import ServerSupervisor
 
 log = logging.getLogger("telescope.run.workers")
 
@@ -78,6 +93,10 @@ def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
     context = current_context()
     for record in records:
         publish({**context, **record, **ids})
+
+
+#: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
+PING_TIMEOUT_S = 5.0
 
 
 class RayStartError(RuntimeError):
@@ -131,6 +150,18 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
     return True
 
 
+def gcs_reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the Ray cluster's GCS accepts connections (False when it died, say with the run's process group)."""
+    import socket
+
+    try:
+        host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except Exception:
+        return False
+
+
 def _reserve(name: str, workers: int, cpus: float, gpus: float, strategy: str, timeout_s: int) -> PlacementGroup:
     bundle: dict[str, float] = {"CPU": cpus}
     if gpus:
@@ -164,6 +195,13 @@ class RayServices:
         self.receivers_per_server = 1
         self.node_samplers: list[Any] = []
         self.trace_receiver: Any = None
+        self.supervisor: ServerSupervisor | None = None
+        self.trainer_restarts = 0
+        self._new_server: Callable[[int], Any] | None = None  # an actor for server i on its bundle
+        self._new_trainer: Callable[[int], Any] | None = None  # an actor for rank r on its bundle
+        self._weights = asyncio.Condition()
+        self._pushed_version: int | None = None  # the version every available server holds
+        self._trainer_ahead = False  # the trainer stepped since that version was pushed
 
     # ----------------------------------------------------------------- start
 
@@ -213,14 +251,16 @@ class RayServices:
 
         inference_actor: Any = InferenceWorker  # a Ray actor class (its .options is added by @ray.remote)
         trainer_actor: Any = TrainerWorker
-        self.servers = [
-            inference_actor.options(**placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))).remote(
+
+        def new_server(i: int) -> Any:  # also what a restart uses: the same bundle, so the same placement
+            return inference_actor.options(
+                **placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))
+            ).remote(
                 backend, inference_context, inference_settings, i, str(self.run_dir), c.ray_inference_cpus_per_worker
             )
-            for i in range(servers)
-        ]
-        self.trainers = [
-            trainer_actor.options(
+
+        def new_trainer(r: int) -> Any:
+            return trainer_actor.options(
                 **placed(trainer_group, r, c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0)
             ).remote(
                 c.train_backend,
@@ -233,8 +273,10 @@ class RayServices:
                 c.ray_trainer_cpus_per_worker,
                 torch_memory_interval_s=c.torch_memory_sample_interval_seconds,
             )
-            for r in range(c.trainer_num_workers)
-        ]
+
+        self._new_server, self._new_trainer = new_server, new_trainer
+        self.servers = [new_server(i) for i in range(servers)]
+        self.trainers = [new_trainer(r) for r in range(c.trainer_num_workers)]
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
         master_addr, master_port = ray.get(self.trainers[0].rendezvous_address.remote())
         setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
@@ -242,7 +284,10 @@ class RayServices:
         self.server_pids = [p for p in ray.get([s.pid.remote() for s in self.servers]) if p]
         ray.get(setups)
         log.info("servers up at %s; trainer ranks set up", urls)
-        self.generation.clients = [InferenceClient(url, model=None, server_index=i) for i, url in enumerate(urls)]
+        self.generation.clients = [
+            InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
+            for i, url in enumerate(urls)
+        ]
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
                 self.transport_name,
@@ -279,42 +324,95 @@ class RayServices:
             self.config, node_samplers=self.node_samplers, trainers=self.trainers, clients=self.generation.clients
         )
 
-    async def connect_weights(self) -> None:
-        """Connect every server to the weight transport (weights are pushed by the orchestrator)."""
+    async def connect_weights(self, servers: Sequence[int] | None = None) -> None:
+        """Connect every server (or ``servers``) to the weight transport (weights are pushed by the orchestrator)."""
+        import httpx
+
         per_server = self.receivers_per_server
         settings = self.transport_settings.model_dump(mode="json") if self.transport_settings is not None else None
         context = self.transport_context.to_dict()
-        await asyncio.gather(
-            *(client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * per_server, settings, context)
-              for i, client in enumerate(self.generation.clients))
-        )  # fmt: skip
+
+        async def connect(i: int) -> None:
+            client = self.generation.clients[i]
+            try:
+                await client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * per_server, settings,
+                                                  context)  # fmt: skip
+            except httpx.TransportError as exc:  # it died meanwhile: its restart connects it
+                if self.supervisor is None:
+                    raise
+                log.warning("inference server %d did not connect to the weight transport: %s", i, exc)
+                self.supervisor.check_soon(i)
+
+        indices = range(len(self.generation.clients)) if servers is None else servers
+        await asyncio.gather(*(connect(i) for i in indices))
         log.info("weight transport %s connected", self.transport_name)
 
     # -------------------------------------------------------------- services
 
+    def _submit(self, call: Callable[[Any], Any], ranks: int | None = None) -> list[asyncio.Future[Any]]:
+        """``call(actor)`` on every rank (or the first ``ranks``), submitted now."""
+        return [asyncio.ensure_future(_awaited(call(t))) for t in self.trainers[:ranks]]
+
+    async def _collect(self, what: str, tasks: list[asyncio.Future[Any]]) -> list[Any]:
+        """The ranks' results; a rank that died raises :class:`TrainerFailure` at once (not after the others)."""
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for rank, task in enumerate(tasks):
+                if task.done() and isinstance(task.exception(), ray.exceptions.RayActorError):
+                    raise TrainerFailure(f"trainer rank {rank} died during {what}", task.exception())
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:  # the others, when one rank died: the restart kills their actors
+                task.cancel()
+
+    async def _on_ranks(self, what: str, call: Callable[[Any], Any], ranks: int | None = None) -> list[Any]:
+        return await self._collect(what, self._submit(call, ranks))
+
+    async def _step(self, what: str, call: Callable[[Any], Any]) -> list[Any]:
+        """A call that changes the trainer's weights: after any weight resync in progress (which pushes the
+        weights of the last pushed version, so must reach the ranks first)."""
+        async with self._weights:
+            self._trainer_ahead = True
+            tasks = self._submit(call)
+        return await self._collect(what, tasks)
+
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        results = await asyncio.gather(*(t.train_step.remote(batch) for t in self.trainers))
+        results = await self._step(f"training step {batch.step}", lambda t: t.train_step.remote(batch))
         metrics: dict[str, float] = results[0]  # the backend already averages over ranks
-        drained = await asyncio.gather(*(t.drain_events.remote() for t in self.trainers))
+        drained = await self._on_ranks("drain_events", lambda t: t.drain_events.remote())
         for rank, records in enumerate(drained):
             publish_worker_events(records, component="trainer", rank=rank, step=batch.step)
         return metrics
 
     async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
-        results = await asyncio.gather(*(t.supervised_step.remote(examples, learning_rate) for t in self.trainers))
+        results = await self._step("a warm-start step", lambda t: t.supervised_step.remote(examples, learning_rate))
         metrics: dict[str, float] = results[0]
         return metrics
 
     async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
+        async with self._weights:
+            return await self._push(version, held=held_servers)
+
+    def _serving(self, also: int | None = None) -> list[int]:
+        """The servers that take work now, and ``also`` (a server being restarted)."""
+        pool = self.generation
+        return [i for i in range(len(pool.clients)) if pool.is_available(i) or i == also]
+
+    async def _push(self, version: int, also: int | None = None, held: Sequence[int] = ()) -> dict[str, float]:
+        """Send ``version`` to the servers in service and ``also`` (hold ``_weights``); one that fails is checked.
+
+        Servers in ``held`` take part in the transfer but keep their weights (an eval server mid-eval).
+        """
         start = time.perf_counter()
-        held = set(held_servers)
-        sending = asyncio.gather(*(t.push_weights.remote(version) for t in self.trainers))
-        receiving = asyncio.gather(
-            *(client.update_weights(version, load=i not in held) for i, client in enumerate(self.generation.clients))
-        )
+        servers = self._serving(also)
+        held_set = set(held)
+        sending = self._on_ranks(f"pushing weights version {version}", lambda t: t.push_weights.remote(version))
+        receiving = asyncio.gather(*(self._receive(i, version, load=i not in held_set) for i in servers))
         sent, received = await asyncio.gather(sending, receiving)
         for rank, record in enumerate(sent):
             publish_worker_events([record], component="trainer", rank=rank)
+        self._pushed_version, self._trainer_ahead = version, False
+        self._weights.notify_all()
         inference_seconds = max(
             (float(r.get("seconds", 0.0)) for per_server in received for r in per_server if isinstance(r, dict)),
             default=0.0,
@@ -325,18 +423,164 @@ class RayServices:
             "timing_weight_sync_wall": time.perf_counter() - start,
         }
 
+    async def _receive(self, server: int, version: int, *, load: bool = True) -> list[Any]:
+        import httpx
+
+        try:
+            return await self.generation.clients[server].update_weights(version, load=load)
+        except httpx.TransportError as exc:  # the server died: it gets the weights when it is restarted
+            if self.supervisor is None:
+                raise
+            log.warning("inference server %d did not take weights version %d: %s", server, version, exc)
+            self.supervisor.check_soon(server)
+            return []
+
     async def save_checkpoint(self, step: int) -> None:
-        await asyncio.gather(*(t.save_checkpoint.remote(step) for t in self.trainers))
+        await self._on_ranks(f"saving checkpoint {step}", lambda t: t.save_checkpoint.remote(step))
 
     async def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        metas = await asyncio.gather(*(t.load_checkpoint.remote(str(path)) for t in self.trainers))
+        metas = await self._on_ranks(f"loading {path.name}", lambda t: t.load_checkpoint.remote(str(path)))
         return dict(metas[0])
+
+    # ---------------------------------------------------------------- faults
+
+    def supervise(self, on_fatal: Callable[[BaseException], None]) -> None:
+        """Start restarting dead servers (``inference_health_check_interval_s > 0``); ``on_fatal`` ends the run."""
+        from telescope.runtime.supervisor import ServerSupervisor
+
+        c = self.config
+        if c.inference_health_check_interval_s <= 0 or not self.servers:
+            return
+        self.supervisor = ServerSupervisor(
+            self, c.inference_health_check_interval_s, c.inference_max_restarts, on_fatal
+        ).start()
+        self.generation.on_failure = self.supervisor.check_soon
+
+    async def restart_server(self, index: int) -> str:
+        """Start server ``index`` again on its placement (the same actor, else a new one); returns its URL."""
+        from telescope.inference.client import InferenceClient
+
+        try:
+            url = str(await self.servers[index].restart.remote())
+        except ray.exceptions.RayActorError:  # the actor died with its server: a new one on the same bundle
+            assert self._new_server is not None
+            with contextlib.suppress(Exception):
+                ray.kill(self.servers[index])
+            self.servers[index] = self._new_server(index)
+            url = str(await self.servers[index].base_url.remote())
+        pid = await self.servers[index].pid.remote()
+        if pid:
+            self.server_pids.append(int(pid))
+        client = self.generation.clients[index]
+        if url.rstrip("/") != client.base_url:  # another port: a new client (the old one is closed)
+            self.generation.clients[index] = InferenceClient(
+                url, model=None, server_index=index, read_timeout=self.config.inference_request_timeout_s
+            )
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        return url
+
+    async def resync_weights(self, index: int) -> None:
+        """Give restarted server ``index`` the weights the others hold: connect the transport again, push.
+
+        A new sending end, every server connected to it, and the last pushed version sent
+        again (to all: a collective transport sends to the whole group). Waits until the
+        trainer holds that version (not between a training step and its push), so the
+        weights sent are the ones the version names. Before the first push there is
+        nothing to send: the servers only connect.
+        """
+        async with self._weights:
+            await self._weights.wait_for(lambda: not self._trainer_ahead or self._pushed_version is None)
+            await self._reconnect(also=index)
+            if self._pushed_version is not None:
+                await self._push(self._pushed_version, also=index)
+
+    async def _reconnect(self, also: int | None = None) -> None:
+        """A new sending end on rank 0 and the servers in service (and ``also``) connected to it."""
+        receivers = len(self.generation.clients) * self.receivers_per_server
+        [self._init_info] = await self._on_ranks(
+            "connecting the weight transport",
+            lambda t: t.prepare_sender.remote(
+                self.transport_name, self.transport_context, self.transport_settings, receivers
+            ),
+            ranks=1,
+        )
+        await self.connect_weights(self._serving(also))
+
+    async def restart_trainer(self) -> None:
+        """Replace every trainer rank by a new actor on the same bundle, and connect the weights again.
+
+        The new ranks hold the initial model: the orchestrator loads the last checkpoint
+        next, then pushes its weights.
+        """
+        assert self._new_trainer is not None
+        self.trainer_restarts += 1
+        for trainer in self.trainers:
+            with contextlib.suppress(Exception):
+                ray.kill(trainer, no_restart=True)
+        self.trainers[:] = [self._new_trainer(r) for r in range(len(self.trainers))]  # in place: the monitor's list
+        try:
+            master_addr, master_port = await self.trainers[0].rendezvous_address.remote()
+            await asyncio.gather(*(t.setup.remote(master_addr, master_port) for t in self.trainers))
+            async with self._weights:
+                self._trainer_ahead = True  # the new ranks hold no version the servers have
+                await self._reconnect()
+        except ray.exceptions.RayActorError as exc:
+            raise TrainerFailure("a new trainer rank died while starting", exc) from exc
+
+    def fault_metrics(self) -> dict[str, float]:
+        restarts = self.supervisor.total_restarts if self.supervisor is not None else 0
+        return {"infra/server_restarts": float(restarts)}
+
+    async def probe(self) -> list[dict[str, Any]]:
+        """The watchdog's findings: does each server answer ``/health``, does each trainer rank answer a ping?"""
+
+        async def server(index: int, client: Any) -> dict[str, Any]:
+            ok = await client.health()
+            where = {"component": "inference_server", "server": index, "url": client.base_url}
+            if ok:
+                return {**where, "ok": True, "detail": f"inference server {index} answers /health"}
+            state = self.generation.unavailable.get(index)
+            detail = f"inference server {index} ({client.base_url}) does not answer /health"
+            return {**where, "ok": False, "detail": detail + (f"; it is {state}" if state else "")}
+
+        async def rank(index: int, trainer: Any) -> dict[str, Any]:
+            where = {"component": "trainer_rank", "rank": index}
+            try:
+                info = await asyncio.wait_for(_awaited(trainer.ping.remote()), PING_TIMEOUT_S)
+            except TimeoutError:
+                detail = f"trainer rank {index} does not answer a ping within {PING_TIMEOUT_S:g} s (hung or stopped)"
+                return {**where, "ok": False, "detail": detail}
+            except Exception as exc:
+                detail = f"trainer rank {index} does not answer: {type(exc).__name__}: {exc}"
+                return {**where, "ok": False, "detail": detail}
+            return {**where, **info, "ok": True, "detail": f"trainer rank {index} answers (pid {info['pid']})"}
+
+        checks = [server(i, c) for i, c in enumerate(self.generation.clients)]
+        checks += [rank(r, t) for r, t in enumerate(self.trainers)]
+        return list(await asyncio.gather(*checks))
 
     # -------------------------------------------------------------- shutdown
 
-    async def close(self) -> None:
+    async def close(self, budget_s: float | None = None) -> None:
+        """Stop everything; with ``budget_s`` (after SIGTERM) the Ray part gets at most that many seconds."""
+        if self.supervisor is not None:
+            await self.supervisor.stop()
         await self.generation.aclose()
-        self.shutdown()
+        if budget_s is None:
+            self.shutdown()
+            return
+        self._kill_server_processes()  # in sessions of their own: the signal to the group did not reach them
+        if gcs_reachable():
+            await asyncio.to_thread(_bounded, budget_s, self.shutdown)
+        else:
+            log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
+
+    def _kill_server_processes(self) -> None:
+        for pid in self.server_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.server_pids = []
 
     def shutdown(self) -> None:
         """Stop servers, kill actors, free placement groups (safe to call twice)."""
@@ -361,3 +605,18 @@ class RayServices:
                 remove_placement_group(group)
         self.servers, self.trainers, self.groups, self.server_pids = [], [], [], []
         self.node_samplers = []
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def _bounded(seconds: float, function: Callable[[], Any]) -> None:
+    """Run ``function`` in a daemon thread and wait at most ``seconds`` for it (it may block on a dead Ray)."""
+    import threading
+
+    worker = threading.Thread(target=function, name="telescope-ray-cleanup", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        log.warning("the Ray cleanup did not finish within %.0f s (Ray's processes are gone); skipping it", seconds)

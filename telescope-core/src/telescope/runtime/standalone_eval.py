@@ -32,7 +32,10 @@ class EvalServers:
         backend = get_plugins().create_inference_backend(name, config)
         count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
         self.servers = [backend.start_server(i, run_dir) for i in range(count)]
-        clients = [InferenceClient(s.address.base_url, server_index=i) for i, s in enumerate(self.servers)]
+        clients = [
+            InferenceClient(s.address.base_url, server_index=i, read_timeout=config.inference_request_timeout_s)
+            for i, s in enumerate(self.servers)
+        ]
         self.generation = ServerPool(clients, config.vllm_scheduling_policy)
 
     async def close(self) -> None:

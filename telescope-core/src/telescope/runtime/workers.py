@@ -109,9 +109,11 @@ class TrainerWorker:
     def prepare_sender(
         self, transport: str, context: TransportContext, settings: PluginSettings | None, num_receivers: int
     ) -> dict[str, Any]:
-        """Rank 0: create the transport's sending end; returns what receivers need to connect."""
+        """Rank 0: create the transport's sending end (a new one replaces the last); returns what receivers need."""
         from telescope.plugins.facade import get_plugins
 
+        if self.transport is not None:  # reconnecting after a restart: the old sender's buffers go
+            self.transport.close()
         self.transport = get_plugins().weight_transport(transport)(context, settings)
         info: dict[str, Any] = self.transport.prepare_sender(num_receivers)
         return info
@@ -167,6 +169,11 @@ class TrainerWorker:
         return meta
 
     @ray.method(concurrency_group="monitor")
+    def ping(self) -> dict[str, Any]:
+        """This rank's ids; answers during a training step (the watchdog asks which ranks still answer)."""
+        return {"rank": self.rank, "node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    @ray.method(concurrency_group="monitor")
     def drain_torch_memory(self) -> dict[str, Any]:
         """The torch memory samples taken since the last drain (answers during a training step)."""
         samples = self._memory.drain() if self._memory is not None else []
@@ -200,7 +207,10 @@ class InferenceWorker:
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
         backend_class = get_plugins().inference_backend(backend)
-        self.server = backend_class(context, settings).start_server(index, Path(run_dir) if run_dir else None)
+        self._backend = backend_class(context, settings)
+        self._index = index
+        self._run_dir = Path(run_dir) if run_dir else None
+        self.server = self._backend.start_server(index, self._run_dir)
 
     def base_url(self) -> str:
         return str(self.server.address.base_url)
@@ -208,6 +218,20 @@ class InferenceWorker:
     def pid(self) -> int | None:
         process = getattr(self.server, "process", None)
         return int(process.pid) if process is not None else None
+
+    def alive(self) -> bool:
+        """Whether the server's process still runs (True for a server with no process of its own)."""
+        process = getattr(self.server, "process", None)
+        return process is None or process.poll() is None
+
+    def restart(self) -> str:
+        """Stop the server (if anything is left of it) and start it again here; returns its URL."""
+        try:
+            self.server.stop()
+        except Exception as exc:  # a dead server may not stop cleanly; the new one starts regardless
+            logging.getLogger("telescope.inference").warning("stopping inference server %d: %s", self._index, exc)
+        self.server = self._backend.start_server(self._index, self._run_dir)
+        return self.base_url()
 
     def stop(self) -> None:
         self.server.stop()

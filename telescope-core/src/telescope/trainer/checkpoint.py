@@ -19,8 +19,8 @@ parameters; larger models belong to the Megatron backend.
 
 Atomicity: a checkpoint is written into ``.step_XXXXXXXX.tmp`` and renamed into
 place only when complete, then ``latest`` is replaced with ``os.replace``. A crash
-mid-save leaves a temporary folder (removed by the next save) and the previous
-checkpoint and pointer intact. The folders must be on a filesystem every rank sees.
+mid-save leaves a temporary folder (removed by the next successful save) and the
+previous checkpoint and pointer intact. The folders must be on a filesystem every rank sees.
 """
 
 from __future__ import annotations
@@ -213,6 +213,8 @@ class TrainerCheckpoints:
             steps = [s for s, _ in list_checkpoints(self.root)]
             for doomed in checkpoints_to_delete(steps, self.keep_last, self.keep_every):
                 shutil.rmtree(self.root / step_dir_name(doomed), ignore_errors=True)
+            for leftover in self.root.glob(f".{PREFIX}*.tmp"):  # of saves that crashed (saves never overlap)
+                shutil.rmtree(leftover, ignore_errors=True)
         barrier()
         return path
 

@@ -144,6 +144,8 @@ class FSDPBackend(TrainerBackend):
 
         from telescope.models.tiny import resolve_model_path
 
+        if self.fsdp.fsdp_context_parallel_size != 1:
+            raise ValueError("the fsdp backend has no context parallelism yet: fsdp_context_parallel_size must be 1")
         self.rank, self.world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
@@ -264,7 +266,7 @@ class FSDPBackend(TrainerBackend):
         parts = len(LOSS_PART_KEYS)
         local_values = [sums["loss"], sums["entropy"], sums["kl"], sums["tokens"]]
         local_values += [sums[k] for k in LOSS_PART_KEYS] + list(timing.values())
-        reduced = all_reduce_sum(local_values, self.device)
+        reduced = self._all_reduce_sum(local_values)
         loss_sum, entropy_sum, kl_sum, tokens = reduced[:4]
         part_sums = dict(zip(LOSS_PART_KEYS, reduced[4 : 4 + parts], strict=True))
         timing_mean = [v / self.world_size for v in reduced[4 + parts :]]
@@ -330,17 +332,13 @@ class FSDPBackend(TrainerBackend):
         loss_sum = 0.0
         for i, seq in enumerate(sequences):
             mb = MicroBatch.from_packed(seq, self.device)
-            self.model.set_requires_gradient_sync(i == len(sequences) - 1)
+            self._set_gradient_sync(i == len(sequences) - 1)
             logprobs = token_logprobs(self._logits(mb), mb.target_ids, 1.0)
             loss = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
             (loss * self.world_size).backward()  # FSDP averages over ranks; the denominator is global
             loss_sum += float(loss.detach())
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)))
-        if math.isfinite(norm):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        (total_loss,) = all_reduce_sum([loss_sum], self.device)
+        norm = self._clip_and_step(optimizer)
+        (total_loss,) = self._all_reduce_sum([loss_sum])
         return {"loss": total_loss, "grad_norm": norm, "tokens": float(counts.loss_tokens)}
 
     def _pack(self, samples: list[TrainingSample]) -> PackedBatch:
@@ -361,7 +359,7 @@ class FSDPBackend(TrainerBackend):
     def _global_counts(self, sequences: list[PackedSequence]) -> LossCounts:
         local_tokens = sum(s.num_loss_tokens for s in sequences)
         local_samples = sum(sum(1 for n in s.sample_loss_tokens if n > 0) for s in sequences)
-        tokens, samples = all_reduce_sum([local_tokens, local_samples], self.device)
+        tokens, samples = self._all_reduce_sum([local_tokens, local_samples])
         return LossCounts(loss_tokens=int(tokens), samples=int(samples))
 
     def _needs_batch_reference(self) -> bool:
@@ -404,7 +402,7 @@ class FSDPBackend(TrainerBackend):
         """
         with timers.section("data_to_device", **ids):
             mb = MicroBatch.from_packed(seq, self.device)
-        self.model.set_requires_gradient_sync(last)
+        self._set_gradient_sync(last)
         with timers.section("forward", **ids):
             logits = self._logits(mb)
         with timers.section("loss_computation", **ids):
@@ -450,12 +448,28 @@ class FSDPBackend(TrainerBackend):
 
     def _optimizer_step(self) -> float:
         """Clip, step unless the norm is non-finite, zero the gradients; returns the pre-clip norm."""
+        return self._clip_and_step(self.optimizer)
+
+    # ------------------------------------------- parallelism hooks (subclasses)
+    # The step logic above is shared with backends that parallelise the model
+    # differently (telescope-megatron): they override these four hooks. Here
+    # ``self.rank``/``self.world_size`` are the data-parallel rank and size.
+
+    def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
+        """Sum per-rank values over the data-parallel ranks."""
+        return all_reduce_sum(values, self.device)
+
+    def _set_gradient_sync(self, enabled: bool) -> None:
+        """Whether the next backward reduces gradients across ranks (FSDP: only on the last micro-batch)."""
+        self.model.set_requires_gradient_sync(enabled)
+
+    def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
+        """Clip to ``grad_clip``, step unless the norm is non-finite, zero the gradients; returns the norm."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        total = torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)
-        norm = float(_full(total))
+        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)))
         if math.isfinite(norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         return norm
 
     # --------------------------------------------- gradients (tests, tools)

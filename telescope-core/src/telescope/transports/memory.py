@@ -1,44 +1,76 @@
 """The in-memory weight transport: one machine, shared memory, the default on CPU.
 
-The sender writes every tensor of a version into one file in ``/dev/shm`` (a
-RAM-backed tmpfs; a temporary directory where there is none), laid out by a
-:class:`~telescope.transports.bucketing.Manifest`, then publishes the manifest
-next to it with an atomic rename. A receiver waits for that manifest, maps the
-file copy-on-write and yields zero-copy views of each tensor; loading them into
-the model is the one copy on the receiving side. So an update costs one memory
-copy to publish and one per receiver to load, whatever the number of receivers.
+One shared-memory region per run, reused by every version. The sender creates a
+file in ``/dev/shm`` (a RAM-backed tmpfs; a temporary directory where there is
+none) the first time it sends, sized for two *slots*, each holding every tensor
+of one version laid out by a :class:`~telescope.transports.bucketing.Manifest`
+(the *layout*, written once next to the region as ``region-<n>.json``). Both sides
+map the region once and keep the mapping; a version then costs:
+
+- sender: one ``copy_`` of each tensor straight into its place in the next slot
+  (a non-contiguous tensor is copied strided, without a contiguous copy first),
+  then the slot's header word is set to the version and ``current.json`` (a few
+  dozen bytes: version, region, slot) is replaced atomically, which publishes it;
+- receiver: waits for ``current.json`` to name the version, then yields
+  zero-copy views of the slot; loading them into the model in place
+  (:func:`~telescope.inference.weight_updates.load_named_tensors`, a
+  ``Tensor.copy_`` per parameter) is the one copy on its side.
+
+So an update is two memory copies whatever the number of receivers, with no page
+faults after the first version (the pages of the region stay mapped on both
+sides), no pickling and no file of the weights' size created per version. The
+region is replaced (a new ``region-<n+1>``) only when the tensors' names, dtypes
+or shapes change.
+
+Why two slots: sends alternate between them, so the views a receiver holds of
+version ``v`` stay valid while the sender writes ``v + 1``; they are overwritten
+by ``v + 2``. The orchestrator sends ``v + 2`` only after every server has loaded
+``v + 1`` (:meth:`~telescope.runtime.ray_services.RayTrainingService.push_weights`
+awaits both sides), which is the contract of :mod:`telescope.api.transport`
+("valid until the next receive"). As a guard, each slot starts with a header word
+(``-1`` while written, then the version); a receiver checks it before and after
+yielding and raises instead of loading a slot that is being overwritten.
 
 Why shared memory and not Ray's object store: the inference server is a plain
 process (an HTTP server or a vLLM worker), not necessarily a Ray worker, and a
-file mapping needs no connection to anything; the cost is the same (Ray's
-object store is also shared memory on one machine). Limits: one machine only
-(receivers must see the sender's ``/dev/shm``); the sender keeps the latest
-version only (older files are unlinked, which stays safe for a receiver still
-mapping one), so a receiver asking for a version that was already replaced
-gets a clear error; ``/dev/shm`` must hold one copy of the weights.
+file mapping needs no connection to anything; Ray's object store is also shared
+memory on one machine, but each ``put`` would allocate (and fault in) new pages.
+
+Limits: one machine only (receivers must see the sender's ``/dev/shm``);
+``/dev/shm`` must hold two copies of the weights (as much as the previous design
+held while it replaced one version's file by the next); the latest version only
+(a receiver asking for one already replaced gets a clear error); publication
+relies on the atomic rename of ``current.json`` (the kernel's locking orders the
+sender's writes before the receiver's reads).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
 from telescope.api.transport import WeightTransport
-from telescope.transports.bucketing import Manifest, as_bytes, plan, unpack
+from telescope.transports.bucketing import ALIGN, Manifest, TensorSpec, dtype_from_name, plan
 
 if TYPE_CHECKING:
     from telescope.api.context import TransportContext
     from telescope.api.settings import PluginSettings
 
 _ONE_BUCKET = 1 << 62
+#: Bytes before a slot's data: the slot's header word (int64: the version, -1 while written), padded.
+_SLOT_HEADER = ALIGN
+_WRITING = -1
+_CURRENT = "current.json"
 
 
 def _shm_parent() -> str | None:
@@ -46,8 +78,45 @@ def _shm_parent() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+def _slot_stride(data_bytes: int) -> int:
+    return _SLOT_HEADER + (data_bytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _same_layout(a: list[TensorSpec], b: list[TensorSpec]) -> bool:
+    return [(t.name, t.dtype, t.shape, t.offset) for t in a] == [(t.name, t.dtype, t.shape, t.offset) for t in b]
+
+
+def _slot_view(buffer: torch.Tensor, spec: TensorSpec, base: int) -> torch.Tensor:
+    """The tensor ``spec`` describes, as a view of the region at slot offset ``base``."""
+    raw = buffer[base + spec.offset : base + spec.offset + spec.nbytes]
+    return raw.view(dtype_from_name(spec.dtype)).view(spec.shape)
+
+
+class _Region:
+    """One mapped region file: two slots of one layout."""
+
+    def __init__(self, path: Path, layout: Manifest, writable: bool) -> None:
+        self.path = path
+        self.layout = layout
+        self.data_bytes = layout.bucket_sizes[0] if layout.bucket_sizes else 0
+        self.stride = _slot_stride(self.data_bytes)
+        mode: Literal["r+", "r"] = "r+" if writable else "r"
+        mapped = np.memmap(path, dtype=np.uint8, mode=mode, shape=(2 * self.stride,))
+        with warnings.catch_warnings():  # a read-only mapping: torch warns that it cannot write to it
+            warnings.simplefilter("ignore", UserWarning)
+            self.buffer = torch.from_numpy(mapped)
+        self._mapped = mapped
+        self.words = np.ndarray((2,), dtype=np.int64, buffer=mapped, offset=0, strides=(self.stride,))
+
+    def header(self, slot: int) -> int:
+        return int(self.words[slot])
+
+    def base(self, slot: int) -> int:
+        return slot * self.stride + _SLOT_HEADER
+
+
 class MemoryTransport(WeightTransport):
-    """Weights through a shared-memory file per version (see the module docstring)."""
+    """Weights through one reused shared-memory region per run (see the module docstring)."""
 
     name = "memory"
 
@@ -63,7 +132,9 @@ class MemoryTransport(WeightTransport):
         self.root = Path(root) if root is not None else None
         self._owns_root = False
         self.timeout_s = timeout_s if timeout_s is not None else self.context.timeout_s
-        self._mapping: Any = None
+        self._region: _Region | None = None
+        self._generation = -1
+        self._sends = 0
         self.last_send_seconds = 0.0
 
     # ------------------------------------------------------------------ sender
@@ -74,32 +145,47 @@ class MemoryTransport(WeightTransport):
         self.root.mkdir(parents=True, exist_ok=True)
         return {"transport": self.name, "root": str(self.root)}
 
+    def _sender_region(self, layout: Manifest) -> _Region:
+        """The current region if ``layout`` fits it, else a new one (the old file is unlinked)."""
+        region = self._region
+        if region is not None and _same_layout(region.layout.tensors, layout.tensors):
+            return region
+        assert self.root is not None
+        self._generation += 1
+        path = self.root / f"region-{self._generation}.bin"
+        stride = _slot_stride(layout.bucket_sizes[0] if layout.bucket_sizes else 0)
+        with open(path, "wb") as handle:
+            handle.truncate(2 * stride)
+        layout_path = self.root / f"region-{self._generation}.json"
+        tmp = layout_path.with_suffix(".json.tmp")
+        tmp.write_text(layout.to_json(), encoding="utf-8")
+        os.replace(tmp, layout_path)
+        new = _Region(path, layout, writable=True)
+        new.words[:] = _WRITING
+        if region is not None:  # receivers still mapping it keep their pages until they remap
+            region.path.unlink(missing_ok=True)
+            region.path.with_suffix(".json").unlink(missing_ok=True)
+        self._region = new
+        return new
+
     def send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         if self.root is None:
             self.prepare_sender(0)
         assert self.root is not None
         start = time.perf_counter()
         items = list(weights)
-        manifest = plan(items, version, _ONE_BUCKET, mode="memory")
-        size = manifest.bucket_sizes[0] if manifest.bucket_sizes else 0
-        data_path = self.root / f"v{version}.bin"
-        if size:
-            mapped = np.memmap(data_path, dtype=np.uint8, mode="w+", shape=(size,))
-            buffer = torch.from_numpy(mapped)
-            for (_, tensor), spec in zip(items, manifest.tensors, strict=True):
-                buffer[spec.offset : spec.offset + spec.nbytes].copy_(as_bytes(tensor))
-            mapped.flush()
-            del buffer, mapped
-        else:
-            data_path.touch()
-        tmp = self.root / f".v{version}.json.tmp"
-        tmp.write_text(manifest.to_json(), encoding="utf-8")
-        os.replace(tmp, self.root / f"v{version}.json")
-        for old in self.root.glob("v*.json"):
-            old_version = int(old.stem[1:])
-            if old_version < version:
-                old.unlink(missing_ok=True)
-                (self.root / f"v{old_version}.bin").unlink(missing_ok=True)
+        region = self._sender_region(plan(items, version, _ONE_BUCKET, mode="memory"))
+        slot = self._sends % 2
+        base = region.base(slot)
+        region.words[slot] = _WRITING
+        with torch.no_grad():
+            for (_, tensor), spec in zip(items, region.layout.tensors, strict=True):
+                _slot_view(region.buffer, spec, base).copy_(tensor.detach())
+        region.words[slot] = version
+        tmp = self.root / f".{_CURRENT}.tmp"
+        tmp.write_text(json.dumps({"version": version, "region": region.path.stem, "slot": slot}), encoding="utf-8")
+        os.replace(tmp, self.root / _CURRENT)
+        self._sends += 1
         self.last_send_seconds = time.perf_counter() - start
 
     # ---------------------------------------------------------------- receiver
@@ -108,16 +194,22 @@ class MemoryTransport(WeightTransport):
             raise ValueError(f"memory transport init info lacks 'root': {init_info}")
         self.root = Path(init_info["root"])
 
-    def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.root is None:
-            raise RuntimeError("the memory transport receiver is not connected; call connect_receiver first")
-        manifest_path = self.root / f"v{version}.json"
+    def _published(self, version: int) -> dict[str, Any]:
+        """``current.json`` once it names ``version``; raises when it names a newer one or on timeout."""
+        assert self.root is not None
+        current = self.root / _CURRENT
         deadline = time.monotonic() + self.timeout_s
-        while not manifest_path.exists():
-            newer = [int(p.stem[1:]) for p in self.root.glob("v*.json") if int(p.stem[1:]) > version]
-            if newer:
+        while True:
+            try:
+                published: dict[str, Any] = json.loads(current.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                published = {"version": None}
+            latest = published["version"]
+            if latest == version:
+                return published
+            if latest is not None and latest > version:
                 raise RuntimeError(
-                    f"weights version {version} was replaced by version {max(newer)} before it "
+                    f"weights version {version} was replaced by version {latest} before it "
                     "was received; request the newest version"
                 )
             if time.monotonic() > deadline:
@@ -125,17 +217,39 @@ class MemoryTransport(WeightTransport):
                     f"weights version {version} did not appear in {self.root} within "
                     f"{self.timeout_s:.0f} s (ray_broadcast_init_timeout_s)"
                 )
-            time.sleep(0.002)
-        manifest = Manifest.from_json(manifest_path.read_text(encoding="utf-8"))
-        if not manifest.tensors:
-            return
-        mapped = np.memmap(self.root / f"v{version}.bin", dtype=np.uint8, mode="c", shape=(manifest.bucket_sizes[0],))
-        buffer = torch.from_numpy(mapped)
-        self._mapping = buffer  # keep the mapping alive while the views are in use
-        yield from unpack(buffer, manifest.tensors)
+            time.sleep(0.001)
+
+    def _receiver_region(self, name: str) -> _Region:
+        if self._region is None or self._region.path.stem != name:
+            assert self.root is not None
+            layout = Manifest.from_json((self.root / f"{name}.json").read_text(encoding="utf-8"))
+            self._region = _Region(self.root / f"{name}.bin", layout, writable=False)
+        return self._region
+
+    def receive(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.root is None:
+            raise RuntimeError("the memory transport receiver is not connected; call connect_receiver first")
+        published = self._published(version)
+        region = self._receiver_region(str(published["region"]))
+        slot = int(published["slot"])
+        base = region.base(slot)
+        self._check_slot(region, slot, version)
+        for spec in region.layout.tensors:
+            yield spec.name, _slot_view(region.buffer, spec, base)
+        self._check_slot(region, slot, version)
+
+    @staticmethod
+    def _check_slot(region: _Region, slot: int, version: int) -> None:
+        found = region.header(slot)
+        if found != version:
+            raise RuntimeError(
+                f"weights version {version} was overwritten (slot holds {found}) while being received: the "
+                "sender published two newer versions before this receiver finished; send the next version "
+                "only after every server has loaded the previous one"
+            )
 
     def close(self) -> None:
-        self._mapping = None
+        self._region = None
         if self._owns_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self._owns_root = False

@@ -1,15 +1,17 @@
 // Metrics: every metric of the compared runs in its section and group (see catalog.py),
 // one canvas chart each with all compared runs overlaid. Controls: x by step or time,
 // EMA, IQR outlier filter, declared ranges (environments' reward_min/max and
-// metrics_ranges) as the Y range, a name filter; per chart: outliers and Y min/max.
+// metrics_ranges) as the Y range, a name filter, environment and sample-tag filters
+// (the server computes the metrics the rollouts can give again from the rollouts that
+// pass; a chart it cannot filter says "all rollouts"); per chart: outliers and Y min/max.
 // Charts are built and fetched only for sections on screen; clicking a point opens that
 // step's rollouts.
-import { get, type RunSummary, type Section, type Series } from "../api";
+import { get, type MetricFilters, type RunSummary, type Section, type Series } from "../api";
 import { clear, h, save, store } from "../dom";
 import type { Ctx, Page } from "../context";
 import { LineChart, type ChartSettings } from "../charts";
 
-interface Settings { x: "step" | "time"; ema: number; outliers: boolean; declared: boolean; filter: string }
+interface Settings { x: "step" | "time"; ema: number; outliers: boolean; declared: boolean; filter: string; envs: string[]; tags: string[] }
 
 function declaredRange(name: string, summary: RunSummary | null): [number | null, number | null] {
   if (!summary) return [null, null];
@@ -26,7 +28,7 @@ function declaredRange(name: string, summary: RunSummary | null): [number | null
 }
 
 export function metricsPage(ctx: Ctx): Page {
-  const settings: Settings = { ...{ x: "step", ema: 0, outliers: false, declared: true, filter: "" }, ...store<Partial<Settings>>("metrics-settings", {}) };
+  const settings: Settings = { ...{ x: "step", ema: 0, outliers: false, declared: true, filter: "", envs: [], tags: [] }, ...store<Partial<Settings>>("metrics-settings", {}) };
   const collapsed = new Set(store<string[]>("metrics-collapsed", []));
   const sectionsBox = h("div", { class: "sections" });
   const charts = new Map<string, LineChart>(); // metric name -> chart
@@ -57,12 +59,53 @@ export function metricsPage(ctx: Ctx): Page {
   const filter = h("input", { type: "search", placeholder: "Filter metrics…", value: settings.filter, class: "metric-filter", oninput: () => {
     settings.filter = filter.value; persist(); rebuild();
   } });
+  const envMenu = h("details", { class: "filter-menu", "data-filter": "env" }, h("summary", null, "Environments"));
+  const tagMenu = h("details", { class: "filter-menu", "data-filter": "tag" }, h("summary", null, "Tags"));
+  const badges = h("span", { class: "filter-badges" });
+  let options: MetricFilters = { environments: [], tags: [] };
   const el = h("div", { class: "page metrics" },
     h("div", { class: "toolbar sticky" }, h("h1", null, "Metrics"),
       h("label", null, "X ", xSelect), h("label", null, "EMA ", emaInput),
       h("label", null, outliers, " ignore outliers"), h("label", null, declared, " declared ranges"), filter,
+      envMenu, tagMenu, badges,
       h("span", { class: "muted" }, `${ctx.selected.length} run(s): hover syncs all charts, click a point for its rollouts`)),
     sectionsBox);
+
+  function filtering(): boolean {
+    return settings.envs.length > 0 || settings.tags.length > 0;
+  }
+
+  function setFilter(kind: "envs" | "tags", value: string, on: boolean): void {
+    const values = settings[kind].filter((v) => v !== value);
+    settings[kind] = on ? [...values, value] : values;
+    persist();
+    renderFilters();
+    void Promise.all([...visible].map((name) => loadSection(name)));
+  }
+
+  function renderMenu(menu: HTMLDetailsElement, kind: "envs" | "tags", values: string[], label: string): void {
+    const summary = menu.querySelector("summary")!;
+    summary.textContent = settings[kind].length ? `${label} (${settings[kind].length})` : label;
+    for (const item of [...menu.children]) if (item !== summary) item.remove();
+    menu.hidden = values.length === 0 && settings[kind].length === 0;
+    for (const value of values) {
+      menu.append(h("label", { class: "filter-option" },
+        h("input", { type: "checkbox", checked: settings[kind].includes(value), "data-value": value,
+          onchange: (event: Event) => setFilter(kind, value, (event.target as HTMLInputElement).checked) }), ` ${value}`));
+    }
+  }
+
+  function renderFilters(): void {
+    renderMenu(envMenu, "envs", options.environments, "Environments");
+    renderMenu(tagMenu, "tags", options.tags, "Tags");
+    clear(badges);
+    for (const [kind, prefix] of [["envs", "env"], ["tags", "tag"]] as const) {
+      for (const value of settings[kind]) {
+        badges.append(h("span", { class: "badge filter-badge" }, `${prefix}: ${value} `,
+          h("button", { class: "icon", title: "Remove this filter", onclick: () => setFilter(kind, value, false) }, "×")));
+      }
+    }
+  }
 
   function chartSettings(name: string): ChartSettings {
     const [yMin, yMax] = settings.declared ? declaredRange(name, summary) : [null, null];
@@ -128,9 +171,19 @@ export function metricsPage(ctx: Ctx): Page {
     const names = sectionCharts.get(name);
     const details = sectionsBox.querySelector<HTMLDetailsElement>(`details[data-section="${CSS.escape(name)}"]`);
     if (!names || !details?.open) return;
-    const data = await get<{ series: Series[] }>("/api/metrics/series", { runs: ctx.selected.join(","), names: names.join(","), x: settings.x });
+    const data = await get<{ series: Series[] }>("/api/metrics/series", {
+      runs: ctx.selected.join(","), names: names.join(","), x: settings.x, env: settings.envs, tag: settings.tags,
+    });
     const styles = ctx.selected.map((id) => ({ id, label: ctx.runName(id), color: ctx.color(id) }));
-    for (const metric of names) charts.get(metric)?.setData(data.series.filter((s) => s.name === metric), styles);
+    for (const metric of names) {
+      const chart = charts.get(metric);
+      if (!chart) continue;
+      const series = data.series.filter((s) => s.name === metric);
+      chart.setData(series, styles);
+      const unfiltered = filtering() && series.some((s) => s.filtered === false);
+      chart.el.dataset.filtered = filtering() ? (unfiltered ? "no" : "yes") : "";
+      chart.el.querySelector(".chart-title")!.classList.toggle("unfiltered", unfiltered);
+    }
   }
 
   let catalogKey = "";
@@ -141,7 +194,9 @@ export function metricsPage(ctx: Ctx): Page {
       const catalog = await get<{ sections: Section[] }>("/api/metrics/catalog", { runs: ctx.selected.join(",") });
       const key = JSON.stringify(catalog.sections);
       if (key !== catalogKey) {
-        catalogKey = key;
+        catalogKey = key; // new metrics, perhaps new rollouts: the filters' choices too
+        options = await get<MetricFilters>("/api/metrics/filters", { runs: ctx.selected.join(",") });
+        renderFilters();
         sections = catalog.sections;
         rebuild();
         return; // the observer loads what is on screen

@@ -1,6 +1,8 @@
 // Overview: progress with runtime and ETA, a grid of plots (editable, kept in the browser),
-// the config (summary, full YAML, diff against another compared run), and the log files.
-import { get, type RunSummary, type Series } from "../api";
+// the config (summary, full YAML, diff against another compared run), the code snapshot
+// (a file tree and viewer, and the files that differ from another compared run's with
+// their unified diff), and the log files.
+import { get, getText, type CodeDiff, type CodeFiles, type RunSummary, type Series } from "../api";
 import { clear, duration, fmt, h, save, store } from "../dom";
 import type { Ctx, Page } from "../context";
 import { LineChart } from "../charts";
@@ -19,12 +21,13 @@ export function overviewPage(ctx: Ctx): Page {
   const config = h("section", { class: "card config-card" });
   const diff = h("section", { class: "card diff-card" });
   const logs = h("section", { class: "card" });
+  const code = h("section", { class: "card code-card" });
   const el = h("div", { class: "page overview" },
     h("h1", null, "Overview"), progress,
     h("section", { class: "card" },
       h("div", { class: "toolbar" }, h("strong", null, "Plots"), addSelect, h("label", null, "EMA ", emaInput)),
       grid),
-    config, diff, logs);
+    config, diff, code, logs);
   let summary: RunSummary | null = null;
   let catalogLoaded = false;
 
@@ -131,8 +134,99 @@ export function overviewPage(ctx: Ctx): Page {
       : h("p", { class: "muted" }, "No logs yet."));
   }
 
+  // ----------------------------------------------------------------- code
+  const codeTree = h("div", { class: "code-tree" });
+  const codeView = h("pre", { class: "code-view", "data-testid": "code-view" }, "Pick a file.");
+  let codeFiles: CodeFiles | null = null;
+  let codeDiff: CodeDiff | null = null;
+  let diffMode = false;
+
+  /** Paths as nested folders: a folder's entries, then its files. */
+  function tree(paths: string[], statuses: Map<string, string> | null): HTMLElement {
+    const root = h("div", null);
+    const folders = new Map<string, HTMLElement>([["", root]]);
+    const folder = (path: string): HTMLElement => {
+      const found = folders.get(path);
+      if (found) return found;
+      const cut = path.lastIndexOf("/");
+      const parent = folder(cut < 0 ? "" : path.slice(0, cut));
+      const box = h("details", { open: statuses !== null }, h("summary", null, path.slice(cut + 1) + "/"));
+      parent.append(box);
+      folders.set(path, box);
+      return box;
+    };
+    for (const path of paths) {
+      const cut = path.lastIndexOf("/");
+      const status = statuses?.get(path) ?? "";
+      folder(cut < 0 ? "" : path.slice(0, cut)).append(
+        h("button", { class: `code-file ${status}`, "data-path": path, title: status || path, onclick: () => void openFile(path) },
+          path.slice(cut + 1) + (status ? ` (${status})` : "")));
+    }
+    return root;
+  }
+
+  function showLines(text: string, diffView: boolean): void {
+    clear(codeView);
+    codeView.classList.toggle("diff", diffView);
+    for (const line of text.replace(/\n$/, "").split("\n")) {
+      const cls = !diffView ? "" : line.startsWith("@@") ? " hunk" : line.startsWith("+") ? " add" : line.startsWith("-") ? " del" : "";
+      codeView.append(h("span", { class: `line${cls}` }, line));
+    }
+  }
+
+  async function openFile(path: string): Promise<void> {
+    for (const button of codeTree.querySelectorAll<HTMLElement>(".code-file")) button.classList.toggle("active", button.dataset.path === path);
+    const other = ctx.selected.find((id) => id !== runId);
+    if (diffMode && other) {
+      const data = await get<{ diff: string }>("/api/code-diff", { a: runId, b: other, path });
+      showLines(data.diff || "(no difference)", true);
+    } else {
+      showLines(await getText(`/api/code/${encodeURIComponent(runId)}/file`, { path }), false);
+    }
+  }
+
+  async function renderCode(): Promise<void> {
+    clear(code);
+    code.append(h("h2", null, "Code"));
+    try {
+      codeFiles = await get<CodeFiles>(`/api/code/${encodeURIComponent(runId)}`);
+    } catch {
+      code.append(h("p", { class: "muted" }, "The code snapshot cannot be read (the run directory is gone)."));
+      return;
+    }
+    if (!codeFiles.files.length) {
+      code.append(h("p", { class: "muted" }, "This run has no code snapshot."));
+      return;
+    }
+    const git = codeFiles.git ?? {};
+    const other = ctx.selected.find((id) => id !== runId);
+    const toggle = other
+      ? h("label", null, h("input", { type: "checkbox", class: "code-diff-toggle", checked: diffMode, onchange: (event: Event) => {
+          diffMode = (event.target as HTMLInputElement).checked;
+          void renderCode();
+        } }), ` diff against ${ctx.runName(other)}`)
+      : null;
+    let paths = codeFiles.files;
+    let statuses: Map<string, string> | null = null;
+    if (diffMode && other) {
+      codeDiff = await get<CodeDiff>("/api/code-diff", { a: runId, b: other });
+      paths = codeDiff.changed.map((c) => c.path);
+      statuses = new Map(codeDiff.changed.map((c) => [c.path, c.status]));
+    }
+    code.append(
+      h("div", { class: "toolbar" },
+        h("span", { class: "muted" }, `${codeFiles.files.length} files` + (git.commit ? ` · git ${String(git.commit).slice(0, 10)}${git.branch ? ` (${git.branch})` : ""}${git.dirty ? ", with uncommitted changes" : ""}` : "")),
+        toggle,
+        diffMode && codeDiff ? h("span", { class: "muted code-diff-summary" }, `${codeDiff.changed.length} files differ, ${codeDiff.same} same`) : null),
+      h("div", { class: "code-layout" }, codeTree, codeView));
+    clear(codeTree);
+    codeTree.append(tree(paths, statuses));
+    showLines(diffMode ? "Pick a changed file for its diff." : "Pick a file.", false);
+  }
+
   buildGrid();
   let diffShown = false;
+  let codeShown = false;
   return {
     el,
     async refresh() {
@@ -154,6 +248,10 @@ export function overviewPage(ctx: Ctx): Page {
       if (!diffShown) {
         await renderDiff();
         diffShown = true;
+      }
+      if (!codeShown) {
+        codeShown = true;
+        await renderCode();
       }
       await loadSeries();
     },

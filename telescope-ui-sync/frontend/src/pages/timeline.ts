@@ -1,7 +1,9 @@
 // Timeline: one canvas, one row per lane (trainer steps from the metrics, then each
 // component's lanes: ranks, servers, sandboxes, ...). Wheel zooms around the pointer,
-// drag pans, a click shows the event's fields. The server sends the window's events
-// (the longest first when there are too many), fetched again after each zoom or pan.
+// drag pans, a click shows the event's fields. The server sends the window's events,
+// fetched again after each zoom or pan; a window with too many sends its longest events
+// and a density per lane and pixel-wide bucket (busy share as opacity, the colour of the
+// bucket's longest event), drawn under them; a click on a bucket shows its longest event.
 import { get, type Timeline, type TimelineEvent } from "../api";
 import { clear, debounce, duration, fmt, h, hashColor } from "../dom";
 import type { Ctx, Page } from "../context";
@@ -82,6 +84,19 @@ export function timelinePage(ctx: Ctx): Page {
       if (x1 - x0 > 30) { g.fillStyle = "#fff"; g.fillText(`step ${s.step}`, x0 + 3, AXIS_H + steps * LANE_H + 15); }
     }
     const index = laneIndex();
+    const bins = data.bins;
+    if (bins) {
+      for (let i = 0; i < bins.lane.length; i++) {
+        const row = index.get(lanes[bins.lane[i]]?.id ?? "");
+        if (row === undefined) continue;
+        const t0 = bins.origin + bins.bucket[i] * bins.width;
+        const x0 = xOf(t0), x1 = xOf(t0 + bins.width);
+        g.globalAlpha = Math.min(1, Math.max(0.2, bins.busy[i] / bins.width));
+        g.fillStyle = bins.errors[i] ? "#dc2626" : hashColor(bins.kinds[bins.kind[i]] ?? "other");
+        g.fillRect(x0, AXIS_H + row * LANE_H + 6, Math.max(1, x1 - x0), LANE_H - 12);
+      }
+      g.globalAlpha = 1;
+    }
     for (const ev of data.events) {
       const row = index.get(ev.lane);
       if (row === undefined) continue;
@@ -102,7 +117,17 @@ export function timelinePage(ctx: Ctx): Page {
     const lane = data.lanes[row];
     if (!lane) return null;
     if (lane.id === "trainer|steps") return data.steps.find((s) => s.start - slack <= t && t <= s.end + slack) ?? null;
-    return data.events.find((ev) => ev.lane === lane.id && ev.start - slack <= t && t <= ev.start + ev.duration + slack) ?? null;
+    const hit = data.events.find((ev) => ev.lane === lane.id && ev.start - slack <= t && t <= ev.start + ev.duration + slack);
+    if (hit || !data.bins) return hit ?? null;
+    const bins = data.bins; // else the bucket under the pointer: its longest event
+    const laneAt = data.lanes.indexOf(lane);
+    for (let i = 0; i < bins.lane.length; i++) {
+      const t0 = bins.origin + bins.bucket[i] * bins.width;
+      if (bins.lane[i] === laneAt && t0 - slack <= t && t <= t0 + bins.width + slack) {
+        return { seq: bins.seq[i], kind: bins.kinds[bins.kind[i]] ?? "other", lane: lane.id, start: t0, duration: 0, step: null, error: bins.errors[i] > 0 };
+      }
+    }
+    return null;
   }
 
   async function showDetail(hit: TimelineEvent | { step: number; start: number; end: number }): Promise<void> {
@@ -164,17 +189,18 @@ export function timelinePage(ctx: Ctx): Page {
   }
 
   function renderLegend(): void {
-    const kinds = [...new Set((data?.events ?? []).map((e) => e.kind))].sort();
+    const kinds = [...new Set([...(data?.events ?? []).map((e) => e.kind), ...(data?.bins?.kinds ?? [])].filter((k): k is string => Boolean(k)))].sort();
     clear(legend);
     for (const kind of kinds) legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${hashColor(kind)}` }), kind));
   }
 
   async function load(): Promise<void> {
-    data = await get<Timeline>("/api/timeline", { run: runId, start: userMoved ? view?.start : null, end: userMoved ? view?.end : null });
+    const buckets = Math.max(50, Math.round(((canvas.parentElement?.clientWidth || 900) - LABEL_W) / 4)); // 4 px each
+    data = await get<Timeline>("/api/timeline", { run: runId, start: userMoved ? view?.start : null, end: userMoved ? view?.end : null, buckets });
     fullRange = data.range;
     if (!userMoved) view = data.window;
     info.textContent = data.range
-      ? `${data.lanes.length} lanes, ${data.total} events in view${data.truncated ? ` (longest ${data.events.length} drawn: zoom in for the rest)` : ""}, ${data.steps.length} steps`
+      ? `${data.lanes.length} lanes, ${data.total} events in view${data.truncated ? ` (the longest ${data.events.length} drawn over their density: zoom in for the rest)` : ""}, ${data.steps.length} steps`
       : "";
     renderLegend();
     draw();

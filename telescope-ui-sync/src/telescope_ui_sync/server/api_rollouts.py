@@ -1,9 +1,11 @@
 """Rollout routes: steps, one step's samples, one sample in full, and full-text search.
 
-Search is a case-insensitive substring match (``ILIKE``) over the prompt, the completion
-and the tool/environment output of every rollout of a run (DuckDB's ``fts`` extension
-would have to be downloaded at run time). The match is a scan: fine for a few million
-rollouts, reported with the field that matched and a snippet around the first hit.
+Search is a case-insensitive substring match over the prompt, the completion and the
+tool/environment output of every rollout of a run: one ``contains`` scan of the
+``search_text`` column (those texts, lowercased once at sync; DuckDB's ``fts`` extension
+would have to be downloaded at run time and matches words, not substrings), with the
+total from the same scan. The page of results shown is then read from the records, with
+the field that matched and a snippet around the first hit.
 Discarded rollouts (records with a ``discard_reason``) are served by the same routes
 with ``discarded=true``.
 """
@@ -15,8 +17,10 @@ from typing import Any
 
 import duckdb
 from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.responses import Response
 
-from telescope_ui_sync.server.deps import cursor, run_row
+from telescope_ui_sync.server.deps import cursor, fast_json, run_row
+from telescope_ui_sync.sync.records import message_text, tool_text
 
 router = APIRouter(prefix="/api/rollouts")
 
@@ -33,7 +37,7 @@ def _kept(discarded: bool) -> str:
 
 
 @router.get("/steps")
-def steps(run: str, discarded: bool = False, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+def steps(run: str, discarded: bool = False, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> Response:
     """The steps that have rollouts, with count and mean reward."""
     run_row(cur, run)
     rows = cur.execute(
@@ -41,7 +45,7 @@ def steps(run: str, discarded: bool = False, cur: duckdb.DuckDBPyConnection = De
         "GROUP BY step ORDER BY step",
         [run],
     ).fetchall()
-    return {"steps": [{"step": s, "count": c, "reward_mean": r} for s, c, r in rows]}
+    return fast_json({"steps": [{"step": s, "count": c, "reward_mean": r} for s, c, r in rows]})
 
 
 @router.get("")
@@ -102,27 +106,29 @@ def search(
 ) -> dict[str, Any]:
     """Rollouts whose prompt, completion or tool output contains ``q`` (case-insensitive)."""
     run_row(cur, run)
-    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     kept = "" if discarded is None else f" AND {_kept(discarded)}"
-    where = (
-        "run_id = $run AND (completion ILIKE $p ESCAPE '\\' OR prompt_text ILIKE $p ESCAPE '\\' "
-        f"OR tool_text ILIKE $p ESCAPE '\\'){kept}"
-    )
-    params = {"run": run, "p": pattern}
-    (total,) = cur.execute(f"SELECT count(*) FROM rollouts WHERE {where}", params).fetchone() or (0,)
+    where = f"run_id = $run AND contains(search_text, lower($q)){kept}"
+    params = {"run": run, "q": q}
     rows = cur.execute(
-        f"SELECT seq, step, group_index, rollout_index, reward, advantage, discard_reason, prompt_text, completion, "
-        f"tool_text FROM rollouts WHERE {where} ORDER BY step, group_index, rollout_index, seq "
+        f"SELECT seq, step, group_index, rollout_index, reward, advantage, discard_reason, record_json, "
+        f"count(*) OVER () FROM rollouts WHERE {where} ORDER BY step, group_index, rollout_index, seq "
         f"LIMIT {limit} OFFSET {offset}",
         params,
     ).fetchall()
+    if rows or offset == 0:
+        total = rows[0][-1] if rows else 0
+    else:  # a page past the end: count apart
+        (total,) = cur.execute(f"SELECT count(*) FROM rollouts WHERE {where}", params).fetchone() or (0,)
     results = []
-    for seq, step, group, index, reward, advantage, discard, prompt, completion, tools in rows:
-        field, text = next(
-            ((f, t) for f, t in (("completion", completion), ("prompt", prompt), ("tool", tools))
-             if t and q.lower() in t.lower()),
-            ("completion", completion or ""),
-        )  # fmt: skip
+    needle = q.lower()
+    for seq, step, group, index, reward, advantage, discard, record_json, _ in rows:
+        record = json.loads(record_json)
+        texts = (
+            ("completion", message_text(record.get("completion"))),
+            ("prompt", message_text(record.get("prompt"))),
+            ("tool", tool_text(record.get("messages"))),
+        )
+        field, text = next(((f, t) for f, t in texts if needle in t.lower()), texts[0])
         results.append({"seq": seq, "step": step, "group_index": group, "rollout_index": index, "reward": reward,
                         "advantage": advantage, "discard_reason": discard, "field": field,
                         "snippet": _snippet(text, q)})  # fmt: skip

@@ -67,21 +67,28 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
 
 
 def environment_ranges(config: dict[str, Any] | None, metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """Declared ranges: ``reward`` per environment (config) and ``metrics`` per sample metric (metadata)."""
+    """Declared ranges: ``reward`` per environment and ``metrics`` per sample metric.
+
+    From the config's ``environments`` (``reward_min`` / ``reward_max``) and from
+    metadata.json, whose ``environments`` list repeats them with each environment class's
+    ``metrics_ranges`` (``{metric: {"min", "max"}}``); a top-level ``metrics_ranges`` counts too.
+    """
     reward: dict[str, list[float | None]] = {}
-    for entry in (config or {}).get("environments") or []:
-        if isinstance(entry, dict) and entry.get("name"):
-            reward[str(entry["name"])] = [entry.get("reward_min"), entry.get("reward_max")]
     metrics: dict[str, Any] = {}
-    for source in ((metadata or {}).get("metrics_ranges"), (metadata or {}).get("environments")):
-        if isinstance(source, dict):
-            for key, value in source.items():
-                if isinstance(value, dict) and ("min" in value or "max" in value):
-                    metrics[key] = [value.get("min"), value.get("max")]
-                elif isinstance(value, dict) and isinstance(value.get("metrics_ranges"), dict):
-                    for metric, bounds in value["metrics_ranges"].items():
-                        if isinstance(bounds, dict):
-                            metrics[metric] = [bounds.get("min"), bounds.get("max")]
+    entries = [*((config or {}).get("environments") or []), *((metadata or {}).get("environments") or [])]
+    for entry in entries:
+        if not isinstance(entry, dict) or not entry.get("name"):
+            continue
+        if "reward_min" in entry or "reward_max" in entry:
+            reward[str(entry["name"])] = [entry.get("reward_min"), entry.get("reward_max")]
+        ranges = entry.get("metrics_ranges")
+        for metric, bounds in ranges.items() if isinstance(ranges, dict) else ():
+            if isinstance(bounds, dict):
+                metrics[str(metric)] = [bounds.get("min"), bounds.get("max")]
+    top = (metadata or {}).get("metrics_ranges")
+    for metric, bounds in top.items() if isinstance(top, dict) else ():
+        if isinstance(bounds, dict):
+            metrics[str(metric)] = [bounds.get("min"), bounds.get("max")]
     return {"reward": reward, "metrics": metrics}
 
 
@@ -97,8 +104,7 @@ def run_summary(run_id: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -
     counts = {}
     for table in ("metrics", "rollouts", "events", "evals", "logs"):
         (counts[table],) = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone() or (0,)
-    (steps,) = cur.execute("SELECT count(DISTINCT step) FROM metrics WHERE run_id = ?", [run_id]).fetchone() or (0,)
-    counts["steps"] = steps
+    (counts["steps"],) = cur.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchone() or (0,)
     logs = [row[0] for row in cur.execute(
         "SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()]  # fmt: skip
     return {

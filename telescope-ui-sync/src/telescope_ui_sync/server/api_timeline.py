@@ -1,11 +1,19 @@
 """Timeline, event, sandbox and infra routes.
 
 The timeline is served by time window: lanes are (component, lane) pairs (a server, a
-rank, a sandbox, ...; see :func:`telescope_ui_sync.sync.records.event_lane`), plus a
-"trainer / steps" lane built from the step metrics (each step ends at its metrics' time
-and lasts ``timing_step_total``), so a run that records no events still has a timeline.
-A window with more than ``limit`` events returns the ``limit`` longest ones and says
-``truncated`` (zooming in shows the rest), which bounds the browser's work at any zoom.
+rank, a sandbox, ...; see :mod:`telescope_ui_sync.sync.ingest`), plus a "trainer / steps"
+lane built from the step metrics (each step ends at its metrics' time and lasts
+``timing_step_total``), so a run that records no events still has a timeline. A window
+with more than ``limit`` events returns the ``limit`` longest ones, says ``truncated``
+and adds ``bins``: per lane, the window cut into ``buckets`` (about one per pixel) with
+the events, busy time, errors and longest event of each, drawn as a density under the
+longest events (zooming in shows the rest). The whole run's bins come from the
+``event_bins`` table that the syncer fills (pre-bucketed), not from the events, so the
+whole timeline costs about the same for ten thousand events or ten million; a narrow
+window reads only the row groups of its time (``start`` and ``finish`` are columns, so
+their min/max statistics prune both ends). The lanes and the run's time range come from
+``event_bins`` too. Responses are encoded with ``json.dumps`` directly (see
+:func:`telescope_ui_sync.server.deps.fast_json`).
 """
 
 from __future__ import annotations
@@ -15,13 +23,17 @@ from typing import Any
 
 import duckdb
 from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.responses import Response
 
-from telescope_ui_sync.server.deps import cursor, run_row
+from telescope_ui_sync.server.deps import cursor, fast_json, run_row
+from telescope_ui_sync.sync.records import EVENT_COLUMNS
+from telescope_ui_sync.sync.schema import BIN_SECONDS
 
 router = APIRouter(prefix="/api")
 
 COMPONENT_ORDER = ("trainer", "orchestrator", "inference", "sandbox", "tool", "reward", "weights", "system")
 STEPS_LANE = {"id": "trainer|steps", "component": "trainer", "lane": "steps"}
+TIMELINE = "run_id = $run AND NOT starts_with(coalesce(kind, ''), 'infra.')"
 
 
 def _component_rank(component: str) -> tuple[int, str]:
@@ -30,9 +42,7 @@ def _component_rank(component: str) -> tuple[int, str]:
 
 def _steps(cur: duckdb.DuckDBPyConnection, run: str) -> list[dict[str, Any]]:
     rows = cur.execute(
-        "SELECT step, any_value(time), max(CASE WHEN name = 'timing_step_total' THEN value END) "
-        "FROM metrics WHERE run_id = ? AND time IS NOT NULL GROUP BY step ORDER BY step",
-        [run],
+        "SELECT step, time, duration FROM steps WHERE run_id = ? AND time IS NOT NULL ORDER BY step", [run]
     ).fetchall()
     steps = []
     previous_end: float | None = None
@@ -43,18 +53,66 @@ def _steps(cur: duckdb.DuckDBPyConnection, run: str) -> list[dict[str, Any]]:
     return steps
 
 
+def _bins(
+    cur: duckdb.DuckDBPyConnection, run: str, start: float, end: float, buckets: int, lanes: list[str]
+) -> dict[str, Any]:
+    """Per lane, the window cut into ``buckets``: events, busy seconds, errors and the longest
+    event of each bucket that has any (by start time). From the pre-computed ``event_bins``
+    when a bucket is wider than they are, else from the window's events.
+
+    Columns of equal length, compact: ``lane`` indexes ``lanes``, ``bucket`` counts
+    ``width`` seconds from ``origin``, ``kind`` (of the longest event) indexes ``kinds``.
+    """
+    width = (end - start) / buckets
+    if width >= BIN_SECONDS:
+        source = (
+            "SELECT component, lane, first_start AS t, events AS n, busy, errors, longest_seq AS seq, "
+            "longest_kind AS kind, longest_duration AS duration FROM event_bins "
+            "WHERE run_id = $run AND bin >= floor($start / $bin) AND bin <= floor($end / $bin)"
+        )
+    else:
+        source = (
+            "SELECT component, lane, start AS t, 1 AS n, duration AS busy, CAST(error IS NOT NULL AS BIGINT) AS errors,"
+            f" seq, kind, duration FROM events WHERE {TIMELINE} AND start >= $start AND start <= $end"
+        )
+    rows = cur.execute(
+        f"""
+        SELECT component || '|' || lane, CAST(least(greatest(floor((t - $start) / $width), 0), $buckets - 1) AS BIGINT),
+            sum(n), sum(busy), sum(errors), arg_max(seq, duration), arg_max(kind, duration)
+        FROM ({source}) GROUP BY ALL ORDER BY 1, 2
+        """,
+        {"run": run, "start": start, "end": end, "width": width, "buckets": buckets}
+        | ({"bin": BIN_SECONDS} if width >= BIN_SECONDS else {}),
+    ).fetchall()
+    lane_index = {lane: i for i, lane in enumerate(lanes)}
+    kinds: dict[str | None, int] = {}
+    columns: dict[str, list[Any]] = {k: [] for k in ("lane", "bucket", "count", "busy", "errors", "seq", "kind")}
+    for lane, bucket, count, busy, errors, seq, kind in rows:
+        for key, value in zip(columns, (lane_index.get(lane, -1), bucket, count, round(busy, 6), errors, seq,
+                                         kinds.setdefault(kind, len(kinds))), strict=True):  # fmt: skip
+            columns[key].append(value)
+    return {"origin": start, "width": width, "kinds": list(kinds), **columns}
+
+
 @router.get("/timeline")
 def timeline(
     run: str,
     start: float | None = None,
     end: float | None = None,
-    limit: int = Query(20000, ge=1, le=200000),
+    limit: int = Query(2000, ge=1, le=200000),
+    buckets: int = Query(300, ge=10, le=10000),
     cur: duckdb.DuckDBPyConnection = Depends(cursor),
-) -> dict[str, Any]:
-    """Lanes and events overlapping [start, end] (the whole run when omitted)."""
+) -> Response:
+    """Lanes and events overlapping [start, end] (the whole run when omitted).
+
+    A window holding at most ``limit`` events returns them all. A fuller one returns its
+    ``limit`` longest events and, per lane, ``bins``: the window cut into ``buckets``
+    with each bucket's events, busy seconds, errors and longest event (``truncated``; see
+    :func:`_bins` for the columns).
+    """
     run_row(cur, run)
     lo, hi = cur.execute(
-        "SELECT min(start), max(start + duration) FROM events WHERE run_id = ? AND kind NOT LIKE 'infra.%'", [run]
+        "SELECT min(first_start), max(last_finish) FROM event_bins WHERE run_id = ?", [run]
     ).fetchone() or (None, None)
     steps = _steps(cur, run)
     if steps:
@@ -63,39 +121,44 @@ def timeline(
     window_start = start if start is not None else lo
     window_end = end if end is not None else hi
     if window_start is None or window_end is None:
-        return {"range": None, "window": None, "lanes": [], "events": [], "steps": [], "truncated": False}
-    where = "run_id = $run AND kind NOT LIKE 'infra.%' AND start <= $end AND start + duration >= $start"
+        return fast_json({"range": None, "window": None, "lanes": [], "events": [], "bins": None, "steps": [],
+                          "truncated": False, "total": 0})  # fmt: skip
+    where = f"{TIMELINE} AND start <= $end AND finish >= $start"
     params = {"run": run, "start": window_start, "end": window_end}
     (count,) = cur.execute(f"SELECT count(*) FROM events WHERE {where}", params).fetchone() or (0,)
+    order = "start" if count <= limit else "duration DESC"
     rows = cur.execute(
         f"SELECT seq, kind, component, lane, start, duration, step, error IS NOT NULL FROM events WHERE {where} "
-        f"ORDER BY duration DESC LIMIT {limit}",
+        f"ORDER BY {order} LIMIT {limit}",
         params,
     ).fetchall()
+    events = [
+        {"seq": seq, "kind": kind, "lane": f"{component}|{lane}", "start": ev_start, "duration": duration,
+         "step": step, "error": failed}
+        for seq, kind, component, lane, ev_start, duration, step, failed in rows
+    ]  # fmt: skip
     lanes: dict[str, dict[str, Any]] = {STEPS_LANE["id"]: dict(STEPS_LANE)}
-    events = []
-    for seq, kind, component, lane, ev_start, duration, step, failed in rows:
-        lane_id = f"{component}|{lane}"
-        lanes.setdefault(lane_id, {"id": lane_id, "component": component, "lane": lane})
-        events.append({"seq": seq, "kind": kind, "lane": lane_id, "start": ev_start, "duration": duration,
-                       "step": step, "error": failed})  # fmt: skip
-    all_lanes = cur.execute(
-        "SELECT DISTINCT component, lane FROM events WHERE run_id = ? AND kind NOT LIKE 'infra.%'", [run]
-    ).fetchall()
+    all_lanes = cur.execute("SELECT DISTINCT component, lane FROM event_bins WHERE run_id = ?", [run]).fetchall()
     for component, lane in all_lanes:  # lanes stay in place when the window has none of their events
         lanes.setdefault(f"{component}|{lane}", {"id": f"{component}|{lane}", "component": component, "lane": lane})
     ordered = sorted(lanes.values(), key=lambda la: (_component_rank(la["component"]), la["lane"] != "steps",
                                                     la["lane"]))  # fmt: skip
+    truncated = count > len(events)
     visible_steps = [s for s in steps if s["end"] >= window_start and s["start"] <= window_end]
-    return {
-        "range": {"start": lo, "end": hi},
-        "window": {"start": window_start, "end": window_end},
-        "lanes": ordered,
-        "events": events,
-        "steps": visible_steps,
-        "truncated": count > len(events),
-        "total": count,
-    }
+    return fast_json(
+        {
+            "range": {"start": lo, "end": hi},
+            "window": {"start": window_start, "end": window_end},
+            "lanes": ordered,
+            "events": events,
+            "bins": _bins(cur, run, window_start, window_end, buckets, [lane["id"] for lane in ordered])
+            if truncated
+            else None,
+            "steps": visible_steps,
+            "truncated": truncated,
+            "total": count,
+        }
+    )
 
 
 @router.get("/events/{run}/{seq}")
@@ -103,21 +166,27 @@ def event_detail(run: str, seq: int, cur: duckdb.DuckDBPyConnection = Depends(cu
     """Every field of one event."""
     run_row(cur, run)
     row = cur.execute(
-        "SELECT seq, kind, component, lane, start, duration, step, sandbox_id, error, fields_json "
+        "SELECT seq, kind, component, lane, start, duration, step, sandbox_id, error, record_json "
         "FROM events WHERE run_id = ? AND seq = ?",
         [run, seq],
     ).fetchone()
     if row is None:
         raise HTTPException(404, f"no event {seq} in run {run!r}")
     keys = ["seq", "kind", "component", "lane", "start", "duration", "step", "sandbox_id", "error"]
-    return {**dict(zip(keys, row[:-1], strict=True)), "fields": json.loads(row[-1] or "{}")}
+    return {**dict(zip(keys, row[:-1], strict=True)), "fields": _fields(row[-1])}
+
+
+def _fields(record_json: str | None) -> dict[str, Any]:
+    """An event's fields other than those with columns of their own."""
+    record = json.loads(record_json or "{}")
+    return {key: value for key, value in record.items() if key not in EVENT_COLUMNS} if isinstance(record, dict) else {}
 
 
 SANDBOX_WHERE = "run_id = ? AND (kind LIKE 'sandbox.%' OR sandbox_id IS NOT NULL)"
 
 
 def _failed_sql() -> str:
-    return "(error IS NOT NULL OR coalesce(TRY_CAST(json_extract(fields_json, '$.exit_code') AS BIGINT), 0) <> 0)"
+    return "(error IS NOT NULL OR coalesce(exit_code, 0) <> 0)"
 
 
 @router.get("/sandboxes")
@@ -141,14 +210,14 @@ def sandbox_events(run: str, sandbox_id: str, cur: duckdb.DuckDBPyConnection = D
     """The events of one sandbox, in time order, with their fields (command, exit code, output, ...)."""
     run_row(cur, run)
     rows = cur.execute(
-        f"SELECT seq, kind, start, duration, error, fields_json, {_failed_sql()} FROM events "
+        f"SELECT seq, kind, start, duration, error, record_json, {_failed_sql()} FROM events "
         f"WHERE {SANDBOX_WHERE} AND coalesce(sandbox_id, '(none)') = ? ORDER BY start LIMIT 5000",
         [run, sandbox_id],
     ).fetchall()
     return {
         "sandbox_id": sandbox_id,
         "events": [
-            {"seq": s, "kind": k, "start": t, "duration": d, "error": e, "fields": json.loads(f or "{}"), "failed": x}
+            {"seq": s, "kind": k, "start": t, "duration": d, "error": e, "fields": _fields(f), "failed": x}
             for s, k, t, d, e, f, x in rows
         ],
     }

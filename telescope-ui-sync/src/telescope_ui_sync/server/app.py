@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from telescope_ui_sync import __version__
-from telescope_ui_sync.server import api_metrics, api_misc, api_rollouts, api_runs, api_timeline
+from telescope_ui_sync.server import api_code, api_metrics, api_misc, api_rollouts, api_runs, api_timeline
 from telescope_ui_sync.server.deps import AppState
 from telescope_ui_sync.sync.syncer import SyncService
 
@@ -45,7 +45,7 @@ def create_app(
     """The dashboard app over ``con`` (routes read through a cursor each)."""
     app = FastAPI(title="telescope ui", version=__version__, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.telescope = AppState(con=con, service=service)
-    for module in (api_runs, api_metrics, api_rollouts, api_timeline, api_misc):
+    for module in (api_runs, api_metrics, api_rollouts, api_timeline, api_misc, api_code):
         app.include_router(module.router)
 
     @app.middleware("http")

@@ -1,10 +1,12 @@
-"""Turn run-store records into the columns of the DuckDB tables (see :mod:`.schema`).
+"""Run-store records as rows of the DuckDB tables (see :mod:`.schema`), in Python.
 
-Each ``*_columns`` function takes a batch of records and returns a ``pyarrow.Table`` in
-the column order of its table, built column-wise so a batch of a million records costs
-one pass in Python and one bulk insert. Unknown or malformed fields never raise: a
-record missing ``step`` is dropped from ``metrics``, a non-numeric metric is not a
-metric, a field of an unexpected type becomes NULL.
+The volume (rollouts, events, metrics) is ingested in DuckDB and Arrow by :mod:`.ingest`;
+what is here reads the small streams (evals, logs), is the fallback of :mod:`.ingest` for
+a batch Arrow cannot parse, and gives the texts the API shows (a prompt or message list
+as text). Each ``*_columns`` function returns a ``pyarrow.Table`` in the column order of
+its table. Unknown or malformed fields never raise: a record missing ``step`` is dropped
+from ``metrics``, a non-numeric metric is not a metric, a field of an unexpected type
+becomes NULL.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -22,7 +24,7 @@ Record = dict[str, Any]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 
-#: Event fields stored in their own columns (the rest goes to ``fields_json``).
+#: Event fields with columns of their own (the event detail lists the others).
 EVENT_COLUMNS = frozenset({"kind", "start", "duration_s", "component", "step", "sandbox_id", "error"})
 #: Fields that name the lane of an event inside its component, in order of preference.
 LANE_FIELDS: tuple[str, ...] = ("server", "rank", "sandbox_id", "worker", "node", "host", "lane")
@@ -122,144 +124,35 @@ def tool_text(messages: Any) -> str:
     return "\n".join(parts)
 
 
-ROLLOUT_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("seq", pa.int64()),
-        ("step", pa.int64()),
-        ("group_index", pa.int64()),
-        ("rollout_index", pa.int64()),
-        ("sample_id", pa.string()),
-        ("environment", pa.string()),
-        ("reward", pa.float64()),
-        ("advantage", pa.float64()),
-        ("stop_reason", pa.string()),
-        ("num_turns", pa.int64()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("total_tokens", pa.int64()),
-        ("policy_version", pa.int64()),
-        ("error", pa.string()),
-        ("discard_reason", pa.string()),
-        ("prompt_text", pa.string()),
-        ("completion", pa.string()),
-        ("tool_text", pa.string()),
-        ("sample_metrics_json", pa.string()),
-        ("record_json", pa.string()),
-    ]
-)
+def infra_values(record: Record) -> Iterator[tuple[str, float]]:
+    """(name, value) of each numeric field of an ``infra.*`` sample (not its lane, not a boolean)."""
+    for name, value in record.items():
+        if name in EVENT_COLUMNS or name in LANE_FIELDS or isinstance(value, bool):
+            continue
+        number = _number(value)
+        if number is not None:
+            yield name, number
 
 
-def rollout_columns(run_id: str, first_seq: int, records: Sequence[Record]) -> pa.Table:
-    """One row per rollout record; ``seq`` numbers them in stream order from ``first_seq``."""
-    columns: dict[str, list[Any]] = {field.name: [] for field in ROLLOUT_SCHEMA}
-    for offset, record in enumerate(records):
-        columns["run_id"].append(run_id)
-        columns["seq"].append(first_seq + offset)
-        for name in ("step", "group_index", "rollout_index", "num_turns", "prompt_tokens", "completion_tokens"):
-            columns[name].append(_integer(record.get(name)))
-        columns["total_tokens"].append(_integer(record.get("total_tokens")))
-        columns["policy_version"].append(_integer(record.get("policy_version")))
-        columns["sample_id"].append(_text(record.get("sample_id")))
-        columns["environment"].append(_text(record.get("environment")))
-        columns["reward"].append(_number(record.get("reward")))
-        columns["advantage"].append(_number(record.get("advantage")))
-        columns["stop_reason"].append(_text(record.get("stop_reason")))
-        columns["error"].append(_text(record.get("error")))
-        discard = record.get("discard_reason")
-        if discard is None and record.get("discarded") is True:
-            discard = "discarded"
-        columns["discard_reason"].append(_text(discard))
-        columns["prompt_text"].append(message_text(record.get("prompt")))
-        columns["completion"].append(message_text(record.get("completion")))
-        columns["tool_text"].append(tool_text(record.get("messages")))
-        sample_metrics = record.get("sample_metrics")
-        columns["sample_metrics_json"].append(_dumps(sample_metrics) if isinstance(sample_metrics, dict) else "{}")
-        columns["record_json"].append(_dumps(record))
-    return pa.table(columns, schema=ROLLOUT_SCHEMA)
-
-
-EVENT_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("seq", pa.int64()),
-        ("kind", pa.string()),
-        ("component", pa.string()),
-        ("start", pa.float64()),
-        ("duration", pa.float64()),
-        ("step", pa.int64()),
-        ("lane", pa.string()),
-        ("sandbox_id", pa.string()),
-        ("error", pa.string()),
-        ("fields_json", pa.string()),
-    ]
-)
-
-
-def event_component(record: Record) -> str:
-    """The component of an event: its ``component`` field, else the first part of its kind."""
-    component = record.get("component")
-    if isinstance(component, str) and component:
-        return component
-    kind = str(record.get("kind") or "other")
-    return kind.split(".", 1)[0]
-
-
-def event_lane(record: Record) -> str:
-    """The lane of an event inside its component (server, rank, sandbox, ...; ``main`` if none)."""
-    for field in LANE_FIELDS:
-        value = record.get(field)
-        if value is not None and not isinstance(value, (dict, list)):
-            return f"{field} {value}"
-    return "main"
-
-
-def event_columns(run_id: str, first_seq: int, records: Sequence[Record]) -> tuple[pa.Table, pa.Table]:
-    """(events rows, system_metrics rows): every event, and the numeric fields of ``infra.*`` events."""
-    columns: dict[str, list[Any]] = {field.name: [] for field in EVENT_SCHEMA}
-    sm_time: list[float] = []
-    sm_kind: list[str] = []
-    sm_source: list[str] = []
-    sm_name: list[str] = []
-    sm_value: list[float] = []
-    for offset, record in enumerate(records):
-        kind = _text(record.get("kind"))
-        start = _number(record.get("start"))
-        lane = event_lane(record)
-        columns["run_id"].append(run_id)
-        columns["seq"].append(first_seq + offset)
-        columns["kind"].append(kind)
-        columns["component"].append(event_component(record))
-        columns["start"].append(start)
-        columns["duration"].append(_number(record.get("duration_s")) or 0.0)
-        columns["step"].append(_integer(record.get("step")))
-        columns["lane"].append(lane)
-        columns["sandbox_id"].append(_text(record.get("sandbox_id")))
-        columns["error"].append(_text(record.get("error")))
-        rest = {k: v for k, v in record.items() if k not in EVENT_COLUMNS}
-        columns["fields_json"].append(_dumps(rest) if rest else "{}")
-        if kind is not None and kind.startswith("infra.") and start is not None:
-            for name, value in rest.items():
-                number = _number(value)
-                if number is None or name in LANE_FIELDS or isinstance(value, bool):
-                    continue
-                sm_time.append(start)
-                sm_kind.append(kind)
-                sm_source.append(lane)
-                sm_name.append(name)
-                sm_value.append(number)
-    events = pa.table(columns, schema=EVENT_SCHEMA)
-    system = pa.table(
+def system_metrics_table(
+    run_id: str,
+    times: Sequence[float | None],
+    kinds: Sequence[str | None],
+    sources: Sequence[str | None],
+    names: Sequence[str],
+    values: Sequence[float],
+) -> pa.Table:
+    """Rows of the ``system_metrics`` table, in its column order."""
+    return pa.table(
         {
-            "run_id": pa.array([run_id] * len(sm_time), pa.string()),
-            "time": pa.array(sm_time, pa.float64()),
-            "kind": pa.array(sm_kind, pa.string()),
-            "source": pa.array(sm_source, pa.string()),
-            "name": pa.array(sm_name, pa.string()),
-            "value": pa.array(sm_value, pa.float64()),
+            "run_id": pa.array([run_id] * len(names), pa.string()),
+            "time": pa.array(times, pa.float64()),
+            "kind": pa.array(kinds, pa.string()),
+            "source": pa.array(sources, pa.string()),
+            "name": pa.array(names, pa.string()),
+            "value": pa.array(values, pa.float64()),
         }
     )
-    return events, system
 
 
 def eval_columns(run_id: str, first_seq: int, records: Sequence[Record]) -> pa.Table:

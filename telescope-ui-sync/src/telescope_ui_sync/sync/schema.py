@@ -9,19 +9,29 @@ or eval needs no schema change:
   for JSON Lines files, the run reader's own cursor for block streams). Rows and their
   cursor are written in one transaction, so a restart resumes exactly where the last
   committed pass ended: nothing is read twice or skipped.
-- ``metrics`` (run_id, step, time, name, value): every numeric value of metrics.jsonl.
-- ``rollouts``: one row per rollout with the columns the pages filter and colour by, the
-  texts searched (prompt, completion, tool output) and the whole record as JSON.
-- ``events``: timeline events (kind, component, start, duration, lane, step, sandbox)
-  with the remaining fields as JSON; ``system_metrics`` holds the numeric fields of the
-  ``infra.*`` events in long form for the Infra page.
+- ``metrics`` (run_id, step, time, name, value): every numeric value of metrics.jsonl;
+  ``steps`` (run_id, step, time, duration): one row per step (its metrics' time and
+  ``timing_step_total``), for the timeline's steps lane and the step counts.
+- ``rollouts``: one row per rollout with the columns the pages filter and colour by
+  (``tags``: the sample's tags as ``name=value`` or ``name`` strings),
+  ``search_text`` (prompt, completion and tool output, lowercased: what search scans) and
+  the whole record as JSON.
+- ``events``: timeline events (kind, component, start, duration, finish, lane, step,
+  sandbox, exit code) with the whole record as JSON; ``system_metrics`` holds the numeric
+  fields of the ``infra.*`` samples in long form for the Infra page.
+- ``event_bins``: the timeline pre-bucketed at sync, per lane and :data:`BIN_SECONDS` of
+  start time: count, busy seconds, errors, first start, last finish and the longest
+  event. A wide window (the whole run) is drawn from these (a few rows per lane and
+  pixel) instead of from millions of events; the lanes and the run's time range come
+  from them too.
 - ``evals`` (long: one row per eval metric), ``logs`` (one row per log line, with the
   level and time parsed when the line has the standard logging prefix).
 
 Limits: DuckDB allows one writing process per file (the server's syncer); the API reads
-through cursors of the same connection. Full-text search is ``ILIKE`` over the text
-columns (DuckDB's ``fts`` extension is downloaded at run time, which this tool must not
-do): a scan, fine for a few million rollouts, not an inverted index.
+through cursors of the same connection. Full-text search is a substring scan (``contains``) of
+``search_text`` (DuckDB's ``fts`` extension is downloaded at run time, which this tool must
+not do, and it matches words, not substrings): not an inverted index, but one column
+read at memory speed (see the benchmark in ``bench/bench_ui_sync.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from pathlib import Path
 
 import duckdb
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Width of the timeline's pre-computed bins (``event_bins``), in seconds.
+BIN_SECONDS = 10.0
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -68,6 +80,12 @@ CREATE TABLE IF NOT EXISTS metrics (
     name VARCHAR NOT NULL,
     value DOUBLE
 );
+CREATE TABLE IF NOT EXISTS steps (
+    run_id VARCHAR NOT NULL,
+    step BIGINT NOT NULL,
+    time DOUBLE,
+    duration DOUBLE
+);
 CREATE TABLE IF NOT EXISTS rollouts (
     run_id VARCHAR NOT NULL,
     seq BIGINT NOT NULL,
@@ -86,9 +104,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     policy_version BIGINT,
     error VARCHAR,
     discard_reason VARCHAR,
-    prompt_text VARCHAR,
-    completion VARCHAR,
-    tool_text VARCHAR,
+    tags VARCHAR[],
+    search_text VARCHAR,
     sample_metrics_json VARCHAR,
     record_json VARCHAR
 );
@@ -99,11 +116,27 @@ CREATE TABLE IF NOT EXISTS events (
     component VARCHAR,
     start DOUBLE,
     duration DOUBLE,
+    finish DOUBLE,
     step BIGINT,
     lane VARCHAR,
     sandbox_id VARCHAR,
     error VARCHAR,
-    fields_json VARCHAR
+    exit_code BIGINT,
+    record_json VARCHAR
+);
+CREATE TABLE IF NOT EXISTS event_bins (
+    run_id VARCHAR NOT NULL,
+    component VARCHAR NOT NULL,
+    lane VARCHAR NOT NULL,
+    bin BIGINT NOT NULL,
+    events BIGINT NOT NULL,
+    busy DOUBLE NOT NULL,
+    errors BIGINT NOT NULL,
+    first_start DOUBLE NOT NULL,
+    last_finish DOUBLE NOT NULL,
+    longest_seq BIGINT NOT NULL,
+    longest_kind VARCHAR,
+    longest_duration DOUBLE NOT NULL
 );
 CREATE TABLE IF NOT EXISTS system_metrics (
     run_id VARCHAR NOT NULL,
@@ -136,7 +169,9 @@ CREATE TABLE IF NOT EXISTS logs (
 """
 
 #: The tables whose rows belong to one run (deleted together with it).
-RUN_TABLES: tuple[str, ...] = ("metrics", "rollouts", "events", "system_metrics", "evals", "logs", "sync_cursors")
+RUN_TABLES: tuple[str, ...] = (
+    "metrics", "steps", "rollouts", "events", "event_bins", "system_metrics", "evals", "logs", "sync_cursors",
+)  # fmt: skip
 
 
 class SchemaVersionError(RuntimeError):

@@ -1,20 +1,21 @@
 """Incremental, resumable reading of a run directory's streams, through :class:`RunReader`.
 
-A :class:`Stream` returns the records appended since its position and can report and
-restore that position as JSON (persisted by the syncer with the rows it wrote). How it
-reads depends on what the run reader offers, so a change of the run store's on-disk
-format does not break the dashboard:
+A stream returns what was appended since its position and can report and restore that
+position as JSON (persisted by the syncer with the rows it wrote, in one transaction).
+The run reader knows the files, so a change of the run store's on-disk format does not
+break the dashboard:
 
-- JSON Lines (``RunReader.follow(name)`` gives a follower with a ``path`` and an
-  ``offset``): :class:`JsonlStream` reads at most ``max_bytes`` per call from the saved
-  byte offset, up to the last complete line (a line still being written is left for the
-  next call), skipping and counting lines that are not JSON objects. The file's inode is
-  part of the position: a file that was replaced, or truncated below the offset, is read
-  again from its start and the stream reports ``reset`` so the syncer drops what it had.
-- A reader cursor (a follower with a dataclass ``cursor``, as for the columnar block
-  streams): :class:`CursorStream` calls ``read_new()`` and saves the cursor's fields.
-- Anything else: :class:`CountingStream` re-reads and skips the records already taken
-  (correct for any append-only stream; slow, a last resort).
+- ``metrics`` and ``evals`` are JSON Lines (``RunReader.follow(name)`` gives a follower
+  with the file's ``path``): :class:`JsonlStream` reads at most ``max_bytes`` per call from
+  the saved byte offset, up to the last complete line (a line still being written is left
+  for the next call); lines that are not JSON objects are skipped and counted. The file's
+  inode is part of the position: a file that was replaced, or truncated below the offset,
+  is read again from its start and the stream reports ``reset`` so the syncer drops what
+  it had.
+- ``events`` and ``rollouts`` are block streams: :class:`ChunkStream` takes the reader's
+  chunks (:meth:`RunReader.read_chunks_since`: sealed Parquet blocks by name, a tail's new
+  lines as an Arrow table) and keeps the reader's cursor, so DuckDB reads the blocks itself
+  (see :mod:`.ingest`) and nothing is parsed row by row in Python.
 
 Log files are plain text and are read by :class:`TextTail` (same offset logic, lines).
 A file that does not exist yet simply gives nothing; it is read when it appears.
@@ -26,28 +27,13 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from telescope.recording.run_reader import RunReader
+from telescope.recording.run_reader import Chunk, RunReader, StreamCursor
 
 Record = dict[str, Any]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-
-
-class Stream(Protocol):
-    """New records since the last call, and a JSON position to resume from."""
-
-    reset: bool
-
-    @property
-    def skipped(self) -> int: ...
-
-    def read(self) -> list[Record]: ...
-
-    def position(self) -> dict[str, Any]: ...
-
-    def restore(self, position: dict[str, Any]) -> None: ...
 
 
 def _inode(path: Path) -> int | None:
@@ -113,15 +99,17 @@ class _FileTail:
 class JsonlStream(_FileTail):
     """A JSON Lines file read in bounded chunks from a byte offset (see the module docstring)."""
 
-    def read(self) -> list[Record]:
+    def read_lines(self) -> list[bytes]:
+        """The new complete lines (blank ones left out), unparsed; the consumer counts bad ones in :attr:`skipped`."""
         data = self.read_complete_lines()
+        return [line for line in data.split(b"\n") if line and not line.isspace()]
+
+    def parse(self, lines: list[bytes]) -> list[Record]:
+        """``lines`` as records; lines that are not JSON objects are skipped and counted."""
         records: list[Record] = []
-        loads = json.loads
-        for line in data.split(b"\n"):
-            if not line or line.isspace():
-                continue
+        for line in lines:
             try:
-                value = loads(line)
+                value = json.loads(line)
             except ValueError:
                 self.skipped += 1
                 continue
@@ -157,90 +145,64 @@ class TextTail(_FileTail):
         self.lines = 0 if self._pending_reset else int(position.get("lines", 0))
 
 
-class CursorStream:
-    """A run-reader follower that keeps a dataclass cursor (the block streams)."""
+class ChunkStream:
+    """A block stream (``events``, ``rollouts``) read through
+    :meth:`RunReader.read_chunks_since`: chunks that name sealed Parquet blocks or hold a
+    tail's new lines as an Arrow table, each with the reader's cursor after it.
 
-    def __init__(self, follower: Any) -> None:
-        self.follower = follower
+    The position holds that cursor, the number the next record gets (``next_seq``) and the
+    bad tail lines skipped so far. :meth:`read` does not move it: the syncer calls
+    :meth:`advance` for what it wrote, in the transaction that wrote it.
+    """
+
+    def __init__(self, reader: RunReader, name: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.reader = reader
+        self.name = name
+        self.max_bytes = max_bytes
+        self.cursor: StreamCursor | None = None
+        self.next_seq = 0
+        self.skipped = 0
         self.reset = False
         self._pending_reset = False
 
-    @property
-    def skipped(self) -> int:
-        return int(getattr(self.follower, "skipped_lines", 0))
-
-    def read(self) -> list[Record]:
+    def read(self) -> list[Chunk]:
+        """The chunks after the cursor (a tail's lines at most ``max_bytes`` at a time)."""
         self.reset, self._pending_reset = self._pending_reset, False
-        return list(self.follower.read_new())
+        if self.reset:
+            self.cursor, self.next_seq, self.skipped = None, 0, 0
+        chunks, skipped = self.reader.read_chunks_since(self.name, self.cursor, max_bytes=self.max_bytes)
+        self.skipped += skipped
+        return chunks
+
+    def advance(self, cursor: StreamCursor, records: int) -> dict[str, Any]:
+        """Move past ``records`` records to ``cursor``; returns the new position (to save)."""
+        self.cursor = cursor
+        self.next_seq += records
+        return self.position()
 
     def position(self) -> dict[str, Any]:
-        cursor = self.follower.cursor
-        fields = dataclasses.asdict(cursor) if cursor is not None else None
-        return {"type": "cursor", "cursor": fields}
+        cursor = dataclasses.asdict(self.cursor) if self.cursor is not None else None
+        return {"type": "chunks", "cursor": cursor, "next_seq": self.next_seq, "skipped": self.skipped}
 
     def restore(self, position: dict[str, Any]) -> None:
-        fields = position.get("cursor")
-        if position.get("type") != "cursor":  # written by another reader: start again
-            self._pending_reset = True
-            return
-        if fields is None:
-            return
-        cursor_type = _cursor_type()
         try:
-            if cursor_type is None:
-                raise TypeError("no cursor type")
-            self.follower.cursor = cursor_type(**fields)
-        except TypeError:  # the cursor's fields changed: read again from the start
+            if position.get("type") != "chunks":
+                raise TypeError("written by another reader")
+            fields = position.get("cursor")
+            self.cursor = StreamCursor(**fields) if fields is not None else None
+            self.next_seq = int(position.get("next_seq", 0))
+            self.skipped = int(position.get("skipped", 0))
+        except (TypeError, ValueError):  # another kind of position, or the cursor's fields changed: start again
+            self.cursor, self.next_seq, self.skipped = None, 0, 0
             self._pending_reset = True
 
 
-class CountingStream:
-    """Any follower: position = records taken; restoring re-reads and drops that many."""
-
-    def __init__(self, follower: Any) -> None:
-        self.follower = follower
-        self.count = 0
-        self._drop = 0
-        self.reset = False
-        self._pending_reset = False
-
-    @property
-    def skipped(self) -> int:
-        return int(getattr(self.follower, "skipped_lines", 0))
-
-    def read(self) -> list[Record]:
-        self.reset, self._pending_reset = self._pending_reset, False
-        records = list(self.follower.read_new())
-        if self._drop:
-            dropped = min(self._drop, len(records))
-            records, self._drop = records[dropped:], self._drop - dropped
-        self.count += len(records)
-        return records
-
-    def position(self) -> dict[str, Any]:
-        return {"type": "count", "count": self.count}
-
-    def restore(self, position: dict[str, Any]) -> None:
-        if position.get("type") == "count":
-            self.count = self._drop = int(position.get("count", 0))
-        else:
-            self._pending_reset = True
-
-
-def _cursor_type() -> type | None:
-    """The run reader's cursor class, when the installed telescope-core has one."""
-    from telescope.recording import run_reader
-
-    found = getattr(run_reader, "StreamCursor", None)
-    return found if isinstance(found, type) else None
-
-
-def open_stream(reader: RunReader, name: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Stream:
-    """The best :class:`Stream` for ``name`` (metrics, rollouts, events, evals) of ``reader``'s run."""
+def open_stream(reader: RunReader, name: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> JsonlStream | ChunkStream:
+    """The stream ``name`` (metrics, rollouts, events, evals) of ``reader``'s run."""
+    if name in ("events", "rollouts"):
+        return ChunkStream(reader, name, max_bytes)
     follower = reader.follow(name)
     path = getattr(follower, "path", None)
-    if isinstance(path, Path) and hasattr(follower, "offset"):
-        return JsonlStream(path, max_bytes)
-    if dataclasses.is_dataclass(getattr(follower, "cursor", None)) or hasattr(follower, "cursor"):
-        return CursorStream(follower)
-    return CountingStream(follower)
+    if not isinstance(path, Path):
+        raise TypeError(f"the run reader's {name} follower has no file path")
+    return JsonlStream(path, max_bytes)

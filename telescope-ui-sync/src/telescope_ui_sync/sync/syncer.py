@@ -26,7 +26,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,22 +35,49 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from telescope.recording.run_reader import RunReader
+from telescope.recording.run_reader import Chunk, RunReader
+from telescope_ui_sync.sync import ingest
 from telescope_ui_sync.sync import records as rec
-from telescope_ui_sync.sync.streams import Stream, TextTail, open_stream
+from telescope_ui_sync.sync.streams import ChunkStream, JsonlStream, TextTail, open_stream
 
 log = logging.getLogger(__name__)
 
 STREAMS: tuple[str, ...] = ("metrics", "rollouts", "events", "evals")
 #: What a stream's rows are deleted from when the stream starts again from its beginning.
 STREAM_TABLES: dict[str, tuple[str, ...]] = {
-    "metrics": ("metrics",),
+    "metrics": ("metrics", "steps"),
     "rollouts": ("rollouts",),
-    "events": ("events", "system_metrics"),
+    "events": ("events", "event_bins", "system_metrics"),
     "evals": ("evals",),
 }
-#: Passes read at most this many chunks of one stream, so one huge run cannot starve the others.
-MAX_CHUNKS_PER_PASS = 1_000_000
+#: A pass reads a stream at most this many times (a run written faster than it is read
+#: cannot keep the pass, and the runs after it, waiting).
+MAX_READS_PER_PASS = 100
+#: Sealed blocks read by one statement (one transaction): at most this many files, this many bytes.
+BATCH_FILES = 64
+BATCH_BYTES = 32 * 1024 * 1024
+
+
+def _batches(chunks: Sequence[Chunk]) -> list[list[Chunk]]:
+    """Consecutive sealed blocks grouped (at most BATCH_FILES files and BATCH_BYTES bytes a group); a tail alone."""
+    batches: list[list[Chunk]] = []
+    size = 0
+    for chunk in chunks:
+        if chunk.path is None:
+            batches.append([chunk])
+            continue
+        try:
+            bytes_ = chunk.path.stat().st_size
+        except FileNotFoundError:
+            bytes_ = 0
+        current = batches[-1] if batches else None
+        if current is None or current[0].path is None or len(current) >= BATCH_FILES or size + bytes_ > BATCH_BYTES:
+            batches.append([chunk])
+            size = bytes_
+        else:
+            current.append(chunk)
+            size += bytes_
+    return batches
 
 
 def run_id_for(path: Path) -> str:
@@ -105,8 +133,8 @@ class RunSyncer:
         self._status_text: str | None = None
         self._has_config = False
         self._missing: bool | None = None
-        self.streams: dict[str, Stream] = {}
-        self.next_seq: dict[str, int] = {}
+        self.streams: dict[str, JsonlStream | ChunkStream] = {}
+        self.next_eval_seq = 0
         self.log_tails: dict[str, TextTail] = {}
         self.log_times: dict[str, float | None] = {}
         self._ensure_run_row()
@@ -130,9 +158,8 @@ class RunSyncer:
             if name in saved:
                 stream.restore(json.loads(saved[name]))
             self.streams[name] = stream
-        for name, table in (("rollouts", "rollouts"), ("events", "events"), ("evals", "evals")):
-            row = self.con.execute(f"SELECT max(seq) FROM {table} WHERE run_id = ?", [self.run_id]).fetchone()
-            self.next_seq[name] = (row[0] + 1) if row and row[0] is not None else 0
+        row = self.con.execute("SELECT max(seq) FROM evals WHERE run_id = ?", [self.run_id]).fetchone()
+        self.next_eval_seq = (row[0] + 1) if row and row[0] is not None else 0
         for key, text in saved.items():
             if key.startswith("log:"):
                 relative = key[4:]
@@ -183,8 +210,7 @@ class RunSyncer:
         self._status_text = status_text
         config = self.reader.config()
         self._has_config = config is not None
-        metadata_reader = getattr(self.reader, "metadata", None)
-        metadata = metadata_reader() if callable(metadata_reader) else None
+        metadata = self.reader.metadata()
         status = status or {}
         number_of_steps = (config or {}).get("number_of_steps")
         self.con.execute(
@@ -209,66 +235,79 @@ class RunSyncer:
 
     def _sync_stream(self, name: str) -> int:
         stream = self.streams[name]
+        try:
+            if isinstance(stream, ChunkStream):
+                return self._sync_blocks(name, stream)
+            return self._sync_jsonl(name, stream)
+        except (OSError, pa.ArrowException, duckdb.IOException) as exc:  # one bad file must not stop the others
+            log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
+            return 0
+
+    def _sync_jsonl(self, name: str, stream: JsonlStream) -> int:
+        """``metrics`` or ``evals``: bounded reads from the saved offset until nothing is new."""
         added = 0
-        for _ in range(MAX_CHUNKS_PER_PASS):
-            try:
-                records = stream.read()
-            except Exception as exc:  # a reader error on one file must not stop the others
-                log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
+        while True:
+            lines = stream.read_lines()
+            if not lines and not stream.reset:
                 return added
-            if not records and not stream.reset:
-                return added
-            self.con.begin()
-            try:
+            with self._transaction():
                 if stream.reset:
-                    for table in STREAM_TABLES[name]:
-                        self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [self.run_id])
-                    self.next_seq[name] = 0
-                added += self._insert(name, records)
+                    self._delete(name)
+                if name == "metrics":
+                    table, records, bad = ingest.metrics_long(self.run_id, lines)
+                    stream.skipped += bad
+                    ingest.replace_steps(self.con, self.run_id, table)
+                else:
+                    evals = stream.parse(lines)
+                    ingest.append(self.con, "evals", rec.eval_columns(self.run_id, self.next_eval_seq, evals))
+                    self.next_eval_seq += len(evals)
+                    records = len(evals)
                 self._save_cursor(name, stream.position())
-                self.con.commit()
-            except BaseException:
-                self.con.rollback()
-                raise
-            if not records:
+            added += records
+            if not lines:
                 return added
+
+    def _sync_blocks(self, name: str, stream: ChunkStream) -> int:
+        """``rollouts`` or ``events``: DuckDB reads the new blocks (a batch of files per statement)."""
+        added = 0
+        for _ in range(MAX_READS_PER_PASS):
+            chunks = stream.read()
+            if stream.reset:
+                with self._transaction():
+                    self._delete(name)
+                    self._save_cursor(name, stream.position())
+            if not chunks:
+                return added
+            for batch in _batches(chunks):
+                with self._transaction():
+                    if batch[0].table is not None:
+                        source = ingest.table_source(self.con, batch[0].table)
+                    else:
+                        source = ingest.parquet_source([(chunk.path, chunk.skip) for chunk in batch if chunk.path])
+                    try:
+                        insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
+                        records = insert(self.con, self.run_id, source, stream.next_seq)
+                    finally:
+                        if batch[0].table is not None:
+                            self.con.unregister(source.sql)
+                    self._save_cursor(name, stream.advance(batch[-1].cursor, records))
+                added += records
         return added
 
-    def _insert(self, name: str, records: Sequence[dict[str, Any]]) -> int:
-        if not records:
-            return 0
-        if name == "metrics":
-            latest: dict[Any, dict[str, Any]] = {}
-            for record in records:  # a resumed run may write a step again: the last one wins
-                latest[record.get("step")] = record
-            table = rec.metrics_columns(self.run_id, latest.values())
-            self._append("metrics", table, replace_steps=True)
-            return len(latest)
-        first = self.next_seq.get(name, 0)
-        self.next_seq[name] = first + len(records)
-        if name == "rollouts":
-            self._append("rollouts", rec.rollout_columns(self.run_id, first, records))
-        elif name == "events":
-            events, system = rec.event_columns(self.run_id, first, records)
-            self._append("events", events)
-            self._append("system_metrics", system)
-        elif name == "evals":
-            self._append("evals", rec.eval_columns(self.run_id, first, records))
-        return len(records)
-
-    def _append(self, table: str, rows: pa.Table, *, replace_steps: bool = False) -> None:
-        if rows.num_rows == 0:
-            return
-        self.con.register("_batch", rows)
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.con.begin()
         try:
-            if replace_steps:
-                self.con.execute(
-                    f"DELETE FROM {table} WHERE run_id = ? AND step IN (SELECT DISTINCT step FROM _batch)",
-                    [self.run_id],
-                )
-            self.con.execute(f"INSERT INTO {table} SELECT * FROM _batch")
-        finally:
-            self.con.unregister("_batch")
+            yield
+            self.con.commit()
+        except BaseException:
+            self.con.rollback()
+            raise
+
+    def _delete(self, name: str) -> None:
+        """Drop what a stream had written (it starts again from its beginning)."""
+        for table in STREAM_TABLES[name]:
+            self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [self.run_id])
 
     def _sync_logs(self) -> int:
         logs_dir = self.run_dir / "logs"
@@ -288,16 +327,11 @@ class RunSyncer:
                 self.run_id, relative, component, first, lines, self.log_times.get(relative)
             )
             self.log_times[relative] = last_time
-            self.con.begin()
-            try:
+            with self._transaction():
                 if tail.reset:
                     self.con.execute("DELETE FROM logs WHERE run_id = ? AND file = ?", [self.run_id, relative])
-                self._append("logs", table)
+                ingest.append(self.con, "logs", table)
                 self._save_cursor(f"log:{relative}", {**tail.position(), "last_time": last_time})
-                self.con.commit()
-            except BaseException:
-                self.con.rollback()
-                raise
             added += len(lines)
         return added
 

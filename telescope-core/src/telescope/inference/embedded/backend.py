@@ -46,7 +46,7 @@ class EmbeddedBackend(InferenceBackend):
 
         context = self.context
         port = context.base_port + worker_index
-        log_file = log_path(run_dir, worker_index, self.name)
+        log_file = log_path(run_dir, worker_index, self.name, console=True)
         cleanup: list[Path] = []
         if run_dir is not None:
             config_file = Path(run_dir) / "logs" / f"inference_{worker_index}_engine.json"
@@ -68,6 +68,8 @@ class EmbeddedBackend(InferenceBackend):
             "--port",
             str(port),
         ]
+        if run_dir is not None:  # the server writes its log records; its console goes to log_file
+            command += ["--log-dir", str(run_dir), "--log-name", f"inference_{worker_index}"]
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         process = spawn(command, env, log_file)

@@ -7,33 +7,48 @@ and get a callback (the HTTP server turns it into an awaited future). Each loop
 iteration is one *step*:
 
 1. drop aborted requests (their sequences leave the batch at once);
-2. admit waiting requests while there are free slots (``max_num_seqs``), in
-   the queue's order (``fcfs`` or ``priority``, see :mod:`.scheduler`): each
-   admitted request is prefilled alone (its ``n`` samples share one prefill;
-   the KV rows are replicated), samples its first token and joins the batch;
-3. one decode step for every running sequence together: each feeds its last
+2. requests whose prefill ended in the previous step join the running batch;
+3. admit waiting requests while there are free slots (``max_num_seqs``: running,
+   joining and prefilling sequences together), in the queue's order (``fcfs`` or
+   ``priority``, see :mod:`.scheduler`), and prefill their prompts together in
+   one forward (a request's ``n`` samples share one prefill; the KV rows are
+   replicated): when a prefill ends, each sample gets its first token and joins
+   the batch at the next step;
+4. one decode step for every running sequence together: each feeds its last
    token, the model extends the shared KV cache by one position;
-4. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
+5. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
    ``max_model_len``) leave the batch; a request completes when all its ``n``
    sequences have.
 
 So new requests join between decode steps (continuous batching) and sequences
 of different lengths decode together.
 
-KV cache layout: one Hugging Face ``DynamicCache`` for the whole batch, rows
-*left-padded* to a common length. Each row keeps its pad count; a step passes
-the attention mask (pads masked out) and explicit position ids (the row's real
-length), so a sequence's logits equal those of running it alone up to float
-rounding. When a row leaves, columns that are padding in every remaining row
-are trimmed. Cost: a step computes attention over the longest row for every
-row (padded batching); a paged, variable-length kernel (vLLM) avoids that.
-Prefill is not chunked: a long prompt stalls the running batch for its prefill.
-Only models whose cache layers are plain ``DynamicLayer`` (full attention) are
-supported; others fail at load with a clear error.
+Token budget (``max_num_batched_tokens``, vLLM's meaning): a step processes at most
+that many tokens, the decode step's one per running sequence plus the prompt
+tokens prefilled. The decode goes first; what is left of the budget goes to
+prefill, and a prompt longer than that is prefilled in chunks over several steps
+(chunked prefill: each chunk extends the request's own KV cache, so its logits
+are those of one whole prefill up to float rounding). ``None`` is no budget: every
+admitted prompt is prefilled whole. Running sequences are capped at the budget
+too (each decodes one token per step). :attr:`Engine.step_log` keeps the tokens
+and running sequences of recent steps.
+
+KV cache and model calls: a :mod:`.runners` runner holds the batch. For dense
+Llama-layout models (Llama, Qwen2, Qwen3, Mistral without sliding window) it is
+the compact forward of :mod:`.compact`: a preallocated cache written in place, one
+forward for all of a step's prompt chunks, fused projections over the model's own
+weights. Other models use Hugging Face's forward and a left-padded
+``DynamicCache`` (``EngineSettings.forward`` chooses). Either way a sequence's
+logits equal those of running it alone up to float rounding; a step computes
+attention over the longest row for every row (padded batching; a paged,
+variable-length kernel, as vLLM's, avoids that). Without a token budget a long
+prompt stalls the running batch for its prefill. Models whose Hugging Face cache
+layers are not plain ``DynamicLayer`` (full attention) fail with a clear error.
 
 Log-probabilities and sampling: see :mod:`.sampling` (those of the distribution
 sampled from: temperature-scaled, then top-p truncated and renormalised; one
-``torch.Generator`` per sequence). A request with ``seed``
+``torch.Generator`` per seeded sequence, one batched draw from the engine's own
+generator for the others). A request with ``seed``
 and ``n > 1`` seeds sample ``i`` with ``seed + i``. Seeded results are the
 same whether the request runs alone or in a batch as long as padding does not
 change its logits' last bits (true in float32 in practice; not guaranteed in
@@ -61,11 +76,11 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from telescope.inference.embedded.records import (
     EngineSettings,
@@ -75,6 +90,7 @@ from telescope.inference.embedded.records import (
     RequestTiming,
     SequenceResult,
 )
+from telescope.inference.embedded.runners import BatchRunner, make_runner
 from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import WaitingQueue
 from telescope.inference.embedded.stats import RequestLatencies
@@ -95,7 +111,6 @@ class _Seq:
         "logprobs",
         "next_token",
         "out",
-        "pad",
         "req",
         "stop_reason",
         "text",
@@ -103,7 +118,7 @@ class _Seq:
         "versions",
     )
 
-    def __init__(self, req: _Request, index: int, gen: torch.Generator) -> None:
+    def __init__(self, req: _Request, index: int, gen: torch.Generator | None) -> None:
         self.req = req
         self.index = index
         self.gen = gen
@@ -115,7 +130,6 @@ class _Seq:
         self.stop_reason: int | str | None = None
         self.text: str | None = None
         self.next_token = -1
-        self.pad = 0
         self.last_token_time = 0.0
 
 
@@ -133,6 +147,21 @@ class _Request:
         self.timing = RequestTiming(queued=time.time())
 
 
+class _Prefill:
+    """A request whose prompt is being prefilled (in chunks when the token budget is smaller)."""
+
+    __slots__ = ("done", "req", "state")
+
+    def __init__(self, req: _Request) -> None:
+        self.req = req
+        self.done = 0  # prompt tokens already fed
+        self.state: Any = None  # the runner's prefill state (its KV cache so far)
+
+
+#: Steps whose token and sequence counts :attr:`Engine.step_log` keeps.
+STEP_LOG_SIZE = 4096
+
+
 class Engine:
     """A model, its tokenizer and the continuous-batching loop (see the module docstring)."""
 
@@ -145,6 +174,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
         self.model: Any = model.to(self.device).eval()  # type: ignore[arg-type]
+        self.runner: BatchRunner = make_runner(self.model, settings.max_model_len, settings.forward)
+        #: draws the sampling noise of unseeded sequences (all of a step's in one call)
+        self.generator = make_generator(settings.seed, self.device)
         eos: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
             if isinstance(source, int):
@@ -157,7 +189,12 @@ class Engine:
         self._queue: WaitingQueue[_Request] = WaitingQueue(settings.scheduling_policy)
         self._requests: dict[str, _Request] = {}
         self._rows: list[_Seq] = []
-        self._cache: Any = None
+        #: requests being prefilled (all but the last finish in the step they start)
+        self._prefilling: list[_Prefill] = []
+        #: prefilled requests' live samples, their prefill state and prompt length: they join at the next step
+        self._joining: list[tuple[list[_Seq], Any, int]] = []
+        #: per recent step: (tokens processed: prompt tokens prefilled + sequences decoded, sequences decoded)
+        self.step_log: deque[tuple[int, int]] = deque(maxlen=STEP_LOG_SIZE)
         self._lock = threading.Lock()  # held for a whole step; weight updates take it between steps
         self._wakeup = threading.Condition()
         self._pause_requests = 0
@@ -170,6 +207,7 @@ class Engine:
             "requests_aborted": 0,
             "weight_updates": 0,
             "steps": 0,
+            "batched_tokens": 0,
         }
         self.latencies = RequestLatencies()  # TTFT and inter-token latency, for /metrics
 
@@ -274,6 +312,7 @@ class Engine:
         received = list(weights)
         with self.paused():
             count = load_named_tensors(self.model, received)
+            self.runner.weights_updated()
             self.policy_version = version
             self.stats["weight_updates"] += 1
         return count
@@ -281,9 +320,10 @@ class Engine:
     # -------------------------------------------------------------------- stats
     def counts(self) -> dict[str, float]:
         with self._wakeup:
-            running = len(self._rows)
+            running = self._occupied()
             waiting = sum(r.params.n for r in self._queue)
             kv_tokens = sum(len(s.req.prompt) + len(s.out) for s in self._rows)
+            kv_tokens += sum(length * len(seqs) for seqs, _, length in self._joining)
         capacity = self.settings.max_num_seqs * self.settings.max_model_len
         return {
             "running": running,
@@ -298,7 +338,7 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._wakeup:
-                    while not self._stopping and (self._pause_requests or (not self._rows and not len(self._queue))):
+                    while not self._stopping and (self._pause_requests or self._idle()):
                         self._wakeup.wait(timeout=0.1)
                     if self._stopping:
                         break
@@ -310,12 +350,28 @@ class Engine:
                     self._fail_all()
         self._fail_all()
 
+    def _idle(self) -> bool:
+        return not self._rows and not len(self._queue) and not self._prefilling and not self._joining
+
+    def _occupied(self) -> int:
+        """Sequences holding a slot: running, joining at the next step, and the one prefilling."""
+        prefilling = sum(p.req.params.n for p in self._prefilling)
+        return len(self._rows) + sum(len(seqs) for seqs, _, _ in self._joining) + prefilling
+
     def _step(self) -> None:
         self._drop_aborted()
-        self._admit()
+        for seqs, cache, length in self._joining:
+            self._merge(seqs, cache, length)
+        self._joining = []
+        decoded = len(self._rows)
+        budget = self.settings.max_num_batched_tokens
+        prefilled = self._admit(None if budget is None else budget - decoded)
+        # logged before the decode: its callbacks then see this step counted
+        self.stats["steps"] += 1
+        self.stats["batched_tokens"] += prefilled + decoded
+        self.step_log.append((prefilled + decoded, decoded))
         if self._rows:
             self._decode()
-        self.stats["steps"] += 1
 
     def _drop_aborted(self) -> None:
         with self._wakeup:
@@ -327,88 +383,100 @@ class Engine:
         for req in aborted:
             self._mark_aborted(req)
             self.stats["requests_aborted"] += 1
+        self._prefilling = [p for p in self._prefilling if not p.req.aborted]
+        self._joining = [entry for entry in self._joining if not entry[0][0].req.aborted]
         self._remove_finished()
         for req in aborted:
             self._complete(req)
 
-    def _admit(self) -> None:
-        while True:
+    def _admit(self, budget: int | None) -> int:
+        """Admit and prefill waiting requests within ``budget`` prompt tokens (None: no limit); returns those fed.
+
+        The carried-over chunked prompt goes first, then newly admitted ones; all of
+        the step's chunks go to the runner in one call. Only the last chunk can stop
+        short of its prompt's end (the budget ran out), so at most one prefill spans
+        several steps.
+        """
+        fed = 0
+        batch: list[tuple[_Prefill, int]] = []
+        for prefill in self._prefilling:
+            if budget is not None and fed >= budget:
+                break
+            left = len(prefill.req.prompt) - prefill.done
+            chunk = left if budget is None else min(left, budget - fed)
+            batch.append((prefill, chunk))
+            fed += chunk
+        while budget is None or fed < budget:
             with self._wakeup:
                 req = self._queue.peek()
-                if req is None or req.params.n > self.settings.max_num_seqs - len(self._rows):
-                    return
+                if req is None or req.params.n > self.settings.max_num_seqs - self._occupied():
+                    break
                 self._queue.pop()
-            self._prefill(req)
+            if not self._start_prefill(req):
+                continue
+            prefill = self._prefilling[-1]
+            chunk = len(req.prompt) if budget is None else min(len(req.prompt), budget - fed)
+            batch.append((prefill, chunk))
+            fed += chunk
+        if batch:
+            self._prefill(batch)
+        return fed
 
-    def _prefill(self, req: _Request) -> None:
+    def _start_prefill(self, req: _Request) -> bool:
+        """Give ``req`` its samples; False when there is nothing to generate (``max_tokens=0``: completed)."""
         params = req.params
-        n = params.n
         req.timing.started = time.time()
-        for i in range(n):
-            seed = params.seed + i if params.seed is not None else self._rng.getrandbits(63)
-            req.seqs.append(_Seq(req, i, make_generator(seed, self.device)))
+        for i in range(params.n):
+            gen = make_generator(params.seed + i, self.device) if params.seed is not None else None
+            req.seqs.append(_Seq(req, i, gen))
         self.stats["prompt_tokens"] += len(req.prompt)
         if params.max_tokens == 0:
             for seq in req.seqs:
                 seq.finish = "length"
             self._complete(req)
-            return
-        ids = torch.tensor([req.prompt], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
-        for layer in cache.layers:
-            if type(layer).__name__ != "DynamicLayer":
-                raise RuntimeError(f"the embedded engine supports full-attention caches only, not {type(layer)}")
-            if n > 1:
-                layer.keys = layer.keys.repeat(n, 1, 1, 1)
-                layer.values = layer.values.repeat(n, 1, 1, 1)
-        logits = out.logits[:, -1].expand(n, -1)
-        self._record(req.seqs, logits)
-        req.timing.first_token = time.time()
-        live = [s for s in req.seqs if s.finish is None]
-        if len(live) < n:
-            keep = torch.tensor([s.index for s in live], device=self.device, dtype=torch.long)
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys[keep], layer.values[keep]
-        if live:
-            self._merge(live, cache, len(req.prompt))
-        if all(s.finish is not None for s in req.seqs):
-            self._complete(req)
+            return False
+        with self._wakeup:
+            self._prefilling.append(_Prefill(req))
+        return True
 
-    def _merge(self, seqs: list[_Seq], cache: Any, length: int) -> None:
-        if self._cache is None:
-            self._cache, self._rows = cache, list(seqs)
-            for s in seqs:
-                s.pad = 0
+    def _prefill(self, batch: list[tuple[_Prefill, int]]) -> None:
+        """Feed each prefill its next chunk; where a prompt ends, sample its samples' first tokens."""
+        chunks = [(p.req.prompt[p.done : p.done + chunk], p.state) for p, chunk in batch]
+        logits, states = self.runner.prefill(chunks)
+        rows: list[int] = []
+        seqs: list[_Seq] = []
+        finished: list[_Prefill] = []
+        for row, ((prefill, chunk), state) in enumerate(zip(batch, states, strict=True)):
+            prefill.state = state
+            prefill.done += chunk
+            if prefill.done == len(prefill.req.prompt):
+                finished.append(prefill)
+                rows.extend([row] * prefill.req.params.n)
+                seqs.extend(prefill.req.seqs)
+        if not finished:
             return
-        cur = self._cache.layers[0].keys.shape[2]
-        total = max(cur, length)
-        for old, new in zip(self._cache.layers, cache.layers, strict=True):
-            ok, ov, nk, nv = old.keys, old.values, new.keys, new.values
-            if cur < total:
-                ok, ov = F.pad(ok, (0, 0, total - cur, 0)), F.pad(ov, (0, 0, total - cur, 0))
-            if length < total:
-                nk, nv = F.pad(nk, (0, 0, total - length, 0)), F.pad(nv, (0, 0, total - length, 0))
-            old.keys, old.values = torch.cat([ok, nk]), torch.cat([ov, nv])
-        for s in self._rows:
-            s.pad += total - cur
-        for s in seqs:
-            s.pad = total - length
+        with self._wakeup:
+            self._prefilling = [p for p in self._prefilling if p.done < len(p.req.prompt)]
+        self._record(seqs, logits if rows == list(range(len(batch))) else logits[rows])
+        now = time.time()
+        for prefill in finished:
+            req = prefill.req
+            req.timing.first_token = now
+            live = [s for s in req.seqs if s.finish is None]
+            if live:
+                with self._wakeup:
+                    self._joining.append((live, prefill.state, len(req.prompt)))
+            else:
+                self._complete(req)
+
+    def _merge(self, seqs: list[_Seq], state: Any, length: int) -> None:
+        self.runner.join(state, len(seqs))
         with self._wakeup:
             self._rows.extend(seqs)
 
     def _decode(self) -> None:
-        rows = self._rows
-        length = self._cache.layers[0].keys.shape[2]
-        pads = torch.tensor([s.pad for s in rows], device=self.device)
-        ids = torch.tensor([[s.next_token] for s in rows], device=self.device)
-        positions = (length - pads).unsqueeze(1)
-        mask = (torch.arange(length + 1, device=self.device).unsqueeze(0) >= pads.unsqueeze(1)).long()
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache, use_cache=True
-        )
-        self._cache = out.past_key_values
-        self._record(rows, out.logits[:, -1])
+        logits = self.runner.decode([s.next_token for s in self._rows])
+        self._record(self._rows, logits)
         self._remove_finished()
 
     def _record(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
@@ -420,6 +488,7 @@ class Engine:
             [s.req.params.top_p for s in seqs],
             [s.gen for s in seqs],
             num_top=num_top,
+            generator=self.generator,
         )
         version = self.policy_version
         self.stats["generation_tokens"] += len(seqs)
@@ -464,21 +533,9 @@ class Engine:
         if len(keep) == len(rows):
             return
         done_requests = {id(s.req): s.req for s in rows if s.finish is not None}
-        if not keep:
-            self._cache = None
-            with self._wakeup:
-                self._rows = []
-        else:
-            index = torch.tensor(keep, device=self.device)
-            remaining = [rows[i] for i in keep]
-            trim = min(s.pad for s in remaining)
-            for layer in self._cache.layers:
-                layer.keys = layer.keys[index, :, trim:]
-                layer.values = layer.values[index, :, trim:]
-            for s in remaining:
-                s.pad -= trim
-            with self._wakeup:
-                self._rows = remaining
+        order = self.runner.keep(keep)
+        with self._wakeup:
+            self._rows = [rows[i] for i in order]
         for req in done_requests.values():
             if all(s.finish is not None for s in req.seqs):
                 self._complete(req)
@@ -520,7 +577,9 @@ class Engine:
         with self._wakeup:
             pending = list(self._requests.values())
             self._rows = []
-            self._cache = None
+            self._prefilling = []
+            self._joining = []
+        self.runner.clear()
         for req in pending:
             with self._wakeup:
                 self._queue.remove(req)
@@ -530,7 +589,7 @@ class Engine:
     @staticmethod
     def _mark_aborted(req: _Request) -> None:
         if not req.seqs:  # still waiting: report n empty samples
-            req.seqs = [_Seq(req, i, torch.Generator()) for i in range(req.params.n)]
+            req.seqs = [_Seq(req, i, None) for i in range(req.params.n)]
         for seq in req.seqs:
             if seq.finish is None:
                 seq.finish = "abort"

@@ -26,26 +26,38 @@ class EngineSettings:
     dtype: str = "float32"
     device: str = "cpu"
     max_num_seqs: int = 64
+    #: tokens one engine step may process (prefill + decode); None = no limit (prompts prefilled whole)
+    max_num_batched_tokens: int | None = None
     max_model_len: int = 4096
     scheduling_policy: SchedulingPolicy = "fcfs"
     seed: int = 0
     served_model_name: str | None = None
     initial_policy_version: int = 0
+    #: the model forward: "auto" (the compact one of :mod:`.compact` where the model is supported, else
+    #: Hugging Face's), "compact" (an error where unsupported) or "hf" (always Hugging Face's)
+    forward: Literal["auto", "compact", "hf"] = "auto"
 
     @classmethod
     def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:
-        """``max_num_seqs`` = the context's concurrent sequences (prompts per server x group size), capped at 256."""
+        """The context's ``max_num_seqs`` and ``max_num_batched_tokens``.
+
+        ``max_num_seqs`` unset: the context's concurrent sequences (prompts per server x
+        group size), capped at 256 and at ``max_num_batched_tokens`` (each running
+        sequence decodes one token per step).
+        """
         from telescope.models.tiny import resolve_model_path
 
         if device is None:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        budget = context.max_num_batched_tokens or 256
         return cls(
             model_path=resolve_model_path(context.model),
             dtype=context.model_dtype,
             device=device,
-            max_num_seqs=max(1, min(256, context.max_concurrent_sequences)),
+            max_num_seqs=context.max_num_seqs or max(1, min(256, context.max_concurrent_sequences, budget)),
+            max_num_batched_tokens=context.max_num_batched_tokens,
             max_model_len=context.max_model_len,
             scheduling_policy=context.scheduling_policy,
             seed=context.seed,

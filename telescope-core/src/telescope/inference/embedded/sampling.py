@@ -34,10 +34,17 @@ too, so engine and trainer agree at any temperature. Greedy tokens are not
 samples of the reported distribution: neither TIS nor the KL metric sees that.
 
 Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``),
-which draws exactly from ``p``. Each row draws its noise from its own
-``torch.Generator``, so a seeded request samples the same tokens whatever else is
-in the batch, as long as its logits are the same (padding in a batch can change
-the last bits of a logit; see the engine's docstring).
+which draws exactly from ``p``. A row with its own ``torch.Generator`` (a seeded
+request) draws its noise from it, so a seeded request samples the same tokens
+whatever else is in the batch, as long as its logits are the same (padding in a
+batch can change the last bits of a logit; see the engine's docstring). Rows
+without one (unseeded requests) share one batched ``torch.multinomial`` draw from
+the ``generator`` argument (exact sampling from ``p`` too, with one uniform per row
+instead of one exponential per vocabulary entry), so a step costs one call for
+them, not one per row.
+
+Per step, with one temperature for every row the logits are divided by a scalar
+(no per-row tensor), and the top-p sort runs only when some row asks for it.
 """
 
 from __future__ import annotations
@@ -98,8 +105,9 @@ def sample(
     logits: torch.Tensor,
     temperatures: list[float],
     top_ps: list[float],
-    generators: list[torch.Generator],
+    generators: list[torch.Generator | None],
     num_top: int = 0,
+    generator: torch.Generator | None = None,
 ) -> SampleOutput:
     """Sample one token per row of ``logits`` ``[B, V]``; report its processed log-probability.
 
@@ -108,12 +116,18 @@ def sample(
     token is drawn from it (argmax when greedy) and its log-probability in it is
     reported. ``num_top`` > 0 also returns the ``num_top`` most likely tokens of
     each row's processed distribution with their log-probabilities (the
-    ``logprobs=k`` option; ``-inf`` for tokens outside the nucleus).
+    ``logprobs=k`` option; ``-inf`` for tokens outside the nucleus). Rows whose
+    entry in ``generators`` is None draw their noise together from ``generator``
+    (torch's default generator when that is None too).
     """
     rows = logits.shape[0]
-    temps = torch.tensor([logprob_temperature(t) for t in temperatures], device=logits.device)
-    logp = torch.log_softmax(logits.float() / temps.unsqueeze(-1), dim=-1)
     greedy = [is_greedy(t) for t in temperatures]
+    scales = [logprob_temperature(t) for t in temperatures]
+    if all(t == scales[0] for t in scales):
+        scaled = logits.float() if scales[0] == 1.0 else logits.float() / scales[0]
+    else:
+        scaled = logits.float() / torch.tensor(scales, device=logits.device).unsqueeze(-1)
+    logp = torch.log_softmax(scaled, dim=-1)
     row_top_p = [1.0 if g else p for g, p in zip(greedy, top_ps, strict=True)]
     if any(p < 1.0 for p in row_top_p):
         top_p = torch.tensor(row_top_p, device=logits.device, dtype=logp.dtype)
@@ -123,10 +137,20 @@ def sample(
         chosen = logp.argmax(dim=-1)
     else:
         probs = logp.exp()
-        noise = torch.empty_like(probs)
-        for i, gen in enumerate(generators):
-            noise[i].exponential_(generator=gen)
-        chosen = (probs / noise).argmax(dim=-1)
+        shared = [i for i, gen in enumerate(generators) if gen is None]
+        if len(shared) == rows:
+            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            noise = torch.empty_like(probs)
+            for i, gen in enumerate(generators):
+                if gen is not None:
+                    noise[i].exponential_(generator=gen)
+                else:
+                    noise[i] = 1.0
+            chosen = (probs / noise).argmax(dim=-1)
+            if shared:
+                index = torch.tensor(shared, device=logits.device)
+                chosen[index] = torch.multinomial(probs[index], 1, generator=generator).squeeze(-1)
         if any(greedy):
             mask = torch.tensor(greedy, device=logits.device)
             chosen = torch.where(mask, logp.argmax(dim=-1), chosen)

@@ -342,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument("--log-dir", default=None, help="run directory: log records go to its logs/ folder")
+    parser.add_argument("--log-name", default="inference", help="the log files' name under logs/")
     args = parser.parse_args(argv)
     import uvicorn
 
@@ -350,7 +352,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.device is not None:
         settings.device = args.device
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_dir is not None:
+        from telescope.recording.run_logs import capture_process_logs
+
+        capture_process_logs(args.log_dir, args.log_name, tee_streams=False)
     engine = Engine(settings).start()
+    log.info("embedded engine serving %s on %s:%d (%s)", settings.model_path, args.host, args.port, settings.device)
     try:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
     finally:

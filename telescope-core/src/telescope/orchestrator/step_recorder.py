@@ -3,7 +3,9 @@
 Per step, :class:`StepRecorder` merges the trainer's metrics (rank-averaged by the
 backend), the rollout metrics of the trained groups (reward, advantage, sample
 metrics, Gini coefficients, token lengths, stop reasons), the discarded and
-canceled counts by reason, timings and run totals, then writes them to the run
+canceled counts by reason, timeouts by kind (``timeouts/{reward,environment_step,inference_request}/count``),
+groups re-dispatched because their server failed (``infra/groups_redispatched``), timings and run totals
+(with the services' fault counters), then writes them to the run
 store (``metrics.jsonl``, and every trained rollout to ``rollouts/``) and to
 each enabled logger (the run store is one :class:`Sink` beside the loggers), to the
 ``telescope_step_end`` hook, and to the progress bar.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from telescope.api.logger import Logger
 from telescope.api.records import TrainingBatch
+from telescope.orchestrator.deadlines import timeout_metrics
 from telescope.orchestrator.scheduler import ReadyGroup, SchedulerStats
 from telescope.recording.progress import StepProgress
 from telescope.recording.rollout_metrics import rollout_step_metrics
@@ -88,13 +91,17 @@ class StepRecorder:
         metrics: dict[str, float] = dict(outcome.trainer_metrics)
         advantages = [s.advantage for s in outcome.batch.samples]
         metrics.update(rollout_step_metrics(groups, self.reward_ranges, advantages))
-        stats.discards.add_trained(len(rollouts))
+        filtered = [r for r in rollouts if r.filtered]
+        stats.discards.add_filtered(filtered)
+        stats.discards.add_trained(len(rollouts) - len(filtered))
         metrics.update(stats.discards.metrics())
         metrics.update(outcome.timing)
         metrics.update(
             {
                 "errors/reward_or_environment/count": float(len(stats.errored_rollouts)),
                 "errors/failed_groups/count": float(stats.failed_groups),
+                **timeout_metrics(r.error for r in stats.errored_rollouts),
+                "infra/groups_redispatched": float(stats.groups_redispatched),
                 "policy/version": float(policy_version),
                 "policy/staleness/mean": sum(staleness) / max(len(staleness), 1),
                 "policy/staleness/max": float(max(staleness, default=0)),

@@ -1,0 +1,311 @@
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel`` with tensor parallelism, data parallel over the rest.
+
+One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
+CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
+with ``megatron_tensor_parallel_size``; the remaining ranks are data parallel),
+builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
+loads the Hugging Face weights into this rank's shards
+(:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
+
+The training step is the FSDP backend's, shared through its parallelism hooks
+(:class:`~telescope.trainer.fsdp.FSDPBackend`): the same packing, dealing of
+sequences to *data-parallel* ranks, global loss normalisation, algorithm calls,
+metrics and timeline records. So for the same batch the loss and the update equal
+the FSDP backend's up to float32 rounding. What differs:
+
+- the logits come from :func:`~telescope_megatron.model.packed_logits` (attention
+  kept inside each packed sample by an explicit mask);
+- gradients are averaged over data-parallel ranks (in float32 with
+  ``megatron_grad_reduce_in_fp32``) before clipping, and the gradient norm sums
+  tensor-parallel shards once and replicated weights (the norms) once;
+- ``megatron_gradient_checkpointing`` recomputes each layer in the backward
+  (megatron-core's full, uniform recomputation);
+- ``named_weights`` gathers one weight at a time over the tensor-parallel group and
+  yields Hugging Face names in the Hugging Face model's order (a layer at most is
+  held back), so the weight transport sees exactly what the FSDP backend sends;
+- checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
+  so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
+  rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
+  needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
+  any layout).
+
+Limits: no pipeline, context, sequence or expert parallelism; the optimizer is
+torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
+every rank loads the full Hugging Face model once at set-up before keeping its
+shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from telescope.trainer import checkpoint as ckpt
+from telescope.trainer.distributed import barrier, destroy_process_group, init_process_group, resolve_device
+from telescope.trainer.fsdp import DTYPES, FSDPBackend
+from telescope.trainer.microbatch import MicroBatch
+from telescope.trainer.schedule import build_lr_scheduler
+from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
+from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
+from telescope_megatron.plugin import MegatronSettings, inactive_settings
+
+if TYPE_CHECKING:
+    from telescope.api.algorithm import Algorithm
+    from telescope.api.context import TrainerContext
+
+log = logging.getLogger(__name__)
+
+
+class MegatronBackend(FSDPBackend):
+    """megatron-core GPT model, tensor parallel x data parallel, CPU (gloo) or CUDA (NCCL)."""
+
+    name = "megatron"
+
+    def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: MegatronSettings | None = None) -> None:
+        super().__init__(context, algorithm, None)
+        self.settings = settings
+        self.megatron = settings or MegatronSettings()
+        self.global_rank = 0
+        self.global_world_size = 1
+        self.tp_rank = 0
+        self.tp_size = 1
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self, rank: int = 0, world_size: int = 1, device: str | None = None) -> None:
+        """Join the process group, build the tensor-parallel model from the HF weights, AdamW, the schedule."""
+        from megatron.core import parallel_state
+        from transformers import AutoConfig
+
+        from telescope.models.tiny import resolve_model_path
+
+        tp = self.megatron.megatron_tensor_parallel_size
+        if world_size % tp:
+            raise ValueError(f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp})")
+        self.global_rank, self.global_world_size = rank, world_size
+        self.device = resolve_device(device, rank)
+        self._owns_process_group = init_process_group(rank, world_size, self.device)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.tp_rank, self.tp_size = dist.get_rank(self.tp_group), tp
+        self.rank, self.world_size = dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
+        inactive = inactive_settings(self.megatron, self.world_size)
+        if inactive and self.global_rank == 0:
+            log.warning("%s: on, but not built yet in telescope-megatron (no effect)", ", ".join(inactive))
+        torch.manual_seed(self.context.seed)
+
+        self.model_path = resolve_model_path(self.context.model)
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.shape = ModelShape.from_hf(self.hf_config)
+        self._check_divisible(tp)
+        config = transformer_config(
+            self.hf_config,
+            tensor_parallel_size=tp,
+            recompute=self.megatron.megatron_gradient_checkpointing,
+            params_dtype=DTYPES[self.context.model_dtype],
+            use_cpu_initialization=self.device.type == "cpu",
+        )
+        self.model = build_model(self.hf_config, config).to(self.device)
+        self._params = dict(self.model.named_parameters())
+        self.hf_order = self._hf_parameter_order()
+        self._load_hf_state(self._read_hf_state(self.model_path))
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.context.learning_rate, weight_decay=self.context.weight_decay, foreach=True
+        )
+        self.scheduler = build_lr_scheduler(
+            self.optimizer,
+            self.context.lr_scheduler,
+            self.context.warmup_steps,
+            self.context.number_of_steps,
+            self.context.min_lr_ratio,
+        )
+        pad = self.hf_config.pad_token_id if self.hf_config.pad_token_id is not None else self.hf_config.eos_token_id
+        self.pad_token_id = int(pad if isinstance(pad, int) else 0)
+
+    def _check_divisible(self, tp: int) -> None:
+        s = self.shape
+        sizes = {"num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_query_groups,
+                 "vocab_size": s.vocab_size}  # fmt: skip
+        bad = [f"{k} ({v})" for k, v in sizes.items() if v % tp]
+        if bad:
+            raise ValueError(
+                f"{self.model_path}: {', '.join(bad)} not divisible by megatron_tensor_parallel_size ({tp}); "
+                "choose a tensor-parallel size that divides them"
+            )
+
+    def _hf_parameter_order(self) -> list[str]:
+        """The Hugging Face model's parameter names in its own order (built on the meta device: no memory)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            reference = AutoModelForCausalLM.from_config(self.hf_config)
+        return [name for name, _ in reference.named_parameters()]
+
+    def _read_hf_state(self, folder: str | Path) -> dict[str, torch.Tensor]:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[self.context.model_dtype])
+        return dict(model.state_dict())
+
+    @torch.no_grad()
+    def _load_hf_state(self, hf_state: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face weights into this rank's shards."""
+        full = hf_to_megatron(hf_state, self.shape)
+        for name, param in self._params.items():
+            param.copy_(shard(name, full[name], self.tp_rank, self.tp_size))
+
+    # ------------------------------------------------------ parallelism hooks
+
+    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        return packed_logits(self.model, mb.input_ids, mb.position_ids, self.shape.padding_idx)
+
+    def _set_gradient_sync(self, enabled: bool) -> None:
+        """Nothing to switch: gradients are reduced once per optimizer step in :meth:`_clip_and_step`."""
+
+    def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
+        """Sum over the data-parallel ranks (tensor-parallel ranks hold the same values)."""
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(tensor, group=self.dp_group)
+        return tensor.tolist()
+
+    def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
+        """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite."""
+        named = [(n, p) for n, p in self._params.items() if p.grad is not None]
+        if self.world_size > 1:
+            for _, param in named:
+                assert param.grad is not None
+                grad = param.grad
+                wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
+                dist.all_reduce(wide, group=self.dp_group)
+                grad.copy_(wide / self.world_size)
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for name, param in named:
+            if partition_dim(name) is not None or self.tp_rank == 0:  # replicated weights counted once
+                assert param.grad is not None
+                squares += param.grad.detach().float().pow(2).sum()
+        if self.tp_size > 1:
+            dist.all_reduce(squares, group=self.tp_group)
+        total = squares.sqrt()
+        coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
+        for _, param in named:
+            assert param.grad is not None
+            param.grad.mul_(coefficient.to(param.grad.dtype))
+        norm = float(total)
+        if math.isfinite(norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --------------------------------------------------------------- weights
+
+    def _full_tensor(self, name: str) -> torch.Tensor:
+        """The full megatron tensor ``name`` (all-gathered over the tensor-parallel group when split)."""
+        local = self._params[name].detach()
+        if self.tp_size == 1 or partition_dim(name) is None:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+        dist.all_gather(parts, local.contiguous(), group=self.tp_group)
+        return unshard(name, parts)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights in Hugging Face names and order, one weight gathered at a time. Collective."""
+        yield from stream_hf_weights(list(self._params), self._full_tensor, self.shape, self.hf_order)
+
+    # ----------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
+        """Hugging Face weights + config (+ tokenizer), and per-rank optimizer shards. Collective."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        is_main = self.global_rank == 0
+        weights = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
+        with ckpt.atomic_directory(path, is_main=is_main) as tmp:
+            if is_main:
+                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                self.hf_config.save_pretrained(tmp)
+                self._save_tokenizer(tmp)
+                if training_state:
+                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                    (tmp / "rng").mkdir()
+                    (tmp / "optimizer").mkdir()
+            barrier()
+            if training_state:
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
+                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
+            barrier()
+            if is_main:
+                meta = {
+                    "format": ckpt.FORMAT,
+                    "backend": self.name,
+                    "step": self.step,
+                    "training_state": training_state,
+                    "world_size": self.global_world_size,
+                    "megatron_tensor_parallel_size": self.tp_size,
+                    "model": self.context.model,
+                    "model_dtype": self.context.model_dtype,
+                }
+                (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore weights (any layout), and optimizer/scheduler/RNG/step (same layout only). Collective."""
+        from safetensors.torch import load_file
+
+        folder = ckpt.resolve_checkpoint(Path(path))
+        meta = ckpt.read_meta(folder)
+        hf_state: dict[str, torch.Tensor] = load_file(str(folder / "model.safetensors"))
+        if self.shape.tied_embeddings:
+            hf_state.setdefault("lm_head.weight", hf_state["model.embed_tokens.weight"])
+        self._load_hf_state({k: v.to(self.device) for k, v in hf_state.items()})
+        shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
+        if meta.get("training_state") and shard_file.exists():
+            layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"))
+            if layout != (self.global_world_size, self.tp_size):
+                raise ValueError(
+                    f"{folder}: its optimizer state was saved with world_size {layout[0]} and "
+                    f"megatron_tensor_parallel_size {layout[1]}; this run has {self.global_world_size} and "
+                    f"{self.tp_size}. Resume with the same layout, or resume the weights only "
+                    "(a checkpoint saved with checkpoint_save_training_state: false)"
+                )
+            self.optimizer.load_state_dict(torch.load(shard_file, map_location=self.device, weights_only=False))
+            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{self.global_rank}.pt", weights_only=False))
+        self.step = int(meta["step"])
+        barrier()
+        return meta
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Full gradients in Hugging Face names (collective); zeros where none accumulated."""
+        grads = {}
+        for name, param in self._params.items():
+            grads[name] = param.grad.detach() if param.grad is not None else torch.zeros_like(param)
+
+        def full(name: str) -> torch.Tensor:
+            local = grads[name]
+            if self.tp_size == 1 or partition_dim(name) is None:
+                return local
+            parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+            dist.all_gather(parts, local.contiguous(), group=self.tp_group)
+            return unshard(name, parts)
+
+        return {n: t.float().cpu().clone() for n, t in stream_hf_weights(list(grads), full, self.shape, self.hf_order)}
+
+    def close(self) -> None:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if self._owns_process_group:
+            destroy_process_group()
+            self._owns_process_group = False
+        self.model = None

@@ -1,0 +1,248 @@
+"""A megatron-core ``GPTModel`` built from a Hugging Face config, and its packed forward.
+
+Supported families: the dense decoder-only models the project uses, Llama
+(``llama``), Qwen2/Qwen2.5 (``qwen2``, also the tiny models of
+:mod:`telescope.models.tiny`) and Qwen3 (``qwen3``). :func:`transformer_config`
+maps their config onto a megatron-core :class:`TransformerConfig`: RMSNorm, SwiGLU
+(``gated_linear_unit`` + SiLU), grouped-query attention (``num_query_groups``), RoPE
+with the model's base, bias on q/k/v for Qwen2 (and Llama's ``attention_bias``),
+q/k RMSNorm for Qwen3, explicit ``head_dim`` (``kv_channels``), tied embeddings.
+Anything the mapping cannot represent exactly (sliding-window attention, MoE, RoPE
+scaling other than none) is refused with an error naming the field.
+
+The layers come from megatron-core's *local* layer spec (no Transformer Engine), so
+the same model runs on the CPU (with :mod:`telescope_megatron.cpu_patches`) and on a
+GPU; dropout is 0 as in the HF models.
+
+Packed sequences: several samples share one row, with ``position_ids`` restarting
+at 0 for each (the layout of :mod:`telescope.trainer.packing`). megatron-core's
+packed (THD) attention needs Transformer Engine or flash attention, so
+:func:`packed_logits` instead builds a block-diagonal causal mask from the
+position ids (a token attends to earlier tokens of its own sample only) and RoPE
+angles indexed by each token's own position, then runs the model's embedding,
+decoder and output layer. The mask is ``S x S`` booleans per micro-batch: fine at
+the CPU and test sizes; long GPU sequences want the THD path (not built yet).
+
+The vocabulary-parallel logits are gathered (:class:`_GatherVocabulary`), so every
+tensor-parallel rank holds the full logits and the loss is computed exactly as the
+FSDP backend computes it (at the cost of ``S x V`` logits per rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The Hugging Face config describes something this backend cannot build exactly."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes the weight conversion needs (read from the Hugging Face config)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    qkv_bias: bool
+    qk_norm: bool
+    tied_embeddings: bool
+    #: the HF embedding's ``padding_idx`` (``pad_token_id``): its row gets no gradient from the lookup
+    padding_idx: int | None = None
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> ModelShape:
+        check_supported(hf_config)
+        heads = int(hf_config.num_attention_heads)
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        model_type = hf_config.model_type
+        return cls(
+            num_layers=int(hf_config.num_hidden_layers),
+            hidden_size=int(hf_config.hidden_size),
+            num_attention_heads=heads,
+            num_query_groups=int(getattr(hf_config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            vocab_size=int(hf_config.vocab_size),
+            qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            padding_idx=getattr(hf_config, "pad_token_id", None),
+        )
+
+
+def rope_theta(hf_config: Any) -> float:
+    """The RoPE base: ``rope_theta`` (transformers 4) or ``rope_parameters["rope_theta"]`` (v5)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta if theta is not None else getattr(hf_config, "rope_theta", 10000.0))
+
+
+def check_supported(hf_config: Any) -> None:
+    """Raise :class:`UnsupportedModelError` naming what the megatron backend cannot build exactly."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported by the megatron backend "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use train_backend: fsdp"
+        )
+    if getattr(hf_config, "use_sliding_window", False):
+        raise UnsupportedModelError("use_sliding_window=true (sliding-window attention) is not supported")
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+    if rope_type not in ("default", None):
+        raise UnsupportedModelError(f"rope scaling {rope_type!r} is not supported (only plain RoPE)")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
+    if getattr(hf_config, "mlp_bias", False):
+        raise UnsupportedModelError("mlp_bias=true is not supported")
+
+
+def transformer_config(
+    hf_config: Any,
+    *,
+    tensor_parallel_size: int = 1,
+    recompute: bool = False,
+    params_dtype: torch.dtype = torch.float32,
+    use_cpu_initialization: bool = True,
+) -> TransformerConfig:
+    """The megatron-core :class:`TransformerConfig` of a Hugging Face config (see the module doc)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    shape = ModelShape.from_hf(hf_config)
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=int(hf_config.intermediate_size),
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf_config.rms_norm_eps),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        apply_rope_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tensor_parallel_size,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=False,  # the weights are loaded from the Hugging Face model
+    )
+
+
+def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
+    """A ``GPTModel`` (local layer spec, RoPE, full-vocabulary logits) for ``hf_config``."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from telescope_megatron.cpu_patches import apply_cpu_patches
+
+    apply_cpu_patches()
+    shape = ModelShape.from_hf(hf_config)
+    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=shape.vocab_size,
+        max_sequence_length=int(hf_config.max_position_embeddings),
+        parallel_output=True,  # vocabulary shards; packed_logits gathers them
+        share_embeddings_and_output_weights=shape.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(rope_theta(hf_config)),
+    )
+
+
+def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[1, 1, S, S]`` booleans, True where attention is *masked*: other samples and the future.
+
+    A sample starts wherever the position id is 0 (:mod:`telescope.trainer.packing`).
+    """
+    segments = torch.cumsum((position_ids[0] == 0).long(), dim=0)
+    n = segments.numel()
+    causal = torch.ones(n, n, dtype=torch.bool, device=position_ids.device).tril()
+    same = segments[:, None] == segments[None, :]
+    return ~(causal & same)[None, None]
+
+
+def rotary_angles(model: GPTModel, position_ids: torch.Tensor) -> torch.Tensor:
+    """RoPE angles ``[S, 1, 1, dim]`` at each token's own position (megatron's non-interleaved layout).
+
+    Computed here rather than by ``model.rotary_pos_emb``, which numbers positions
+    ``0..S-1`` (one sample per row) and moves its buffer to CUDA.
+    """
+    inv_freq = model.rotary_pos_emb.inv_freq.to(position_ids.device)
+    freqs = position_ids[0].to(inv_freq.dtype)[:, None] * inv_freq[None, :]
+    return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+
+def packed_logits(
+    model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor, padding_idx: int | None = None
+) -> torch.Tensor:
+    """Full-vocabulary logits ``[S, V]`` of one packed row ``[1, S]`` (attention kept inside each sample).
+
+    ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
+    models, the lookups of that token pass no gradient to its embedding row (a tied
+    output layer still does), so training updates the same weights as the HF model.
+    """
+    embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
+    if padding_idx is not None:
+        frozen = (input_ids[0] == padding_idx)[:, None, None]
+        embedded = torch.where(frozen, embedded.detach(), embedded)
+    rotary = rotary_angles(model, position_ids)
+    hidden = model.decoder(
+        hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
+    )
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP]
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    if torch.distributed.get_world_size(group) > 1:
+        logits = _GatherVocabulary.apply(logits, group)
+    return logits[:, 0, :]  # [S, 1, V] -> [S, V]
+
+
+class _GatherVocabulary(torch.autograd.Function):
+    """All-gather vocabulary-parallel logits along the last dimension; backward keeps this rank's slice.
+
+    Every tensor-parallel rank computes the same loss from the same full logits, so
+    each rank's slice of the gradient is already the whole gradient of its shard.
+    (megatron-core's own gather allocates its output on CUDA.)
+    """
+
+    @staticmethod
+    def forward(ctx: Any, shard: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.rank, ctx.size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+        parts = [torch.empty_like(shard) for _ in range(ctx.size)]
+        torch.distributed.all_gather(parts, shard.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None

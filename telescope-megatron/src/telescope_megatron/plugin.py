@@ -1,0 +1,153 @@
+"""Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
+
+All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
+config validates unchanged. Three are implemented: tensor parallelism, activation
+recomputation and the float32 gradient reduction. Of the others (not built yet):
+
+- those that would change what is computed or where (pipeline, context and expert
+  parallelism, a global batch size of its own, optimizer offload and its options,
+  the unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer
+  Engine, FP8) are accepted
+  at the value this backend implements (the upstream default) and any other value
+  is a validation error naming the field (:data:`REFUSED_UNLESS`);
+- those that only save memory or overlap communication (sequence parallelism, the
+  distributed optimizer, gradient-reduce overlap) are accepted and have no effect
+  yet; the backend logs
+  one warning naming those that are on where they would matter
+  (:func:`inactive_settings`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from telescope.api.settings import PluginSettings, SettingsProblem
+from telescope.hookspecs import hookimpl
+from telescope.plugins.registry import Registrar
+
+if TYPE_CHECKING:
+    from telescope.config.schema import TelescopeConfig
+
+
+class MegatronSettings(PluginSettings):
+    """The fields only the ``megatron`` backend reads."""
+
+    section = "megatron"
+
+    megatron_tensor_parallel_size: int = Field(
+        1, ge=1, description="Tensor parallelism degree (trainer_num_workers must be a multiple of it)"
+    )
+    megatron_gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass")
+    megatron_grad_reduce_in_fp32: bool = Field(
+        True, description="All-reduce gradients over data-parallel ranks in float32 (for bf16/fp16 models)"
+    )
+
+    # -- upstream fields not built yet (see the module docstring)
+    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree (1 only, for now)")
+    megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree (1 only, for now)")
+    megatron_expert_parallel_size: int = Field(
+        1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
+    )
+    megatron_global_batch_size: int | None = Field(
+        None, ge=1, description="Global batch size; null = prompts_batch_size_for_trainer (null only, for now)"
+    )
+    megatron_disable_unified_memory_jit: bool = Field(True, description="Disable unified memory JIT (true only)")
+    megatron_optimizer_cpu_offload: bool = Field(False, description="Offload optimizer states to CPU (false only)")
+    megatron_optimizer_offload_fraction: float = Field(
+        1.0, ge=0, le=1, description="Fraction of optimizer state to offload (with megatron_optimizer_cpu_offload)"
+    )
+    megatron_overlap_cpu_optimizer_d2h_h2d: bool = Field(
+        True, description="Overlap CPU optimizer D2H/H2D transfers (with offload, not built: true only)"
+    )
+    megatron_use_precision_aware_optimizer: bool = Field(
+        False, description="Use the precision-aware optimizer (false only, for now)"
+    )
+    megatron_main_grads_dtype: str = Field("float32", description="Data type for main gradients (float32 only)")
+    megatron_main_params_dtype: str = Field("float32", description="Data type for main parameters (float32 only)")
+    megatron_exp_avg_dtype: str = Field("float32", description="Data type for Adam's first moment (float32 only)")
+    megatron_exp_avg_sq_dtype: str = Field("float32", description="Data type for Adam's second moment (float32 only)")
+    megatron_sequence_parallel: bool = Field(
+        True, description="Shard the sequence dimension in LayerNorm/dropout with TP > 1 (no effect yet)"
+    )
+    megatron_use_distributed_optimizer: bool = Field(
+        True, description="Shard optimizer states across data-parallel ranks (no effect yet)"
+    )
+    megatron_overlap_grad_reduce: bool = Field(
+        False, description="Overlap the gradient all-reduce with the backward pass (no effect yet)"
+    )
+    megatron_use_transformer_engine: bool = Field(
+        False, description="Use the Transformer Engine layer spec (false only, for now)"
+    )
+    megatron_fp8: bool = Field(False, description="FP8 compute, needs Transformer Engine (false only, for now)")
+
+    @classmethod
+    def config_problems(cls, config: TelescopeConfig) -> list[str]:
+        if config.train_backend != "megatron":
+            return []
+        settings = config.settings(cls)
+        problems: list[str] = []
+        tp = settings.megatron_tensor_parallel_size
+        if config.trainer_num_workers % tp:
+            problems.append(
+                SettingsProblem(
+                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of "
+                    f"megatron_tensor_parallel_size ({tp})",
+                    fields=("megatron_tensor_parallel_size", "trainer_num_workers"),
+                )
+            )
+        for name, supported in REFUSED_UNLESS.items():
+            value = getattr(settings, name)
+            if value != supported:
+                problems.append(
+                    SettingsProblem(
+                        f"{name}={value!r}: telescope-megatron does not build this yet; "
+                        f"set it to {supported!r} (or leave it out)",
+                        fields=(name,),
+                    )
+                )
+        return problems
+
+
+#: Fields that would change what is computed, with the only value built so far.
+REFUSED_UNLESS: dict[str, object] = {
+    "megatron_pipeline_parallel_size": 1,
+    "megatron_context_parallel_size": 1,
+    "megatron_expert_parallel_size": 1,
+    "megatron_global_batch_size": None,
+    "megatron_optimizer_cpu_offload": False,
+    "megatron_optimizer_offload_fraction": 1.0,  # offload is not built: its options keep their defaults
+    "megatron_overlap_cpu_optimizer_d2h_h2d": True,
+    "megatron_disable_unified_memory_jit": True,  # the backend never enables the unified-memory JIT
+    "megatron_use_precision_aware_optimizer": False,
+    "megatron_main_grads_dtype": "float32",
+    "megatron_main_params_dtype": "float32",
+    "megatron_exp_avg_dtype": "float32",
+    "megatron_exp_avg_sq_dtype": "float32",
+    "megatron_use_transformer_engine": False,
+    "megatron_fp8": False,
+}
+
+
+def inactive_settings(settings: MegatronSettings, data_parallel_size: int) -> list[str]:
+    """The memory/overlap options that are on where they would matter, and have no effect yet."""
+    tp = settings.megatron_tensor_parallel_size
+    inactive = []
+    if settings.megatron_sequence_parallel and tp > 1:
+        inactive.append("megatron_sequence_parallel")
+    if settings.megatron_use_distributed_optimizer and data_parallel_size > 1:
+        inactive.append("megatron_use_distributed_optimizer")
+    if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:
+        inactive.append("megatron_overlap_grad_reduce")
+    return inactive
+
+
+@hookimpl
+def telescope_register_trainer_backends(register: Registrar) -> None:
+    register(
+        "megatron",
+        "telescope_megatron.backend:MegatronBackend",
+        settings=MegatronSettings,
+        install_hint="pip install telescope-megatron",
+    )

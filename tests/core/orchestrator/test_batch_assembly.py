@@ -1,0 +1,194 @@
+"""Batch assembly: ``first_finished`` takes the first groups to finish; ``deterministic`` waits for its own.
+
+The scheduler is driven the way the Orchestrator drives it (next batch, then the
+new policy version) over a fake generation service whose completion times are
+long-tailed (Pareto, seeded by each request's seed) and whose stragglers can be
+made to hang until released, so every assertion is about what happened, not how
+fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.models.tiny import PRESETS, build_tokenizer
+from telescope.orchestrator.assembly import build_prompt_source, build_slots
+from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
+from telescope.plugins.registry import PluginKind, Registrar, Registry
+from telescope.recording import events
+
+from .fakes import ParityEnvironment, loop_config, plugins_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatRenderer:
+    return ChatRenderer(build_tokenizer(PRESETS["test"]))
+
+
+class LongTailed:
+    """Generation with Pareto-distributed delays; a request whose seed draws below ``hang`` waits for ``release``."""
+
+    def __init__(self, scale_s: float = 0.002, cap_s: float = 0.3, hang: float = 0.0) -> None:
+        self.scale_s, self.cap_s, self.hang = scale_s, cap_s, hang
+        self.version = 0
+        self.release = asyncio.Event()
+        self.cancelled: list[int] = []
+
+    async def __call__(self, server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int) -> Any:
+        rng = random.Random(seed)
+        started = self.version
+        try:
+            if rng.random() < self.hang:
+                await self.release.wait()
+            else:
+                await asyncio.sleep(min(self.scale_s * rng.paretovariate(1.2), self.cap_s))
+        except asyncio.CancelledError:
+            self.cancelled.append(seed)
+            raise
+        tokens = [rng.randrange(30, 120) for _ in range(rng.randint(1, 6))] + [2]
+        return Generation(tokens, [-1.0] * len(tokens), "stop", started, self.version)
+
+
+def make_scheduler(tmp_path: Path, renderer: ChatRenderer, fake: LongTailed, **overrides: Any) -> RolloutScheduler:
+    registry = Registry()
+    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", ParityEnvironment)
+    Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
+    values = {"advantage_norm": "group", "discard_group_zero_advantage": False, "group_size": 2,
+              "max_concurrent_prompts_per_server": 64, **overrides}  # fmt: skip
+    config = loop_config(tmp_path, **values)
+    prompts = build_prompt_source(config, build_slots(config, plugins_for(registry)), renderer)
+    return RolloutScheduler(config, prompts, renderer, fake, [0, 1], status_interval_s=1.0)
+
+
+async def drive(scheduler: RolloutScheduler, fake: LongTailed, steps: int) -> list[tuple[int, list[ReadyGroup]]]:
+    """The Orchestrator's use: each step's batch, then the next policy version."""
+    batches = []
+    for step in range(steps):
+        batches.append((step, await scheduler.next_batch(step)))
+        fake.version = step + 1
+        await scheduler.set_policy_version(step + 1)
+    return batches
+
+
+def test_first_finished_takes_the_first_groups_to_finish_and_skips_stragglers(
+    tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    fake = LongTailed(hang=0.15)
+    completed: list[int] = []
+    unsubscribe = events.subscribe(
+        lambda e: completed.append(e["group_id"]) if e["kind"] == "orchestrator.group_completed" else None
+    )
+
+    async def scenario() -> tuple[list[ReadyGroup], list[int]]:
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2)
+        scheduler.start()
+        try:
+            batch = await asyncio.wait_for(scheduler.next_batch(0), 60)  # stragglers hang: only completions count
+            return batch, sorted(scheduler._in_flight)
+        finally:
+            await scheduler.close()
+
+    try:
+        batch, in_flight = asyncio.run(scenario())
+    finally:
+        unsubscribe()
+    ids = [g.scheduled.group_id for g in batch if g.scheduled is not None]
+    assert len(ids) == 3
+    assert ids == completed[:3]  # the first three to finish, in finishing order
+    assert in_flight and in_flight[0] < max(ids)  # an earlier-dispatched straggler was overtaken, not waited for
+
+
+def test_deterministic_mode_waits_for_the_groups_bound_to_its_step(tmp_path: Path, renderer: ChatRenderer) -> None:
+    fake = LongTailed(hang=0.15)
+
+    async def scenario() -> tuple[bool, list[ReadyGroup]]:
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2, batch_assembly="deterministic")
+        scheduler.start()
+        try:
+            waiting = asyncio.ensure_future(scheduler.next_batch(0))
+            done, _ = await asyncio.wait({waiting}, timeout=1.0)
+            blocked = not done
+            fake.release.set()  # the stragglers finish; now step 0's own groups are complete
+            return blocked, await asyncio.wait_for(waiting, 60)
+        finally:
+            await scheduler.close()
+
+    blocked, batch = asyncio.run(scenario())
+    assert blocked, "a straggler bound to step 0 holds its batch"
+    assert [g.target_step for g in batch] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("mode", ["first_finished", "deterministic"])
+def test_no_group_is_used_twice_or_lost_and_staleness_is_bounded(
+    tmp_path: Path, renderer: ChatRenderer, mode: str
+) -> None:
+    fake = LongTailed(scale_s=0.003, cap_s=0.4)
+    steps = 8
+
+    async def scenario() -> tuple[list[tuple[int, list[ReadyGroup]]], RolloutScheduler, int, int]:
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2, batch_assembly=mode)
+        scheduler.start()
+        batches = await drive(scheduler, fake, steps)
+        stats = scheduler.take_stats()
+        # stop dispatching, then count what is left before close cancels it
+        scheduler._closed = True
+        left = len(scheduler._in_flight) + len(scheduler._pool) + sum(len(v) for v in scheduler._ready.values())
+        await scheduler.close()
+        return batches, scheduler, stats.groups_dispatched, left + stats.discarded_groups + stats.failed_groups
+
+    batches, scheduler, dispatched, not_trained = asyncio.run(scenario())
+    draws = [g.item.draw for _, batch in batches for g in batch]
+    assert all(len(batch) == 3 for _, batch in batches)
+    assert len(draws) == len(set(draws)), "a group was trained twice"
+    assert len(draws) + not_trained == dispatched, "a group was lost"
+    assert set(draws) <= scheduler._settled
+    lags = [step - g.dispatch_version for step, batch in batches for g in batch]
+    assert max(lags) <= 2  # max_async_rollout
+    staleness = [step - r.oldest_policy_version for step, batch in batches for g in batch for r in g.group.rollouts]
+    assert max(staleness) <= 8  # max_off_policy_steps
+
+
+def test_stragglers_are_cancelled_and_counted_at_the_default_settings(tmp_path: Path, renderer: ChatRenderer) -> None:
+    """max_async_rollout 2, max_off_policy_steps 8: a hanging group is cancelled once 9 versions old."""
+    fake = LongTailed(hang=0.05)
+
+    async def scenario() -> tuple[int, int, list[int]]:
+        # the shipped defaults (loop_config itself is synchronous): first_finished, 2, 8
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2)
+        fields = type(scheduler.config).model_fields
+        assert fields["max_async_rollout"].default == 2 and fields["max_off_policy_steps"].default == 8
+        assert fields["batch_assembly"].default == "first_finished"
+        assert scheduler.config.max_off_policy_steps == 8 and scheduler.first_finished
+        scheduler.start()
+        canceled = 0
+        for step in range(12):
+            await asyncio.wait_for(scheduler.next_batch(step), 60)
+            fake.version = step + 1
+            await scheduler.set_policy_version(step + 1)
+            canceled += scheduler.take_stats().canceled_rollouts
+
+        def stale() -> list[int]:
+            return [g.dispatch_version for g in scheduler._in_flight.values() if g.dispatch_version < 12 - 8]
+
+        for _ in range(500):  # a cancelled group leaves once its task has run its handler
+            if not stale():
+                break
+            await asyncio.sleep(0.01)
+        stale_in_flight = stale()
+        canceled += scheduler.take_stats().canceled_rollouts
+        await scheduler.close()
+        return canceled, len(fake.cancelled), stale_in_flight
+
+    canceled, requests_cancelled, stale_in_flight = asyncio.run(scenario())
+    assert canceled > 0 and canceled % 2 == 0  # whole groups (group_size 2), counted per rollout
+    assert requests_cancelled >= 1  # the hanging requests themselves were cancelled (the client aborts them)
+    assert stale_in_flight == []

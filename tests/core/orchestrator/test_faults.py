@@ -1,0 +1,441 @@
+"""Faults the loop survives or reports, over fake services (no Ray, no model).
+
+- a reward function or an environment step that hangs is timed out, counted per step, and the run goes on;
+- a request to a server that does not answer times out; one to a dead server is re-dispatched;
+- a server that dies mid-run loses no group and trains none twice (its groups run elsewhere);
+- a trainer failure restarts the trainer group from the last checkpoint (or fails, saying how to resume);
+- a crash in the middle of a checkpoint save leaves the previous checkpoint usable: the run resumes from it;
+- a run whose groups are all zero-advantage stops after a bound and says why;
+- the watchdog names what is stuck (a server, the trainer, an environment call, a sandbox command) in
+  status.json and fails the run.
+
+The same code paths with Ray, real servers and real trainer ranks: tests/e2e/test_faults_on_ray.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope.api.environment import MultiTurnEnvironment, RolloutState
+from telescope.api.records import Message, RewardResult, Sample, TrainingBatch
+from telescope.models.tiny import PRESETS, build_tokenizer
+from telescope.orchestrator.assembly import build_orchestrator
+from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.deadlines import OperationTimeout, running_calls, timeout_kind
+from telescope.orchestrator.orchestrator import TrainerLost
+from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
+from telescope.orchestrator.scheduler import NoLearningSignal
+from telescope.orchestrator.services import SamplingSettings, ServerPool, TrainerFailure
+from telescope.orchestrator.watchdog import StuckError
+from telescope.plugins.registry import PluginKind, Registrar, Registry
+from telescope.recording import events
+from telescope.recording.run_reader import RunReader
+from telescope.recording.run_store import RunStore
+from telescope.trainer import checkpoint as trainer_ckpt
+
+from .fakes import FakeServices, ParityEnvironment, loop_config, plugins_for
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Released at the end of the module, so that the threads of hung calls end too.
+RELEASE = threading.Event()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_hung_calls() -> Iterator[None]:
+    yield
+    RELEASE.set()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer(PRESETS["test"])
+
+
+class HangingParity(ParityEnvironment):
+    """Parity, but compute_reward hangs (until the module ends) for completions of a length divisible by 4."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        if len(completion) % 4 == 0:
+            RELEASE.wait()
+        return super().compute_reward(completion, sample, eos_token)
+
+
+class ConstantReward(ParityEnvironment):
+    """Every completion gets reward 1: every group is zero-advantage."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return RewardResult(total_reward=1.0)
+
+
+def registry_with(environment: type) -> Registry:
+    registry = Registry()
+    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", environment)
+    Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
+    return registry
+
+
+def run_loop(
+    tmp_path: Path, tokenizer: Any, services: FakeServices, environment: type = ParityEnvironment, **overrides: Any
+) -> RunReader:
+    overrides.setdefault("advantage_norm", "group")
+    config = loop_config(tmp_path, **overrides)
+    services.checkpoint_root = Path(config.run_dir or "") / "checkpoints"
+    store = RunStore(Path(config.run_dir or ""))
+    stop_capture = store.capture_events()
+    run = build_orchestrator(
+        config, services, services, plugins=plugins_for(registry_with(environment)), tokenizer=tokenizer, store=store
+    )
+    try:
+        asyncio.run(run.run())
+    finally:
+        run.prompts.close()
+        stop_capture()
+        store.close()
+    return RunReader(Path(config.run_dir or ""))
+
+
+def total(reader: RunReader, key: str) -> float:
+    return sum(float(m.get(key, 0.0)) for m in reader.metrics())
+
+
+# ------------------------------------------------------------------ hangs
+
+
+def test_a_hanging_reward_is_timed_out_counted_and_the_run_goes_on(tmp_path: Path, tokenizer: Any) -> None:
+    started = time.monotonic()
+    reader = run_loop(tmp_path, tokenizer, FakeServices(), HangingParity, reward_timeout_s=0.3, number_of_steps=3)
+    assert [m["step"] for m in reader.metrics()] == [0, 1, 2]
+    assert total(reader, "timeouts/reward/count") > 0
+    assert all(m["timeouts/environment_step/count"] == 0 for m in reader.metrics())
+    hung = [r for r in reader.rollouts() if len(r["completion"]) % 4 == 0]
+    assert hung == []  # a timed-out rollout is errored: it is never trained
+    assert time.monotonic() - started < 60
+
+
+class HangingGame(MultiTurnEnvironment):
+    """A multi-turn game whose second reply never comes."""
+
+    name = "hanging_game"
+    max_turns = 3
+
+    def load_dataset(self) -> list[Sample]:
+        return [Sample(prompt="start", sample_id="0")]
+
+    def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
+        if state.turn >= 2:
+            RELEASE.wait()
+        return [{"role": "user", "content": f"again {state.turn}"}]
+
+    def compute_reward(self, messages: list[Message], sample: Sample, state: RolloutState) -> RewardResult:
+        return RewardResult(total_reward=float(state.turn))
+
+
+def test_a_hanging_environment_step_is_timed_out(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    env = HangingGame()
+    sample = env.load_dataset()[0]
+    messages = env.format_prompt(sample)
+
+    async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
+        ids = [*renderer.encode("hello"), renderer.eos_token_id or 0]
+        return Generation(ids, [-0.5] * len(ids), "stop", 0, 0)
+
+    limits = RolloutLimits(max_tokens=16, max_model_len=512, environment_step_timeout_s=0.2)
+    started = time.monotonic()
+    rollout = asyncio.run(
+        run_rollout(env, sample, messages, renderer.prompt_ids(messages), renderer=renderer, generate=generate,
+                    policy_version=lambda: 0, limits=limits)
+    )  # fmt: skip
+    assert time.monotonic() - started < 5
+    assert timeout_kind(rollout.error) == "environment_step", rollout.error
+    assert "env_response of sample '0'" in (rollout.error or "")
+    assert len(rollout.turns) == 2 and rollout.reward is not None and rollout.reward.total_reward == 0.0
+    assert any(c.kind == "environment_step" for c in running_calls())  # abandoned, still listed while it runs
+
+
+async def _silent_server() -> tuple[asyncio.AbstractServer, int]:
+    """A TCP server that reads requests and never answers."""
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_a_request_that_gets_no_answer_times_out_and_a_dead_server_is_unavailable() -> None:
+    from telescope.inference.client import InferenceClient
+
+    async def scenario() -> None:
+        server, port = await _silent_server()
+        silent = InferenceClient(f"http://127.0.0.1:{port}", read_timeout=0.3, server_index=0)
+        dead = InferenceClient("http://127.0.0.1:9", read_timeout=0.3, server_index=1, max_retries=1)
+        pool = ServerPool([silent, dead], "fcfs")
+        failed: list[int] = []
+        pool.on_failure = failed.append
+        sampling = SamplingSettings(1.0, None)
+        started = time.monotonic()
+        with pytest.raises(OperationTimeout) as timed_out:
+            await pool.generate(0, [1, 2, 3], 4, seed=0, priority=0, sampling=sampling)
+        assert time.monotonic() - started < 5
+        assert timed_out.value.kind == "inference_request" and "inference server 0" in str(timed_out.value)
+        with pytest.raises(ServerUnavailable):
+            await pool.generate(1, [1, 2, 3], 4, seed=0, priority=0, sampling=sampling)
+        assert failed == [1]
+        pool.set_unavailable(0, "restarting")
+        with pytest.raises(ServerUnavailable, match="restarting"):
+            await pool.generate(0, [1, 2, 3], 4, seed=0, priority=0, sampling=sampling)
+        await pool.aclose()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+# ----------------------------------------------------------- dead servers
+
+
+class DyingServer(FakeServices):
+    """Server 1 dies after a few requests, is 'restarted' (unavailable) for a while, then serves again."""
+
+    def __init__(self) -> None:
+        super().__init__(servers=2, delay_s=0.02)
+        self.down_from = 12  # the request count at which server 1 dies
+        self.down_until: float | None = None
+        self.dead_requests = 0
+
+    def is_available(self, server: int) -> bool:
+        return not (server == 1 and self.down_until is not None and time.monotonic() < self.down_until)
+
+    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+        if server == 1 and len(self.requests) >= self.down_from and self.down_until is None:
+            self.down_until = time.monotonic() + 0.5
+        if server == 1 and self.down_until is not None and time.monotonic() < self.down_until:
+            self.dead_requests += 1
+            await asyncio.sleep(0.01)
+            raise ServerUnavailable(1, "ConnectError: All connection attempts failed")
+        return await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
+
+
+def test_the_groups_of_a_dead_server_run_elsewhere_none_lost_none_trained_twice(tmp_path: Path, tokenizer: Any) -> None:
+    services = DyingServer()
+    reader = run_loop(tmp_path, tokenizer, services, number_of_steps=6, max_async_rollout=1)
+    assert services.dead_requests > 0
+    metrics = reader.metrics()
+    assert [m["step"] for m in metrics] == list(range(6))
+    assert total(reader, "infra/groups_redispatched") > 0
+    events = reader.events()
+    redispatched = {e["group_id"] for e in events if e["kind"] == "orchestrator.group_redispatched"}
+    assert redispatched and all(e["server"] == 1 for e in events if e["kind"] == "orchestrator.group_redispatched")
+    # every dispatched group ends once: trained, discarded or canceled; a re-dispatched one too
+    dispatched = {e["group_id"] for e in events if e["kind"] == "orchestrator.group_dispatched"}
+    ends = [e["group_id"] for e in events if e["kind"] in (
+        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    assert sorted(ends) == sorted(dispatched)
+    assert redispatched <= {e["group_id"] for e in events if e["kind"] == "orchestrator.group_completed"} | set(
+        e["group_id"] for e in events if e["kind"] in ("orchestrator.group_discarded", "orchestrator.group_canceled")
+    )
+    # no prompt trained twice: 6 steps x 3 groups x 4 rollouts, 18 distinct prompts
+    prompts = [r["sample_id"] for r in reader.rollouts()]
+    assert len(prompts) == 6 * 3 * 4 and len(set(prompts)) == 6 * 3
+
+
+# -------------------------------------------------------- trainer failures
+
+
+class FailingTrainer(FakeServices):
+    """train_step raises TrainerFailure once, at ``fail_at``; restart_trainer counts restarts."""
+
+    def __init__(self, fail_at: int, restartable: bool = True) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.failed = False
+        self.restarts = 0
+        if not restartable:
+            self.restart_trainer = None  # type: ignore[assignment]
+
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        if batch.step == self.fail_at and not self.failed:
+            self.failed = True
+            raise TrainerFailure("trainer rank 0 died", RuntimeError("ActorDiedError"))
+        return await super().train_step(batch)
+
+    async def restart_trainer(self) -> None:
+        self.restarts += 1
+
+    def fault_metrics(self) -> dict[str, float]:
+        return {"infra/server_restarts": 0.0}
+
+
+def test_a_trainer_failure_restarts_from_the_last_checkpoint(tmp_path: Path, tokenizer: Any) -> None:
+    straight = run_loop(tmp_path / "straight", tokenizer, FakeServices(), number_of_steps=6)
+    services = FailingTrainer(fail_at=4)
+    reader = run_loop(tmp_path / "failing", tokenizer, services, number_of_steps=6, checkpoint_every=2)
+    assert services.restarts == 1
+    # steps 0-3 trained, the failure at 4, then 4-5 again from checkpoint 4: the same prompts as a straight run
+    assert [b.step for b in services.batches] == [0, 1, 2, 3, 4, 5]
+    assert services.pushed[-3:] == [4, 5, 6]
+
+    def prompts(run: RunReader) -> dict[int, list[str]]:
+        by_step: dict[int, list[str]] = {}
+        for record in run.rollouts():
+            by_step.setdefault(record["step"], []).append(record["sample_id"])
+        return {step: sorted(ids) for step, ids in by_step.items()}
+
+    assert prompts(reader) == prompts(straight)
+    metrics = reader.metrics()
+    assert metrics[-1]["infra/trainer_restarts"] == 1.0 and "infra/server_restarts" in metrics[-1]
+    restart = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
+    assert len(restart) == 1 and restart[0]["checkpoint"].endswith("step_00000004")
+
+
+def test_a_trainer_failure_without_a_checkpoint_fails_the_run_saying_why(tmp_path: Path, tokenizer: Any) -> None:
+    with pytest.raises(TrainerLost, match="checkpoints are off") as lost:
+        run_loop(tmp_path, tokenizer, FailingTrainer(fail_at=1), number_of_steps=4)
+    assert lost.value.checkpoint is None
+    with pytest.raises(TrainerLost, match="trainer_max_restarts: 0") as exhausted:
+        run_loop(tmp_path / "b", tokenizer, FailingTrainer(fail_at=3), number_of_steps=4, checkpoint_every=2,
+                 trainer_max_restarts=0)  # fmt: skip
+    assert exhausted.value.checkpoint is not None and exhausted.value.checkpoint.name == "step_00000002"
+
+
+# ------------------------------------------------------ checkpoint crashes
+
+
+class CrashingSave(FakeServices):
+    """Saving checkpoint ``crash_at`` fails halfway through writing its folder (a full disk, a killed rank)."""
+
+    crash_at = 4
+
+    async def save_checkpoint(self, step: int) -> None:
+        if step != self.crash_at:
+            return await super().save_checkpoint(step)
+        assert self.checkpoint_root is not None
+
+        class HalfWriting:
+            def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
+                with trainer_ckpt.atomic_directory(path, is_main=True) as tmp:
+                    (tmp / "model.safetensors").write_bytes(b"the first bytes of the weights")
+                    raise OSError(28, "No space left on device")
+
+        trainer_ckpt.TrainerCheckpoints(self.checkpoint_root, every=1).save(HalfWriting(), step)  # type: ignore[arg-type]
+
+
+def test_a_crash_during_a_checkpoint_save_leaves_the_previous_one_usable(tmp_path: Path, tokenizer: Any) -> None:
+    with pytest.raises(OSError, match="No space left"):
+        run_loop(tmp_path, tokenizer, CrashingSave(), number_of_steps=6, checkpoint_every=2)
+    root = tmp_path / "run" / "checkpoints"
+    assert trainer_ckpt.latest_checkpoint(root) == root / "step_00000002"
+    assert (root / trainer_ckpt.LATEST).read_text().strip() == "step_00000002"
+    assert not (root / "step_00000004").exists() and (root / ".step_00000004.tmp").exists()
+    # the run resumes from the previous checkpoint and completes; the next save replaces the leftover
+    services = FakeServices()
+    reader = run_loop(tmp_path, tokenizer, services, number_of_steps=6, checkpoint_every=2, resume_from_checkpoint=True)
+    assert [b.step for b in services.batches] == [2, 3, 4, 5]
+    assert trainer_ckpt.latest_checkpoint(root) == root / "step_00000006"
+    assert not any(p.name.endswith(".tmp") for p in root.iterdir())
+    assert reader.status()["status"] != "failed"
+
+
+# --------------------------------------------------- no batch, no progress
+
+
+def test_a_run_whose_groups_are_all_zero_advantage_stops_and_says_why(tmp_path: Path, tokenizer: Any) -> None:
+    started = time.monotonic()
+    with pytest.raises(NoLearningSignal) as stopped:
+        run_loop(tmp_path, tokenizer, FakeServices(), ConstantReward, max_consecutive_zero_advantage_batches=2)
+    assert time.monotonic() - started < 30
+    message = str(stopped.value)
+    assert "the last 6 groups" in message and "zero-advantage" in message and "reward: 1" in message
+    assert "max_consecutive_zero_advantage_batches" in message
+
+
+class HangingServer(FakeServices):
+    """Server 1 never answers (its requests hang) from the start."""
+
+    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+        if server == 1:
+            await asyncio.sleep(3600)
+        return await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
+
+
+def status(reader: RunReader) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((reader.run_dir / "status.json").read_text())
+    return data
+
+
+def test_the_watchdog_names_a_server_that_does_not_answer(tmp_path: Path, tokenizer: Any) -> None:
+    services = HangingServer(servers=2)
+
+    async def probe() -> list[dict[str, Any]]:
+        return [{"component": "inference_server", "server": 0, "ok": True, "detail": "server 0 answers"},
+                {"component": "inference_server", "server": 1, "ok": False, "url": "http://fake:1",
+                 "detail": "inference server 1 (http://fake:1) does not answer /health"}]  # fmt: skip
+
+    services.probe = probe  # type: ignore[attr-defined]
+    started = time.monotonic()
+    with pytest.raises(StuckError) as stuck:
+        run_loop(tmp_path, tokenizer, services, watchdog_timeout_s=1.0)
+    assert time.monotonic() - started < 20
+    assert "nothing progressed for" in str(stuck.value) and "inference server 1" in str(stuck.value)
+    assert "waiting for the groups of step" in str(stuck.value)
+    recorded = status(RunReader(tmp_path / "run"))["stuck"]
+    assert recorded["component"] == "inference_server" and recorded["server"] == 1
+
+
+def test_the_watchdog_names_in_flight_groups_without_probes(tmp_path: Path, tokenizer: Any) -> None:
+    with pytest.raises(StuckError, match=r"inference server 1: \d+ group\(s\) in flight"):
+        run_loop(tmp_path, tokenizer, HangingServer(servers=2), watchdog_timeout_s=1.0)
+
+
+class HangingTrainer(FakeServices):
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        if batch.step == 1:
+            await asyncio.sleep(3600)
+        return await super().train_step(batch)
+
+
+def test_the_watchdog_names_the_trainer(tmp_path: Path, tokenizer: Any) -> None:
+    with pytest.raises(StuckError, match="the trainer ranks have not finished training step 1"):
+        run_loop(tmp_path, tokenizer, HangingTrainer(), watchdog_timeout_s=1.0)
+    assert status(RunReader(tmp_path / "run"))["stuck"]["component"] == "trainer"
+
+
+def test_the_watchdog_names_an_environment_call_with_no_limit(tmp_path: Path, tokenizer: Any) -> None:
+    with pytest.raises(StuckError, match=r"stuck: compute_reward of sample 'q\d+' \(parity\) has not returned"):
+        run_loop(tmp_path, tokenizer, FakeServices(), HangingParity, reward_timeout_s=None, watchdog_timeout_s=1.0,
+                 max_concurrent_prompts_per_server=1)  # fmt: skip
+    stuck = status(RunReader(tmp_path / "run"))["stuck"]
+    assert stuck["component"] == "environment" and "group_id" in stuck and "sample_id" in stuck
+
+
+class HangingSandbox(ParityEnvironment):
+    """Parity whose reward runs a sandbox command that never returns (for one sample)."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        if sample.sample_id == "q5":
+            with events.timed("sandbox.execute", component="sandbox", provider="local", sandbox_id="sbx-7",
+                              command="python solution.py"):  # fmt: skip
+                RELEASE.wait()
+        return super().compute_reward(completion, sample, eos_token)
+
+
+def test_the_watchdog_names_a_sandbox_command_that_does_not_return(tmp_path: Path, tokenizer: Any) -> None:
+    # 40 steps x 3 groups: q5 is drawn within the first epoch of the 40 prompts, and its reward never returns
+    with pytest.raises(StuckError, match=r"stuck: sandbox sbx-7 \(local\): sandbox.execute has not returned") as stuck:
+        run_loop(tmp_path, tokenizer, FakeServices(), HangingSandbox, reward_timeout_s=None, watchdog_timeout_s=1.0,
+                 number_of_steps=40)  # fmt: skip
+    assert "command 'python solution.py'" in str(stuck.value) and "compute_reward of sample 'q5'" in str(stuck.value)
+    recorded = status(RunReader(tmp_path / "run"))["stuck"]
+    assert recorded["component"] == "sandbox" and recorded["sandbox_id"] == "sbx-7" and recorded["sample_id"] == "q5"

@@ -1,0 +1,254 @@
+"""Faults a real run survives, on the CPU: `telescope run` of the quick start in a subprocess, then a fault.
+
+- SIGTERM to the whole process group (as schedulers send it) stops the run within seconds, status
+  "interrupted", exit code 130, no process left;
+- an inference server killed with SIGKILL is noticed within seconds, restarted on its placement with
+  the current weights, its groups re-dispatched; the run completes, no prompt trained twice;
+- a trainer rank killed with SIGKILL: the trainer group restarts from the last checkpoint and the run
+  completes; without a checkpoint the run fails cleanly and prints the command that starts it again;
+- a reward function that hangs for some completions is timed out, counted, and the run completes;
+- a trainer rank that stops answering (SIGSTOP) is named by the watchdog in status.json and the run fails.
+
+The orchestration logic of each (with fakes, in seconds): tests/core/orchestrator/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from telescope.recording.run_reader import RunReader
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
+FAST = [
+    "--warm_start_steps", "20", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
+    "--discard_group_zero_advantage", "false", "--evals", "[]",
+]  # fmt: skip
+
+#: An installed plugin (entry point): countdown whose reward hangs for completions of an odd length.
+HANGING_REWARD_PLUGIN = """
+import threading
+from telescope import hookimpl
+from telescope_envs.countdown import CountdownEnvironment
+
+class HangingCountdown(CountdownEnvironment):
+    def compute_reward(self, completion, sample, eos_token=""):
+        if len(completion) % 2:
+            threading.Event().wait()  # forever
+        return super().compute_reward(completion, sample, eos_token)
+
+@hookimpl
+def telescope_register_environments(register):
+    register("hanging_countdown", HangingCountdown)
+"""
+
+
+def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`telescope run` of the quick start in its own process group (a session), as a scheduler starts it."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines", **(env or {})}
+    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+               "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+
+
+def wait_for_steps(process: subprocess.Popen[str], run_dir: Path, steps: int, timeout: float = 480) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and metrics.read_text().count("\n") >= steps):
+        if process.poll() is not None:
+            _, err = process.communicate()
+            raise AssertionError(f"the run ended before step {steps}:\n{err[-3000:]}")
+        assert time.monotonic() < deadline, f"step {steps} was not reached in time"
+        time.sleep(0.2)
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 480) -> str:
+    try:
+        _, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+        raise AssertionError(f"the run did not end in time:\n{err[-3000:]}") from None
+    return err
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and "pytest" not in cmdline:
+                found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def pid_of(run_dir: Path, marker: str) -> int:
+    """The process whose command line holds ``marker`` and this run's directory."""
+    for line in processes_mentioning(str(run_dir)):
+        if marker in line:
+            return int(line.split(":", 1)[0])
+    raise AssertionError(f"no process {marker} of {run_dir}")
+
+
+def status(run_dir: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((run_dir / "status.json").read_text())
+    return data
+
+
+def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "200", "--inference_base_port", "8251")
+    wait_for_steps(process, run_dir, 2)
+    signalled = time.monotonic()
+    os.killpg(process.pid, signal.SIGTERM)  # the driver, Ray's GCS, raylet and workers all get it
+    err = finish(process, timeout=120)
+    took = time.monotonic() - signalled
+    assert process.returncode == 130, err[-3000:]
+    assert took < 30, f"the run took {took:.0f} s to stop"
+    assert "interrupted" in err
+    final = status(run_dir)
+    assert final["status"] == "interrupted" and final["end_time"] and "SIGTERM" in str(final["error"])
+    time.sleep(2)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "6", "--inference_base_port", "8253")
+    wait_for_steps(process, run_dir, 2)
+    server = pid_of(run_dir, "telescope.inference.embedded.server")
+    killed_at = time.time()
+    os.kill(server, signal.SIGKILL)
+    err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    reader = RunReader(run_dir)
+    assert reader.status()["status"] == "completed"
+    metrics = reader.metrics()
+    assert [m["step"] for m in metrics] == list(range(6))
+    assert metrics[-1]["infra/server_restarts"] == 1.0
+    events = reader.events()
+    [restart] = [e for e in events if e["kind"] == "inference.server_restart"]
+    assert restart["server"] == 0 and restart["reason"] == "its process exited"
+    assert restart["start"] - killed_at < 10, "the dead server was not noticed within seconds"
+    # the restarted server got the current weights before it served again (within the restart), then every later one
+    loads = [e for e in events if e["kind"] == "weights.load" and e["server"] == 0]
+    pushed_before = max(int(e["version"]) for e in loads if e["start"] < killed_at)
+    restart_end = restart["start"] + restart["duration_s"]
+    resynced = [e for e in loads if restart["start"] <= e["start"] <= restart_end]
+    assert resynced and int(resynced[-1]["version"]) >= pushed_before
+    assert max(int(e["version"]) for e in loads) == 6
+    # its groups ran again elsewhere (here: on it, once back); no prompt lost or trained twice
+    dispatched = {e["group_id"] for e in events if e["kind"] == "orchestrator.group_dispatched"}
+    ends = [e["group_id"] for e in events if e["kind"] in (
+        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    assert sorted(ends) == sorted(dispatched)
+    trained = [r["sample_id"] for r in reader.rollouts()]
+    assert len(trained) == 6 * 4 * 4 and len(set(trained)) == 6 * 4
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_a_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "6", "--checkpoint_every", "2", "--inference_base_port", "8255")
+    wait_for_steps(process, run_dir, 3)
+    os.kill(_trainer_pid(run_dir), signal.SIGKILL)
+    err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    assert "restarting the trainer group from step_0000000" in err
+    reader = RunReader(run_dir)
+    assert reader.status()["status"] == "completed"
+    metrics = reader.metrics()
+    assert metrics[-1]["infra/trainer_restarts"] == 1.0
+    assert {m["step"] for m in metrics} == set(range(6))
+    [restart] = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
+    assert "died" in restart["error"]
+    assert (run_dir / "checkpoints" / "step_00000006" / "meta.json").exists()
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def _trainer_pid(run_dir: Path) -> int:
+    """Rank 0's process, from the line its log starts with ("trainer rank 0 of 1: backend fsdp (pid N)")."""
+    text = (run_dir / "logs" / "trainer_0.log").read_text()
+    line = [line for line in text.splitlines() if "trainer rank 0 of" in line][-1]
+    return int(line.rsplit("(pid ", 1)[1].rstrip(")"))
+
+
+def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_start_again(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(run_dir, "--number_of_steps", "50", "--inference_base_port", "8257")
+    wait_for_steps(process, run_dir, 1)
+    os.kill(_trainer_pid(run_dir), signal.SIGKILL)
+    err = finish(process, timeout=120)
+    assert process.returncode == 1, err[-3000:]
+    assert "trainer rank 0 died" in err and "checkpoints are off (checkpoint_every: 0)" in err
+    assert f"To start the run again: telescope run {QUICK_START}" in err and f"--run_dir {run_dir}" in err
+    assert "Traceback" not in err
+    final = status(run_dir)
+    assert final["status"] == "failed" and "trainer rank 0 died" in str(final["error"])
+    time.sleep(2)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = telescope(
+        run_dir, "--number_of_steps", "50", "--watchdog_timeout_s", "15", "--inference_base_port", "8261"
+    )
+    wait_for_steps(process, run_dir, 1)
+    rank = _trainer_pid(run_dir)
+    os.kill(rank, signal.SIGSTOP)  # alive, but answers nothing: a hang no timeout of its own ends
+    try:
+        err = finish(process, timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGCONT)
+    assert process.returncode == 1, err[-3000:]
+    assert "StuckError: nothing progressed for" in err and "stuck: trainer rank 0 does not answer" in err
+    final = status(run_dir)
+    assert final["status"] == "failed" and "trainer rank 0 does not answer" in str(final["error"])
+    stuck = final["stuck"]
+    assert isinstance(stuck, dict) and stuck["component"] == "trainer_rank" and stuck["rank"] == 0
+    assert any(f.get("component") == "inference_server" and f["ok"] for f in stuck["findings"])
+    assert "The orchestrator was training step" in str(final["error"])
+    time.sleep(2)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hanging_reward_plugin.py").write_text(HANGING_REWARD_PLUGIN, encoding="utf-8")
+    info = site / "hanging_reward_plugin-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hanging-reward-plugin\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[telescope]\nhanging_reward_plugin = hanging_reward_plugin\n")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    run_dir = tmp_path / "run"
+    environments = ('[{name: hanging_countdown, kwargs: {dataset_name: generated, num_samples: 2000, num_numbers: 2,'
+                    ' max_number: 9, seed: 0, prompt_style: compact}}]')  # fmt: skip
+    process = telescope(
+        run_dir, "--number_of_steps", "3", "--environments", environments, "--reward_timeout_s", "1",
+        "--inference_base_port", "8259", env=env,
+    )  # fmt: skip
+    err = finish(process)
+    assert process.returncode == 0, err[-3000:]
+    metrics = RunReader(run_dir).metrics()
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert sum(m["timeouts/reward/count"] for m in metrics) > 0
+    assert all(len(r["completion"]) % 2 == 0 for r in RunReader(run_dir).rollouts())

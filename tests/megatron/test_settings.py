@@ -1,0 +1,83 @@
+"""The megatron_* settings: owned by telescope-megatron, validated at load time, reaching the backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from telescope.config.composition import composed_schema
+from telescope.testing.trainer import tiny_trainer_config
+
+
+def test_the_package_registers_the_backend_and_its_fields() -> None:
+    from telescope_megatron.backend import MegatronBackend
+
+    from telescope.plugins.facade import get_plugins
+
+    assert get_plugins().trainer_backend("megatron") is MegatronBackend
+    fields = composed_schema().model.model_fields
+    assert {"megatron_tensor_parallel_size", "megatron_gradient_checkpointing", "megatron_grad_reduce_in_fp32"} <= set(
+        fields
+    )
+
+
+def test_settings_reach_the_backend(tiny_model: Path) -> None:
+    from telescope.plugins.facade import get_plugins
+
+    config = tiny_trainer_config(tiny_model, train_backend="megatron", megatron_tensor_parallel_size=2,
+                                 trainer_num_workers=4, megatron_grad_reduce_in_fp32=False)  # fmt: skip
+    plugins = get_plugins()
+    backend = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
+    assert backend.megatron.megatron_tensor_parallel_size == 2  # type: ignore[attr-defined]
+    assert backend.megatron.megatron_grad_reduce_in_fp32 is False  # type: ignore[attr-defined]
+
+
+def test_workers_must_be_a_multiple_of_the_tensor_parallel_size(tiny_model: Path) -> None:
+    def problems(**overrides: object) -> list[str]:
+        config = tiny_trainer_config(tiny_model, megatron_tensor_parallel_size=2, trainer_num_workers=3, **overrides)
+        return [message for message, _ in composed_schema().settings_problems(config)]
+
+    assert problems(train_backend="megatron") == [
+        "trainer_num_workers (3) must be a multiple of megatron_tensor_parallel_size (2)"
+    ]
+    assert problems(train_backend="fsdp") == []  # the rule is the megatron backend's
+
+
+def test_a_world_size_that_tensor_parallelism_does_not_divide_is_refused(tiny_model: Path) -> None:
+    from telescope_megatron.backend import MegatronBackend
+    from telescope_megatron.plugin import MegatronSettings
+
+    from telescope.api.context import TrainerContext
+
+    settings = MegatronSettings(megatron_tensor_parallel_size=3)
+    backend = MegatronBackend(TrainerContext(model=str(tiny_model)), None, settings)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"world size 1 is not a multiple of megatron_tensor_parallel_size \(3\)"):
+        backend.setup(0, 1, "cpu")
+
+
+def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_model: Path) -> None:
+    def problems(**overrides: object) -> list[str]:
+        config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
+        return [message for message, _ in composed_schema().settings_problems(config)]
+
+    assert problems() == []  # the upstream defaults validate
+    assert problems(megatron_pipeline_parallel_size=2) == [
+        "megatron_pipeline_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
+    ]
+    assert problems(megatron_fp8=True, megatron_main_grads_dtype="bfloat16") == [
+        "megatron_main_grads_dtype='bfloat16': telescope-megatron does not build this yet; "
+        "set it to 'float32' (or leave it out)",
+        "megatron_fp8=True: telescope-megatron does not build this yet; set it to False (or leave it out)",
+    ]
+    assert problems(train_backend="fsdp", megatron_pipeline_parallel_size=2) == []  # ignored by FSDP
+
+
+def test_memory_options_without_effect_yet_are_named() -> None:
+    from telescope_megatron.plugin import MegatronSettings, inactive_settings
+
+    assert inactive_settings(MegatronSettings(), data_parallel_size=1) == []
+    assert inactive_settings(MegatronSettings(megatron_tensor_parallel_size=2), data_parallel_size=2) == [
+        "megatron_sequence_parallel",
+        "megatron_use_distributed_optimizer",
+    ]
