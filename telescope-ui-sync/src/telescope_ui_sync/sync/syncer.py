@@ -239,7 +239,7 @@ class RunSyncer:
             if isinstance(stream, ChunkStream):
                 return self._sync_blocks(name, stream)
             return self._sync_jsonl(name, stream)
-        except (OSError, pa.ArrowException, duckdb.IOException) as exc:  # one bad file must not stop the others
+        except (OSError, pa.ArrowException, duckdb.Error) as exc:  # one bad file must not stop the others
             log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
             return 0
 
@@ -278,18 +278,21 @@ class RunSyncer:
                     self._save_cursor(name, stream.position())
             if not chunks:
                 return added
+            insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
             for batch in _batches(chunks):
                 with self._transaction():
-                    if batch[0].table is not None:
-                        source = ingest.table_source(self.con, batch[0].table)
-                    else:
-                        source = ingest.parquet_source([(chunk.path, chunk.skip) for chunk in batch if chunk.path])
-                    try:
-                        insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
-                        records = insert(self.con, self.run_id, source, stream.next_seq)
-                    finally:
-                        if batch[0].table is not None:
+                    first = batch[0]
+                    if first.table is not None:
+                        source = ingest.table_source(self.con, first.table)
+                        try:
+                            records = insert(self.con, self.run_id, source, stream.next_seq)
+                        finally:
                             self.con.unregister(source.sql)
+                    elif first.path is not None:
+                        files = [(chunk.path, chunk.skip) for chunk in batch if chunk.path is not None]
+                        records = insert(self.con, self.run_id, ingest.parquet_source(files), stream.next_seq)
+                    else:  # only skipped lines: the cursor moves, nothing to write
+                        records = 0
                     self._save_cursor(name, stream.advance(batch[-1].cursor, records))
                 added += records
         return added
