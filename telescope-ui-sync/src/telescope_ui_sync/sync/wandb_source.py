@@ -235,27 +235,25 @@ class WandbSyncer(Syncer):
     source = "wandb"
 
     def write(self, update: RunUpdate, files: Path | None, position: dict[str, Any]) -> dict[str, int]:
-        base = self
         config = {**position.get("config", {}), **update.config}
         position["config"] = config
         rows = {"metrics": 0, "evals": 0, "rollouts": 0, "events": 0}
-        with base._transaction():
-            base.con.execute(
+        with self._transaction():
+            self.con.execute(
                 "UPDATE runs SET name = coalesce(?, name), status = coalesce(?, status), "
                 "start_time = coalesce(?, start_time), end_time = coalesce(?, end_time), config_json = ?, "
                 "number_of_steps = ?, step = coalesce(?, step), updated_time = ?, last_sync = ? WHERE run_id = ?",
                 [update.name, update.status, update.start_time, update.end_time, json.dumps(config),
                  rec._integer(config.get("number_of_steps")), max((s for s, _ in update.rows), default=None),
-                 time.time(), time.time(), base.run_id],
+                 time.time(), time.time(), self.run_id],
             )  # fmt: skip
             if update.rows:
                 rows.update(self._history(update.rows, files, position))
-            base._save_cursor("wandb", position)
+            self._save_cursor("wandb", position)
         return rows
 
     def _history(self, history: Sequence[tuple[int, dict[str, Any]]], files: Path | None,
                  position: dict[str, Any]) -> dict[str, int]:  # fmt: skip
-        base = self
         metrics: list[dict[str, Any]] = []
         evals: list[dict[str, Any]] = []
         rollouts: list[str] = []
@@ -280,21 +278,21 @@ class WandbSyncer(Syncer):
                 else:
                     values[key] = value
             metrics.append(values)
-        table = rec.metrics_columns(base.run_id, metrics)
-        ingest.replace_steps(base.con, base.run_id, table)
+        table = rec.metrics_columns(self.run_id, metrics)
+        ingest.replace_steps(self.con, self.run_id, table)
         first = position.get("next_eval", 0)
-        ingest.append(base.con, "evals", rec.eval_columns(base.run_id, first, evals))
+        ingest.append(self.con, "evals", rec.eval_columns(self.run_id, first, evals))
         position["next_eval"] = first + len(evals)
         for name, lines, schema in (("rollouts", rollouts, ROLLOUTS_SCHEMA), ("events", events, EVENTS_SCHEMA)):
             if not lines:
                 continue
             arrow = schema.table_from_lines(("\n".join(lines) + "\n").encode("utf-8"))
-            source = ingest.table_source(base.con, arrow)
+            source = ingest.table_source(self.con, arrow)
             try:
                 insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
-                insert(base.con, base.run_id, source, position.get(f"next_{name}", 0))
+                insert(self.con, self.run_id, source, position.get(f"next_{name}", 0))
             finally:
-                base.con.unregister(source.sql)
+                self.con.unregister(source.sql)
             position[f"next_{name}"] = position.get(f"next_{name}", 0) + arrow.num_rows
         return {"metrics": len(metrics), "evals": len(evals), "rollouts": len(rollouts), "events": len(events)}
 
