@@ -40,8 +40,8 @@ with the load; the CPU times move much less). With the load average at about 5:
       sandboxes                     134
 
 With the load average at 14-18 the sync took 172-206 s (CPU 33-35 s) and the pages up to
-~3 s of wall time (90-375 ms of CPU). The sync before DuckDB read the blocks itself (rows
-parsed in Python): 151.5 s, CPU 64.9 s, on the same run.
+~3 s of wall time (at most 375 ms of CPU). The sync before DuckDB read the blocks itself
+(rows parsed in Python): 151.5 s at a load average of about 10, CPU 64.9 s, on the same run.
 """
 
 from __future__ import annotations
