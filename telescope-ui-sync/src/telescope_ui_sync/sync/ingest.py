@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from telescope.recording.jsonl import parse_lines
 from telescope_ui_sync.sync import records as rec
 from telescope_ui_sync.sync.schema import BIN_WIDTHS
 
@@ -391,18 +392,8 @@ def _last_of_each(step: pa.Array) -> pa.Array:
 
 
 def _metrics_in_python(run_id: str, lines: list[bytes]) -> tuple[pa.Table, int, int]:
-    latest: dict[Any, dict[str, Any]] = {}
-    bad = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(record, dict):
-            latest[record.get("step")] = record  # a resumed run may write a step again: the last one wins
-        else:
-            bad += 1
+    records, _, bad = parse_lines(b"\n".join(lines) + b"\n")
+    latest = {record.get("step"): record for record in records}  # a resumed run may write a step again: the last wins
     table = rec.metrics_columns(run_id, latest.values())
     return table, len([step for step in latest if rec._integer(step) is not None]), bad
 
