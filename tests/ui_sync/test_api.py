@@ -151,10 +151,16 @@ def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) 
             service.sync_all()
     store.close()
     service.sync_all()
-    assert con.execute("SELECT sum(events), count(*) FROM event_bins").fetchone() == (3000, 600)
+    by_width = con.execute("SELECT width, sum(events), count(*) FROM event_bins GROUP BY 1 ORDER BY 1").fetchall()
+    assert by_width == [(10.0, 3000, 600), (100.0, 3000, 60), (1000.0, 3000, 6)]  # 2 lanes x 300, 30 and 3 bins
     api = TestClient(create_app(con))
     rid = run_id_for(tmp_path / "busy")
-    for buckets in (50, 1000):  # 60 s buckets come from the pre-computed 10 s bins, 3 s ones from the events
+    for buckets in (
+        2,
+        10,
+        50,
+        1000,
+    ):  # 1500 s buckets from the 1000 s bins, 300 s from 100 s, 60 s from 10 s, 3 s from events
         whole = api.get("/api/timeline", params={"run": rid, "limit": 100, "buckets": buckets}).json()
         assert whole["truncated"] and whole["total"] == 3000 and len(whole["events"]) == 100
         assert min(e["duration"] for e in whole["events"]) == 1.1  # the longest

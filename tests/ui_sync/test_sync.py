@@ -80,6 +80,25 @@ def test_a_half_written_last_line_waits_and_a_corrupt_line_is_skipped(tmp_path: 
     assert con.execute("SELECT value FROM metrics WHERE step = 7").fetchone()[0] == 0.7
 
 
+def test_a_corrupt_line_in_an_open_block_is_skipped_and_counted(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "a")
+    store.set_status("running", step=0)
+    store.log_event({"kind": "trainer.step", "start": 1.0, "duration_s": 1.0})
+    store.flush()
+    con = connect(":memory:")
+    service = SyncService(con, [tmp_path / "a"])
+    assert service.sync_all()[run_id_for(tmp_path / "a")].rows["events"] == 1
+    tail = next((tmp_path / "a" / "events").glob("tail-*.jsonl"))
+    with tail.open("ab") as handle:
+        handle.write(b"not json\n")  # a crash's half line, then the writer goes on
+    assert service.sync_all()[run_id_for(tmp_path / "a")].rows["events"] == 0
+    assert con.execute("SELECT skipped_lines FROM runs").fetchone()[0] == 1
+    store.log_event({"kind": "trainer.step", "start": 3.0, "duration_s": 1.0})
+    store.close()  # sealed: the block holds the two good events, the cursor continues after the first
+    assert service.sync_all()[run_id_for(tmp_path / "a")].rows["events"] == 1
+    assert con.execute("SELECT seq, start FROM events ORDER BY seq").fetchall() == [(0, 1.0), (1, 3.0)]
+
+
 def test_a_file_that_appears_late_is_read_and_a_new_run_is_discovered(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     root.mkdir()

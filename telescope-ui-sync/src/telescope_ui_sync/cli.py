@@ -9,6 +9,11 @@ file lock, so give it its own ``--db``.
 The server binds 127.0.0.1 unless ``--host`` says otherwise; any other address is served
 with a warning, since the API has no authentication and shows model outputs, configs and
 logs to whoever can reach it.
+
+W&B runs (see :mod:`telescope_ui_sync.sync.wandb_source`) come in when wandb is installed:
+W&B run folders under PATHS (offline runs, no key needed), and with ``--wandb-project
+ENTITY/PROJECT`` (repeatable) the project's runs tagged ``telescope``, through W&B's API
+when a key is configured.
 """
 
 from __future__ import annotations
@@ -41,8 +46,21 @@ def default_db_path() -> Path:
 @click.option("--db", "db_path", type=click.Path(path_type=Path), default=None, help="DuckDB file of the synced data.")
 @click.option("--poll-interval", default=0.5, show_default=True, help="Seconds between two looks at the run folders.")
 @click.option("--open-browser/--no-browser", default=False, show_default=True, help="Open the dashboard in a browser.")
+@click.option(
+    "--wandb-project",
+    "wandb_projects",
+    multiple=True,
+    metavar="ENTITY/PROJECT",
+    help="Also show this W&B project's runs tagged 'telescope' (needs wandb and a W&B key). Repeatable.",
+)
 def ui_command(
-    paths: tuple[Path, ...], port: int, host: str, db_path: Path | None, poll_interval: float, open_browser: bool
+    paths: tuple[Path, ...],
+    port: int,
+    host: str,
+    db_path: Path | None,
+    poll_interval: float,
+    open_browser: bool,
+    wandb_projects: tuple[str, ...],
 ) -> None:
     """Serve the dashboard of the runs under PATHS (run directories or folders of runs; default ./runs)."""
     from telescope_ui_sync.server.serve import serve
@@ -58,4 +76,21 @@ def ui_command(
             err=True,
         )
     db = (db_path or default_db_path()).expanduser()
-    serve(roots, db_path=db, host=host, port=port, poll_interval=poll_interval, open_browser=open_browser)
+    wandb_api = _wandb_api() if wandb_projects else None
+    serve(roots, db_path=db, host=host, port=port, poll_interval=poll_interval, open_browser=open_browser,
+          wandb_api=wandb_api, wandb_projects=wandb_projects if wandb_api is not None else ())  # fmt: skip
+
+
+def _wandb_api() -> object | None:
+    """``wandb.Api()`` when wandb is installed and a key is configured; else ``None``, said once."""
+    try:
+        import wandb
+    except ImportError:
+        click.echo("telescope ui: --wandb-project needs wandb: pip install 'telescope-ui-sync[wandb]'", err=True)
+        return None
+    from telescope.recording.wandb_logger import api_key_configured
+
+    if not api_key_configured():
+        click.echo("telescope ui: --wandb-project needs a W&B key (wandb login, or WANDB_API_KEY)", err=True)
+        return None
+    return wandb.Api()

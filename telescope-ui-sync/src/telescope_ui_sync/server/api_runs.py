@@ -59,7 +59,7 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
     runs = []
     for row in rows:
         run = dict(zip(names, row, strict=True))
-        if roots is not None and run["source"] == "local" and run["root"] not in roots:
+        if roots is not None and run["root"] not in roots:  # synced by a server that served other folders
             continue
         run["progress"] = progress(run)
         runs.append(run)

@@ -27,7 +27,7 @@ from fastapi.responses import Response
 
 from telescope_ui_sync.server.deps import cursor, fast_json, run_row
 from telescope_ui_sync.sync.records import EVENT_COLUMNS
-from telescope_ui_sync.sync.schema import BIN_SECONDS
+from telescope_ui_sync.sync.schema import BIN_WIDTHS
 
 router = APIRouter(prefix="/api")
 
@@ -58,17 +58,18 @@ def _bins(
 ) -> dict[str, Any]:
     """Per lane, the window cut into ``buckets``: events, busy seconds, errors and the longest
     event of each bucket that has any (by start time). From the pre-computed ``event_bins``
-    when a bucket is wider than they are, else from the window's events.
+    (the widest that fit in a bucket) when a bucket is 10 s or wider, else from the window's events.
 
     Columns of equal length, compact: ``lane`` indexes ``lanes``, ``bucket`` counts
     ``width`` seconds from ``origin``, ``kind`` (of the longest event) indexes ``kinds``.
     """
     width = (end - start) / buckets
-    if width >= BIN_SECONDS:
+    binned = max((w for w in BIN_WIDTHS if w <= width), default=None)  # the widest bins narrower than a bucket
+    if binned is not None:
         source = (
             "SELECT component, lane, first_start AS t, events AS n, busy, errors, longest_seq AS seq, "
             "longest_kind AS kind, longest_duration AS duration FROM event_bins "
-            "WHERE run_id = $run AND bin >= floor($start / $bin) AND bin <= floor($end / $bin)"
+            "WHERE run_id = $run AND width = $bin AND bin >= floor($start / $bin) AND bin <= floor($end / $bin)"
         )
     else:
         source = (
@@ -82,7 +83,7 @@ def _bins(
         FROM ({source}) GROUP BY ALL ORDER BY 1, 2
         """,
         {"run": run, "start": start, "end": end, "width": width, "buckets": buckets}
-        | ({"bin": BIN_SECONDS} if width >= BIN_SECONDS else {}),
+        | ({"bin": binned} if binned is not None else {}),
     ).fetchall()
     lane_index = {lane: i for i, lane in enumerate(lanes)}
     kinds: dict[str | None, int] = {}
@@ -100,7 +101,7 @@ def timeline(
     start: float | None = None,
     end: float | None = None,
     limit: int = Query(2000, ge=1, le=200000),
-    buckets: int = Query(300, ge=10, le=10000),
+    buckets: int = Query(300, ge=1, le=10000),
     cur: duckdb.DuckDBPyConnection = Depends(cursor),
 ) -> Response:
     """Lanes and events overlapping [start, end] (the whole run when omitted).
@@ -112,7 +113,8 @@ def timeline(
     """
     run_row(cur, run)
     lo, hi = cur.execute(
-        "SELECT min(first_start), max(last_finish) FROM event_bins WHERE run_id = ?", [run]
+        "SELECT min(first_start), max(last_finish) FROM event_bins WHERE run_id = ? AND width = ?",
+        [run, BIN_WIDTHS[-1]],
     ).fetchone() or (None, None)
     steps = _steps(cur, run)
     if steps:
@@ -138,7 +140,9 @@ def timeline(
         for seq, kind, component, lane, ev_start, duration, step, failed in rows
     ]  # fmt: skip
     lanes: dict[str, dict[str, Any]] = {STEPS_LANE["id"]: dict(STEPS_LANE)}
-    all_lanes = cur.execute("SELECT DISTINCT component, lane FROM event_bins WHERE run_id = ?", [run]).fetchall()
+    all_lanes = cur.execute(
+        "SELECT DISTINCT component, lane FROM event_bins WHERE run_id = ? AND width = ?", [run, BIN_WIDTHS[-1]]
+    ).fetchall()
     for component, lane in all_lanes:  # lanes stay in place when the window has none of their events
         lanes.setdefault(f"{component}|{lane}", {"id": f"{component}|{lane}", "component": component, "lane": lane})
     ordered = sorted(lanes.values(), key=lambda la: (_component_rank(la["component"]), la["lane"] != "steps",

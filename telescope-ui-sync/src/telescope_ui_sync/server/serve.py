@@ -24,6 +24,8 @@ def serve(
     port: int,
     poll_interval: float = 0.5,
     open_browser: bool = False,
+    wandb_api: object | None = None,
+    wandb_projects: Sequence[str] = (),
 ) -> None:
     """Sync ``roots`` into ``db_path`` in the background and serve the dashboard on ``host:port``."""
     try:
@@ -32,7 +34,9 @@ def serve(
         sys.exit(f"telescope ui: cannot open {db_path} ({exc}); is another telescope ui using it? Pass --db.")
     except SchemaVersionError as exc:
         sys.exit(f"telescope ui: {exc}")
-    service = SyncService(con.cursor(), roots, poll_interval=poll_interval)
+    service = SyncService(
+        con.cursor(), roots, poll_interval=poll_interval, wandb_api=wandb_api, wandb_projects=wandb_projects
+    )
     service.start()  # syncs in the background; pages poll, so data appears as it is synced
     app = create_app(con, service)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"

@@ -1,4 +1,7 @@
-"""Sync run directories into DuckDB: :mod:`.schema`, :mod:`.streams`, :mod:`.records`, :mod:`.syncer`."""
+"""Sync run directories (and W&B runs) into DuckDB: :mod:`.schema` (the tables), :mod:`.streams`
+(reading a run's files from a saved position), :mod:`.ingest` (bulk inserts in DuckDB and
+Arrow), :mod:`.records` (the same in Python, for small streams and fallbacks), :mod:`.base`
+and :mod:`.syncer` (a run's syncer, the service that finds runs), :mod:`.wandb_source`."""
 
 from telescope_ui_sync.sync.schema import connect
 from telescope_ui_sync.sync.syncer import RunSyncer, SyncService, discover, run_id_for

@@ -40,8 +40,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from telescope.recording.jsonl import parse_lines
 from telescope_ui_sync.sync import records as rec
-from telescope_ui_sync.sync.schema import BIN_SECONDS
+from telescope_ui_sync.sync.schema import BIN_WIDTHS
 
 #: Rows in sealed blocks are numbered by file and row; tail tables carry this column.
 ORDER_COLUMN = "_ord"
@@ -208,56 +209,69 @@ def insert_events(con: duckdb.DuckDBPyConnection, run_id: str, source: Source, f
     return int(records)
 
 
-BIN_KEY = "run_id, component, lane, bin"
-#: SQL: bins (rows of ``event_bins``) added up, per lane and bin.
+BIN_KEY = "run_id, width, component, lane, bin"
+BIN_COLUMNS = f"{BIN_KEY}, events, busy, errors, first_start, last_finish, longest_seq, longest_kind, longest_duration"
+#: SQL: the bins of ``{rows}`` (rows of ``event_bins``, with ``bin`` counted in widths of
+#: ``$fine`` seconds) added up into bins ``$width`` seconds wide.
 MERGE_BINS = (
-    f"SELECT {BIN_KEY}, sum(events), sum(busy), sum(errors), min(first_start), max(last_finish), "
-    "arg_max(longest_seq, longest_duration), arg_max(longest_kind, longest_duration), max(longest_duration) "
-    f"FROM ({{rows}}) GROUP BY {BIN_KEY}"
+    "SELECT run_id, $width AS width, component, lane, CAST(floor(bin * $fine / $width) AS BIGINT) AS bin, "
+    "sum(events) AS events, sum(busy) AS busy, sum(errors) AS errors, min(first_start) AS first_start, "
+    "max(last_finish) AS last_finish, arg_max(longest_seq, longest_duration) AS longest_seq, "
+    "arg_max(longest_kind, longest_duration) AS longest_kind, max(longest_duration) AS longest_duration "
+    "FROM ({rows}) GROUP BY ALL"
 )
 
 
 def _add_bins(con: duckdb.DuckDBPyConnection, run_id: str, first_seq: int, count: int) -> None:
-    """Add the timeline events numbered ``first_seq`` .. ``first_seq + count - 1`` to ``event_bins``.
+    """Add the timeline events numbered ``first_seq`` .. ``first_seq + count - 1`` to ``event_bins``,
+    at every width of :data:`BIN_WIDTHS` (the wider ones added up from the finest).
 
     A bin that already has events (the batch before ended inside it) is merged with the new
     ones: its row is read, deleted and written again added up. (A primary key and ``ON
     CONFLICT`` would do the same but cost more than the grouping itself to maintain.)
     """
+    fine = BIN_WIDTHS[0]
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _new_bins AS
-        SELECT run_id, component, lane, CAST(floor(start / $width) AS BIGINT) AS bin, count(*) AS events,
-            sum(duration) AS busy, count(error) AS errors, min(start) AS first_start, max(finish) AS last_finish,
-            arg_max(seq, duration) AS longest_seq, arg_max(kind, duration) AS longest_kind,
+        SELECT run_id, $fine AS width, component, lane, CAST(floor(start / $fine) AS BIGINT) AS bin,
+            count(*) AS events, sum(duration) AS busy, count(error) AS errors, min(start) AS first_start,
+            max(finish) AS last_finish, arg_max(seq, duration) AS longest_seq, arg_max(kind, duration) AS longest_kind,
             max(duration) AS longest_duration
         FROM events
         WHERE run_id = $run AND seq >= $first AND seq < $first + $count AND start IS NOT NULL
             AND NOT starts_with(coalesce(kind, ''), 'infra.')
         GROUP BY ALL
         """,
-        {"run": run_id, "first": first_seq, "count": count, "width": BIN_SECONDS},
+        {"run": run_id, "first": first_seq, "count": count, "fine": fine},
     )
     try:
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _old_bins AS
-            SELECT * FROM event_bins
-            WHERE run_id = $run AND bin >= (SELECT min(bin) FROM _new_bins)
-                AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _new_bins)
-            """,
-            {"run": run_id},
-        )
-        con.execute(
-            f"DELETE FROM event_bins WHERE run_id = $run AND bin >= (SELECT min(bin) FROM _new_bins) "
-            f"AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _old_bins)",
-            {"run": run_id},
-        )
-        rows = "SELECT * FROM _new_bins UNION ALL SELECT * FROM _old_bins"
-        con.execute(f"INSERT INTO event_bins {MERGE_BINS.format(rows=rows)}")
+        for width in BIN_WIDTHS:
+            new = "_new_bins" if width == fine else f"({MERGE_BINS.format(rows='SELECT * FROM _new_bins')})"
+            params = {"width": width, "fine": fine} if width != fine else {}
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _bins AS SELECT {BIN_COLUMNS} FROM {new}", params)
+            con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE _old_bins AS
+                SELECT {BIN_COLUMNS} FROM event_bins
+                WHERE run_id = $run AND width = $width AND bin >= (SELECT min(bin) FROM _bins)
+                    AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _bins)
+                """,
+                {"run": run_id, "width": width},
+            )
+            con.execute(
+                f"DELETE FROM event_bins WHERE run_id = $run AND width = $width "
+                f"AND bin >= (SELECT min(bin) FROM _old_bins) AND ({BIN_KEY}) IN (SELECT ({BIN_KEY}) FROM _old_bins)",
+                {"run": run_id, "width": width},
+            )
+            rows = "SELECT * FROM _bins UNION ALL SELECT * FROM _old_bins"
+            con.execute(
+                f"INSERT INTO event_bins ({BIN_COLUMNS}) {MERGE_BINS.format(rows=rows)}",
+                {"width": width, "fine": width},
+            )
     finally:
-        con.execute("DROP TABLE IF EXISTS _new_bins")
-        con.execute("DROP TABLE IF EXISTS _old_bins")
+        for table in ("_new_bins", "_bins", "_old_bins"):
+            con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def replace_steps(con: duckdb.DuckDBPyConnection, run_id: str, rows: pa.Table) -> None:
@@ -378,18 +392,8 @@ def _last_of_each(step: pa.Array) -> pa.Array:
 
 
 def _metrics_in_python(run_id: str, lines: list[bytes]) -> tuple[pa.Table, int, int]:
-    latest: dict[Any, dict[str, Any]] = {}
-    bad = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(record, dict):
-            latest[record.get("step")] = record  # a resumed run may write a step again: the last one wins
-        else:
-            bad += 1
+    records, _, bad = parse_lines(b"\n".join(lines) + b"\n")
+    latest = {record.get("step"): record for record in records}  # a resumed run may write a step again: the last wins
     table = rec.metrics_columns(run_id, latest.values())
     return table, len([step for step in latest if rec._integer(step) is not None]), bad
 

@@ -19,9 +19,10 @@ or eval needs no schema change:
 - ``events``: timeline events (kind, component, start, duration, finish, lane, step,
   sandbox, exit code) with the whole record as JSON; ``system_metrics`` holds the numeric
   fields of the ``infra.*`` samples in long form for the Infra page.
-- ``event_bins``: the timeline pre-bucketed at sync, per lane and :data:`BIN_SECONDS` of
-  start time: count, busy seconds, errors, first start, last finish and the longest
-  event. A wide window (the whole run) is drawn from these (a few rows per lane and
+- ``event_bins``: the timeline pre-bucketed at sync, per lane and bin of start time, at
+  each width of :data:`BIN_WIDTHS` (10 s, 100 s, 1,000 s): count, busy seconds, errors,
+  first start, last finish and the longest event. A wide window (the whole run) is drawn
+  from the widest bins that are still narrower than a pixel (a few rows per lane and
   pixel) instead of from millions of events; the lanes and the run's time range come
   from them too.
 - ``evals`` (long: one row per eval metric), ``logs`` (one row per log line, with the
@@ -41,8 +42,9 @@ from pathlib import Path
 import duckdb
 
 SCHEMA_VERSION = 2
-#: Width of the timeline's pre-computed bins (``event_bins``), in seconds.
-BIN_SECONDS = 10.0
+#: Widths of the timeline's pre-computed bins (``event_bins``), in seconds, finest first;
+#: each is a multiple of the one before.
+BIN_WIDTHS = (10.0, 100.0, 1000.0)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -126,6 +128,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE TABLE IF NOT EXISTS event_bins (
     run_id VARCHAR NOT NULL,
+    width DOUBLE NOT NULL,
     component VARCHAR NOT NULL,
     lane VARCHAR NOT NULL,
     bin BIGINT NOT NULL,

@@ -24,11 +24,11 @@ A file that does not exist yet simply gives nothing; it is read when it appears.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from telescope.recording.jsonl import parse_lines
 from telescope.recording.run_reader import Chunk, RunReader, StreamCursor
 
 Record = dict[str, Any]
@@ -106,17 +106,8 @@ class JsonlStream(_FileTail):
 
     def parse(self, lines: list[bytes]) -> list[Record]:
         """``lines`` as records; lines that are not JSON objects are skipped and counted."""
-        records: list[Record] = []
-        for line in lines:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                self.skipped += 1
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-            else:
-                self.skipped += 1
+        records, _, skipped = parse_lines(b"\n".join(lines) + b"\n")
+        self.skipped += skipped
         return records
 
 

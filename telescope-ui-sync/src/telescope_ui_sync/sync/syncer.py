@@ -2,16 +2,18 @@
 
 :class:`RunSyncer` copies one run directory into the database. Each :meth:`RunSyncer.sync_once`
 reads only what was appended since the last pass (see :mod:`.streams`), writes it with the
-stream's new position in one transaction, and refreshes the run's row (status, config,
-metadata) when status.json changed. A stream the run has not created yet gives nothing
+stream's new position in one transaction (the volume through DuckDB itself, see
+:mod:`.ingest`), and refreshes the run's row (status, config, metadata) when status.json
+changed. A stream the run has not created yet gives nothing
 until it appears; a half-written last line waits for the next pass; a corrupt line is
 skipped and counted (``runs.skipped_lines``); a run directory that disappears marks the run
 ``missing`` (its synced data stays viewable) and is synced again if it comes back.
 
 :class:`SyncService` discovers runs: each root is a run directory itself or a folder whose
 sub-directories are runs (checked again on every pass, so new runs appear while the server
-runs). A background thread runs a pass every ``poll_interval`` seconds; a pass over runs
-with nothing new costs a few ``stat`` calls each.
+runs); W&B runs too, when wandb is installed (:mod:`.wandb_source`). A background thread
+runs a pass every ``poll_interval`` seconds; a pass over runs with nothing new costs a few
+``stat`` calls each.
 
 Limits: a resumed run that writes a step again replaces that step's metrics; rollouts,
 events and evals are appended as written (a resumed run may repeat some). Runs are synced
@@ -23,12 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ import duckdb
 import pyarrow as pa
 
 from telescope.recording.run_reader import Chunk, RunReader
-from telescope_ui_sync.sync import ingest
+from telescope_ui_sync.sync import ingest, wandb_source
 from telescope_ui_sync.sync import records as rec
+from telescope_ui_sync.sync.base import PassResult, Syncer
 from telescope_ui_sync.sync.streams import ChunkStream, JsonlStream, TextTail, open_stream
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ STREAM_TABLES: dict[str, tuple[str, ...]] = {
     "events": ("events", "event_bins", "system_metrics"),
     "evals": ("evals",),
 }
+#: Seconds between two listings of the W&B projects' runs (the API source).
+API_LIST_S = 30.0
 #: A pass reads a stream at most this many times (a run written faster than it is read
 #: cannot keep the pass, and the runs after it, waiting).
 MAX_READS_PER_PASS = 100
@@ -109,70 +113,40 @@ def discover(roots: Iterable[Path]) -> list[tuple[Path, Path]]:
     return found
 
 
-@dataclass
-class PassResult:
-    """What one pass of a run's syncer added."""
-
-    rows: dict[str, int] = field(default_factory=dict)
-    missing: bool = False
-
-    @property
-    def total(self) -> int:
-        return sum(self.rows.values())
-
-
-class RunSyncer:
+class RunSyncer(Syncer):
     """Syncs one run directory into the database (see the module docstring)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_dir: Path, root: Path | None = None) -> None:
-        self.con = con
+        super().__init__(con, run_id_for(run_dir), run_dir.name, str(run_dir), str(root or run_dir))
         self.run_dir = run_dir
         self.root = root or run_dir
-        self.run_id = run_id_for(run_dir)
         self.reader = RunReader(run_dir)
         self._status_text: str | None = None
         self._has_config = False
-        self._missing: bool | None = None
         self.streams: dict[str, JsonlStream | ChunkStream] = {}
         self.next_eval_seq = 0
         self.log_tails: dict[str, TextTail] = {}
         self.log_times: dict[str, float | None] = {}
-        self._ensure_run_row()
         self._restore()
 
     # ----------------------------------------------------------------- state
 
-    def _ensure_run_row(self) -> None:
-        self.con.execute(
-            "INSERT INTO runs (run_id, name, path, root, source, first_seen) VALUES (?, ?, ?, ?, 'local', ?) "
-            "ON CONFLICT (run_id) DO UPDATE SET root = excluded.root",
-            [self.run_id, self.run_dir.name, str(self.run_dir), str(self.root), time.time()],
-        )
-
     def _restore(self) -> None:
-        saved = dict(
-            self.con.execute("SELECT stream, cursor_json FROM sync_cursors WHERE run_id = ?", [self.run_id]).fetchall()
-        )
+        saved = self.saved_positions()
         for name in STREAMS:
             stream = open_stream(self.reader, name)
             if name in saved:
-                stream.restore(json.loads(saved[name]))
+                stream.restore(saved[name])
             self.streams[name] = stream
         row = self.con.execute("SELECT max(seq) FROM evals WHERE run_id = ?", [self.run_id]).fetchone()
         self.next_eval_seq = (row[0] + 1) if row and row[0] is not None else 0
-        for key, text in saved.items():
+        for key, position in saved.items():
             if key.startswith("log:"):
                 relative = key[4:]
                 tail = TextTail(self.run_dir / "logs" / relative)
-                position = json.loads(text)
                 tail.restore(position)
                 self.log_tails[relative] = tail
                 self.log_times[relative] = position.get("last_time")
-
-    def _save_cursor(self, stream: str, position: dict[str, Any]) -> None:
-        self.con.execute(
-            "INSERT OR REPLACE INTO sync_cursors VALUES (?, ?, ?)", [self.run_id, stream, json.dumps(position)]
-        )
 
     # ------------------------------------------------------------------ pass
 
@@ -180,7 +154,7 @@ class RunSyncer:
         """Read what is new in every stream and write it; never raises for a bad or missing file."""
         result = PassResult()
         if not self.run_dir.is_dir():
-            self._set_missing(True)
+            self._set_missing(True, f"run directory {self.run_dir}")
             result.missing = True
             return result
         self._set_missing(False)
@@ -193,14 +167,6 @@ class RunSyncer:
             "UPDATE runs SET last_sync = ?, skipped_lines = ? WHERE run_id = ?", [time.time(), skipped, self.run_id]
         )
         return result
-
-    def _set_missing(self, missing: bool) -> None:
-        if self._missing is missing:
-            return
-        self._missing = missing
-        self.con.execute("UPDATE runs SET missing = ? WHERE run_id = ?", [missing, self.run_id])
-        if missing:
-            log.warning("run directory %s has gone; its synced data stays viewable", self.run_dir)
 
     def _refresh_run_row(self) -> None:
         status = self.reader.status()
@@ -239,7 +205,7 @@ class RunSyncer:
             if isinstance(stream, ChunkStream):
                 return self._sync_blocks(name, stream)
             return self._sync_jsonl(name, stream)
-        except (OSError, pa.ArrowException, duckdb.IOException) as exc:  # one bad file must not stop the others
+        except (OSError, pa.ArrowException, duckdb.Error) as exc:  # one bad file must not stop the others
             log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
             return 0
 
@@ -278,31 +244,24 @@ class RunSyncer:
                     self._save_cursor(name, stream.position())
             if not chunks:
                 return added
+            insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
             for batch in _batches(chunks):
                 with self._transaction():
-                    if batch[0].table is not None:
-                        source = ingest.table_source(self.con, batch[0].table)
-                    else:
-                        source = ingest.parquet_source([(chunk.path, chunk.skip) for chunk in batch if chunk.path])
-                    try:
-                        insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
-                        records = insert(self.con, self.run_id, source, stream.next_seq)
-                    finally:
-                        if batch[0].table is not None:
+                    first = batch[0]
+                    if first.table is not None:
+                        source = ingest.table_source(self.con, first.table)
+                        try:
+                            records = insert(self.con, self.run_id, source, stream.next_seq)
+                        finally:
                             self.con.unregister(source.sql)
+                    elif first.path is not None:
+                        files = [(chunk.path, chunk.skip) for chunk in batch if chunk.path is not None]
+                        records = insert(self.con, self.run_id, ingest.parquet_source(files), stream.next_seq)
+                    else:  # only skipped lines: the cursor moves, nothing to write
+                        records = 0
                     self._save_cursor(name, stream.advance(batch[-1].cursor, records))
                 added += records
         return added
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self.con.begin()
-        try:
-            yield
-            self.con.commit()
-        except BaseException:
-            self.con.rollback()
-            raise
 
     def _delete(self, name: str) -> None:
         """Drop what a stream had written (it starts again from its beginning)."""
@@ -337,40 +296,72 @@ class RunSyncer:
 
 
 class SyncService:
-    """Watches root folders for runs and keeps each one synced (see the module docstring)."""
+    """Watches root folders for runs and keeps each one synced (see the module docstring).
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, roots: Sequence[Path], poll_interval: float = 0.5) -> None:
+    W&B runs (:mod:`.wandb_source`) come in too when wandb is installed: W&B run folders
+    under the roots, and with ``wandb_api`` (a ``wandb.Api()``, or a fake of it) the runs
+    tagged ``telescope`` of ``wandb_projects``, listed again every :data:`API_LIST_S` seconds.
+    """
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        roots: Sequence[Path],
+        poll_interval: float = 0.5,
+        *,
+        wandb_api: Any = None,
+        wandb_projects: Sequence[str] = (),
+    ) -> None:
         self.con = con
         self.roots = [Path(root) for root in roots]
         self.poll_interval = poll_interval
-        self.syncers: dict[str, RunSyncer] = {}
+        self.wandb_api = wandb_api
+        self.wandb_projects = list(wandb_projects)
+        self.syncers: dict[str, Syncer] = {}
         self.passes = 0
         self.last_error: str | None = None
+        self._wandb = wandb_source.wandb_available()
+        self._api_listed = -math.inf
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     @property
     def root_strings(self) -> list[str]:
-        return [str(root) for root in self.roots]
+        return [str(root) for root in self.roots] + [f"wandb:{project}" for project in self.wandb_projects]
 
     def sync_all(self) -> dict[str, PassResult]:
         """One pass: discover runs, then sync each known run once."""
         with self._lock:
-            for run_dir, root in discover(self.roots):
-                run_id = run_id_for(run_dir)
-                if run_id not in self.syncers:
-                    self.syncers[run_id] = RunSyncer(self.con, run_dir, root)
+            self._discover()
             results = {}
-            for run_id, syncer in list(self.syncers.items()):
+            for syncer in list(self.syncers.values()):
                 try:
-                    results[run_id] = syncer.sync_once()
+                    results[syncer.run_id] = syncer.sync_once()
                 except Exception as exc:  # one broken run must not stop the others
-                    self.last_error = f"{syncer.run_dir}: {type(exc).__name__}: {exc}"
-                    log.exception("syncing %s failed", syncer.run_dir)
+                    self.last_error = f"{syncer.run_id}: {type(exc).__name__}: {exc}"
+                    log.exception("syncing %s failed", syncer.run_id)
             self._mark_missing_known_runs()
             self.passes += 1
             return results
+
+    def _discover(self) -> None:
+        for run_dir, root in discover(self.roots):
+            key = str(run_dir)
+            if key not in self.syncers:
+                self.syncers[key] = RunSyncer(self.con, run_dir, root)
+        if not self._wandb:
+            return
+        for folder, root in wandb_source.discover_wandb(self.roots, is_run_dir):
+            key = f"wandb:{folder}"
+            if key not in self.syncers:
+                self.syncers[key] = wandb_source.WandbFolderSyncer(self.con, folder, root)
+        if self.wandb_api is not None and time.monotonic() - self._api_listed >= API_LIST_S:
+            self._api_listed = time.monotonic()
+            for run, project in wandb_source.api_runs(self.wandb_api, self.wandb_projects):
+                key = f"wandb-api:{project}/{run.id}"
+                if key not in self.syncers:
+                    self.syncers[key] = wandb_source.WandbApiSyncer(self.con, run, project)
 
     def _mark_missing_known_runs(self) -> None:
         """Runs synced by an earlier server whose directory is gone are marked missing."""
@@ -378,8 +369,9 @@ class SyncService:
             return
         rows = self.con.execute("SELECT run_id, path, missing FROM runs WHERE source = 'local'").fetchall()
         roots = set(self.root_strings)
+        synced = {syncer.run_id for syncer in self.syncers.values()}
         for run_id, path, missing in rows:
-            if run_id in self.syncers:
+            if run_id in synced:
                 continue
             gone = not Path(path).is_dir()
             if gone != missing and (str(Path(path).parent) in roots or path in roots):
