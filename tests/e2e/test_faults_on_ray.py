@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
 FAST = [
-    "--warm_start_steps", "20", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
+    "--warm_start_steps", "0", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
     "--discard_group_zero_advantage", "false", "--evals", "[]",
 ]  # fmt: skip
 

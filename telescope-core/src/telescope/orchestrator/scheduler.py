@@ -106,6 +106,9 @@ MAX_CONSECUTIVE_GROUP_FAILURES = 50
 #: Times one group may be re-dispatched because its server failed before it counts as a failed group.
 MAX_REDISPATCHES = 20
 
+#: Seconds :meth:`RolloutScheduler.close` waits for the cancelled groups to stop.
+CLOSE_TIMEOUT_S = 30.0
+
 #: Seconds between checks for a server coming back when every server is unavailable.
 AVAILABILITY_POLL_S = 0.5
 
@@ -246,9 +249,15 @@ class RolloutScheduler:
             tasks.append(self._dispatcher)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:  # bounded: a task that ignores its cancellation must not hold the end of the run
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+            for task in stuck:
+                stack = "".join(f"  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}\n" for f in task.get_stack())
+                log.error("scheduler close: %s did not stop within %g s; left behind. Its stack:\n%s",
+                          task.get_name(), CLOSE_TIMEOUT_S, stack)  # fmt: skip
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: no "exception never retrieved" warning
         self._in_flight.clear()
         for waiting in self._redispatch:  # groups whose server failed and that found no other before the end
             self.stats.discards.add_canceled(self.config.group_size)

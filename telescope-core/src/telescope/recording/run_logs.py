@@ -17,7 +17,9 @@ The three kinds are what ``wandb_upload_logs``, ``wandb_upload_logs_detailed`` a
 
 When the root logger had no handler (a fresh Ray worker), a WARNING handler on the
 original stderr is added too, so warnings still reach the driver as they did before
-(Python's last-resort handler stops once any handler exists).
+(Python's last-resort handler stops once any handler exists). A record logged with
+``extra={"console": False}`` skips it: the launcher's full tracebacks, whose one-line
+summary it prints itself.
 
 :class:`SandboxLog` is an event sink (the run subscribes it) that writes every
 ``sandbox.*`` event as readable lines to ``logs/sandboxes.log``: time, kind, sandbox
@@ -86,6 +88,7 @@ def capture_process_logs(
     if not root.handlers:
         warnings = logging.StreamHandler(sys.stderr)
         warnings.setLevel(logging.WARNING)
+        warnings.addFilter(lambda record: getattr(record, "console", True))  # extra={"console": False}: files only
         handlers.append(warnings)
     for handler in handlers:
         handler.setFormatter(formatter)

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("telescope.run")
 
 
+#: ``extra`` of a log record for the run's log files only: the terminal gets a one-line error instead.
+FILES_ONLY = {"console": False}
+
 #: Seconds the Ray cleanup gets after SIGTERM (Ray's processes may be dying too).
 TERMINATION_CLEANUP_S = 10.0
 
@@ -254,17 +257,17 @@ def launch_run(loaded: LoadedConfig) -> int:
         print("telescope: interrupted; workers stopped, the run directory is intact", file=sys.stderr)
     except TrainerLost as exc:
         status, code, error = "failed", 1, exc
-        log.error("run failed:\n%s", traceback.format_exc())
+        log.error("run failed:\n%s", traceback.format_exc(), extra=FILES_ONLY)
         what = "resume from its last checkpoint" if exc.checkpoint is not None else "start the run again"
         print(f"error: the run failed: {exc}\nTo {what}: {_resume_command(run_dir, exc.checkpoint)}",
               file=sys.stderr)  # fmt: skip
     except (RunCheckpointError, RayStartError, PluginError, ValueError, FileNotFoundError) as exc:
         status, code, error = "failed", 2, exc
         print(f"error: {exc}", file=sys.stderr)
-        log.error("run failed:\n%s", traceback.format_exc())
+        log.error("run failed:\n%s", traceback.format_exc(), extra=FILES_ONLY)
     except Exception as exc:
         status, code, error = "failed", 1, exc
-        log.error("run failed:\n%s", traceback.format_exc())
+        log.error("run failed:\n%s", traceback.format_exc(), extra=FILES_ONLY)
         if config.debug:  # debug: true puts the traceback on the terminal too
             traceback.print_exc(file=sys.stderr)
         print(

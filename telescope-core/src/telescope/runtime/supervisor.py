@@ -3,8 +3,9 @@
 :class:`ServerSupervisor` checks every inference server every
 ``inference_health_check_interval_s`` (``GET /health``, 5 s timeout). A server is dead
 when its process has exited (its :class:`~telescope.runtime.workers.InferenceWorker`
-says so, or the actor itself is gone) or when it failed :data:`FAILED_CHECKS_TO_RESTART`
-checks in a row (it hangs). A request that fails to connect asks for a check at once
+says so, or the actor itself is gone) or when its checks failed for
+:data:`UNRESPONSIVE_RESTART_S` in a row (at least :data:`FAILED_CHECKS_TO_RESTART`
+checks: it hangs, or is stopped). A request that fails to connect asks for a check at once
 (:attr:`~telescope.orchestrator.services.ServerPool.on_failure`), so a server killed
 mid-run is noticed within a second or two. Then, for that server:
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("telescope.run.supervisor")
 
-#: Consecutive failed health checks of a server whose process still runs before it is restarted.
+#: A server whose process still runs is restarted once its health checks failed this many times in a row...
 FAILED_CHECKS_TO_RESTART = 3
+#: ... over at least this many seconds (a loaded server may answer slowly for a while).
+UNRESPONSIVE_RESTART_S = 30.0
 #: Seconds a health check (and asking the actor whether the process lives) may take.
 CHECK_TIMEOUT_S = 5.0
 
@@ -65,6 +69,7 @@ class ServerSupervisor:
         self.on_fatal = on_fatal
         self.restarts: dict[int, int] = {}
         self.failures: dict[int, int] = {}
+        self.failing_since: dict[int, float] = {}
         self.restarting: set[int] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -102,12 +107,18 @@ class ServerSupervisor:
         client = self.services.generation.clients[index]
         if await client.health():
             self.failures[index] = 0
+            self.failing_since.pop(index, None)
             return
         alive = await self._process_alive(index)
         self.failures[index] = self.failures.get(index, 0) + 1
-        if alive and self.failures[index] < FAILED_CHECKS_TO_RESTART:
+        since = self.failing_since.setdefault(index, time.monotonic())
+        unresponsive = time.monotonic() - since
+        if alive and (self.failures[index] < FAILED_CHECKS_TO_RESTART or unresponsive < UNRESPONSIVE_RESTART_S):
             return
-        reason = "its process exited" if not alive else f"{self.failures[index]} health checks in a row failed"
+        reason = (
+            "its process exited" if not alive
+            else f"it has not answered /health for {unresponsive:.0f} s ({self.failures[index]} checks)"
+        )  # fmt: skip
         self.restarting.add(index)
         task = asyncio.create_task(self._restart(index, reason), name=f"restart-server-{index}")
         self._restart_tasks.add(task)
@@ -137,6 +148,7 @@ class ServerSupervisor:
                 event["url"] = await self.services.restart_server(index)
                 await self.services.resync_weights(index)
             self.failures[index] = 0
+            self.failing_since.pop(index, None)
             pool.set_unavailable(index, None)
             log.warning("inference server %d is back (%s)", index, event["url"])
         except asyncio.CancelledError:
