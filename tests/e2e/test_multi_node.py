@@ -2,9 +2,9 @@
 
 The head node runs in the default network namespace at 10.77.0.1 and a worker node
 in a namespace of its own at 10.77.0.2 (10.77.N.1 and .2 when another test holds
-10.77.0), joined by a veth pair: two Ray nodes with
-different addresses, as on a real cluster, though they share the CPUs and the file
-system (the model cache and the run directory). Custom resources pin the roles
+10.77.0), joined by a veth pair: two Ray nodes with different addresses, as on a
+real cluster, though they share the CPUs and the file system (the model cache and
+the run directory). Custom resources pin the roles
 (``node_a`` on the head, ``node_b`` on the worker): the trainer rank on the head, the
 inference server on the worker. The run attaches with ``ray_address``; the weights
 cross nodes through the broadcast transport over gloo (``weight_transport: auto``
@@ -240,7 +240,7 @@ def test_a_run_across_two_nodes_completes_and_learns(two_node_cluster: Cluster, 
     assert len(metrics) == 60
     assert metrics[0]["kl_divergence_inference"] < 1e-3
     assert {e["version"] for e in events if e["kind"] == "weights.load"} == set(range(61))
-    assert "weights.load" in {e["kind"] for e in events} and "weights.send" in {e["kind"] for e in events}
+    assert {e["version"] for e in events if e["kind"] == "weights.send"} == set(range(61))
 
     # a checkpoint, written by the trainer rank on the head
     assert (run_dir / "checkpoints" / "step_00000060" / "model.safetensors").exists()
@@ -249,5 +249,6 @@ def test_a_run_across_two_nodes_completes_and_learns(two_node_cluster: Cluster, 
     evals = {e["phase"]: e["metrics"] for e in reader.evals()}
     before = evals["before"]["eval/countdown/reward_mean"]
     after = evals["after"]["eval/countdown/reward_mean"]
+    print(f"two nodes: eval reward {before:.3f} -> {after:.3f} (one node asserts +{MARGIN})")  # shown with -rP
     assert before > 0.5, before  # the warm start (on the head) reached the server on the worker node
     assert after >= before + MARGIN, (before, after)
