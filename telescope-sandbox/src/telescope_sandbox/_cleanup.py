@@ -56,22 +56,33 @@ def force_remove(path: str) -> None:
 
 
 def remove_owned(uid: int, tops: Collection[str], limit: int = 100_000) -> int:
-    """Remove what ``uid`` owns under ``tops`` (without a private /tmp); returns the count."""
-    removed = seen = 0
+    """Remove what ``uid`` owns under ``tops`` (without a private /tmp); returns the count.
+
+    A private uid (no groups of its own) can create entries only in directories that
+    are writable by others (``/tmp``, ``/dev/shm``, and world-writable directories
+    below them) or that it owns (removed whole). The walk therefore descends only into
+    world-writable directories: a host ``/tmp`` with a million entries of other users
+    costs a listing of the shared directories, not a full walk. ``limit`` bounds the
+    entries looked at under each top.
+    """
+    removed = 0
     for top in tops:
+        seen = 0
         for root, dirs, files in os.walk(top, onerror=lambda e: None):
+            keep: list[str] = []
             for name in list(dirs) + files:
                 seen += 1
                 full = os.path.join(root, name)
                 try:
-                    owner = os.lstat(full).st_uid
+                    st = os.lstat(full)
                 except OSError:
                     continue
-                if owner == uid:
-                    if name in dirs:
-                        dirs.remove(name)
+                if st.st_uid == uid:
                     force_remove(full)
                     removed += 1
+                elif name in dirs and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                    keep.append(name)
+            dirs[:] = keep
             if seen > limit:
-                return removed
+                break
     return removed
