@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from telescope.recording.run_reader import RunReader
+from telescope.testing.processes import processes_mentioning
 
 pytestmark = pytest.mark.requires_dist("telescope-envs", "telescope-sandbox")
 
@@ -44,20 +45,6 @@ def telescope(*args: str, timeout: float = 840) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-c", CLI, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes (pytest's aside) that mention ``text``: a run's leftovers."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline and "pytest" not in cmdline:
-                found.append(cmdline)
-    return found
 
 
 def run_example(name: str, run_dir: Path, port: int, *args: str) -> RunReader:

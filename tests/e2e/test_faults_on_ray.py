@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from telescope.recording.run_reader import RunReader
+from telescope.testing.processes import pid_of, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -85,27 +86,6 @@ def finish(process: subprocess.Popen[str], timeout: float = 480) -> str:
     return err
 
 
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline and "pytest" not in cmdline:
-                found.append(f"{proc.name}: {cmdline}")
-    return found
-
-
-def pid_of(run_dir: Path, marker: str) -> int:
-    """The process whose command line holds ``marker`` and this run's directory."""
-    for line in processes_mentioning(str(run_dir)):
-        if marker in line:
-            return int(line.split(":", 1)[0])
-    raise AssertionError(f"no process {marker} of {run_dir}")
-
-
 def status(run_dir: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads((run_dir / "status.json").read_text())
     return data
@@ -128,17 +108,11 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_p
     assert processes_mentioning(str(run_dir)) == []
 
 
-#: Why two tests are skipped: they fail in a fresh-clone run since the multinode and faults
-#: halves were merged (the run ends before the fault takes effect); issue 12 stays open.
-MERGE_REGRESSION = "fails since the multinode/faults merge; issue 12 stays open until fixed"
-
-
-@pytest.mark.skip(reason=MERGE_REGRESSION)
 def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(run_dir, "--number_of_steps", "6", "--inference_base_port", "8253")
     wait_for_steps(process, run_dir, 2)
-    server = pid_of(run_dir, "telescope.inference.embedded.server")
+    server = pid_of(str(run_dir), "telescope.inference.embedded.server")
     killed_at = time.time()
     os.kill(server, signal.SIGKILL)
     err = finish(process)
@@ -195,7 +169,6 @@ def _trainer_pid(run_dir: Path) -> int:
     return int(line.rsplit("(pid ", 1)[1].rstrip(")"))
 
 
-@pytest.mark.skip(reason=MERGE_REGRESSION)
 def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_start_again(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(run_dir, "--number_of_steps", "50", "--inference_base_port", "8257")

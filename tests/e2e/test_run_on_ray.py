@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from telescope.recording.run_reader import RunReader
+from telescope.testing.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
@@ -67,19 +68,6 @@ def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> s
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmdline and "pytest" not in cmdline:
-                found.append(cmdline)
-    return found
 
 
 @pytest.mark.slow
