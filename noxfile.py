@@ -11,8 +11,9 @@ core but no envs, ``megatron`` with core and megatron-core; tests that need a
 package the session lacks skip. ``all`` installs
 the whole workspace (``requirements-dev.txt``) and runs every CPU test, as
 ``./dev test`` does. ``nox`` with no arguments runs tests, e2e, lint, typecheck and
-plugins; ``nox -s gpu`` is for a GPU machine and ``nox -s bench`` runs the
-benchmarks by hand.
+plugins; ``nox -s gpu`` is for a GPU machine, ``nox -s bench`` runs the
+benchmarks by hand, and ``nox -s sandbox_sdk`` tests the daytona and prime providers
+against their SDKs, each in an environment of its own.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def plugins(session: nox.Session) -> None:
     install_workspace(session)
     session.run("telescope", "plugins")
     session.run("pytest", "tests/core/plugins", "tests/e2e/test_third_party_plugin.py", env=ENV)
+
+
+@nox.session
+@nox.parametrize("provider", ["daytona", "prime"])
+def sandbox_sdk(session: nox.Session, provider: str) -> None:
+    """The remote-provider tests with one provider SDK that the dev workspace leaves out.
+
+    The workspace installs ``[e2b,modal]``; ``[prime]`` cannot share an environment with
+    ``[e2b]`` (telescope-sandbox/README.md), so daytona and prime get a session each.
+    """
+    session.install(TORCH_SPEC)
+    session.install("-e", CORE, "-e", f"./telescope-sandbox[{provider}]")
+    session.run("pytest", "tests/sandbox/test_remote_providers.py", "tests/sandbox/test_remote_prime.py",
+                *session.posargs, env=ENV)  # fmt: skip
 
 
 @nox.session

@@ -3,7 +3,7 @@
 Every page shows the real run's data; a step appended while a page is open shows within
 2 s; two runs are compared on one chart; a completion holding ``<script>`` is shown as
 text and never runs; a run deleted while open is reported and the server stays up.
-Screenshots go to docs/images/ (shown in the package README).
+Screenshots go to docs/images/ (shown in the package README; the overview also in the root README).
 """
 
 from __future__ import annotations
