@@ -13,6 +13,7 @@ ENVIRONMENTS: dict[str, str] = {
     "wordle": "telescope_envs.wordle:WordleEnvironment",
     "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
     "calculator": "telescope_envs.calculator:CalculatorEnvironment",
+    "deepdive": "telescope_envs.deepdive:DeepDiveEnvironment",
 }
 
 EVALS: dict[str, str] = {
