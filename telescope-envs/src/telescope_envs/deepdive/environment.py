@@ -15,7 +15,9 @@ called as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``:
 
 A reply without a tool call also ends the rollout (its text is the answer), and
 so does ``max_turns`` (upstream default 32). Tool outputs are cut to
-``max_response_chars``.
+``max_response_chars``. The system prompt lists the tools as JSON schemas
+(``tool_prompt="schemas"``), or one line each (``"compact"``: a fifth of the
+tokens, for tiny models with short contexts).
 
 Reward: the judge's verdict (1.0 correct, 0.0 otherwise) minus
 ``redundancy_penalty_weight`` times the mean pairwise Jaccard similarity of the
@@ -158,6 +160,7 @@ class DeepDiveEnvironment(ToolEnvironment):
         finish_with_tool: bool = True,
         strip_think_tags: bool = True,
         tool_call_format: str = "xml",
+        tool_prompt: str = "schemas",
         max_search_results: int = 10,
         max_response_chars: int = 20_000,
         redundancy_penalty_weight: float = 0.0,
@@ -181,6 +184,8 @@ class DeepDiveEnvironment(ToolEnvironment):
         """Build the backends; a named backend that cannot work (a missing API key) raises here."""
         if tool_call_format != "xml":
             raise ValueError(f"deepdive tool_call_format must be 'xml' (<tool_call> JSON), not {tool_call_format!r}")
+        if tool_prompt not in ("schemas", "compact"):
+            raise ValueError(f"deepdive tool_prompt must be 'schemas' or 'compact', not {tool_prompt!r}")
         if not 1 <= max_turns <= self.max_turns:
             raise ValueError(f"deepdive max_turns must be between 1 and {self.max_turns}, got {max_turns}")
         tools: list[Callable[..., Any]] = [self.search_web, self.scan_page, self.open_lines]
@@ -193,14 +198,16 @@ class DeepDiveEnvironment(ToolEnvironment):
         self.max_samples = max_samples
         self.turn_limit = max_turns
         self.finish_with_tool = finish_with_tool
+        self.tool_prompt = tool_prompt
         self.strip_think_tags = strip_think_tags
         self.max_search_results = max(1, max_search_results)
         self.max_response_chars = max(1, int(max_response_chars))
         self.redundancy_penalty_weight = redundancy_penalty_weight
+        shared = Corpus(corpus)  # loaded on first use, by whichever local backend needs it
         self.search = self._search_backend(
-            search_backend, serper_api_key_var, search_url, serper_timeout, corpus, max_retries
+            search_backend, serper_api_key_var, search_url, serper_timeout, shared, max_retries
         )
-        self.pages = self._page_backend(page_backend, page_timeout, page_cache_size, corpus)
+        self.pages = self._page_backend(page_backend, page_timeout, page_cache_size, shared)
         self.judge = self._judge_backend(
             judge_backend, judge_model, judge_base_url, judge_api_key_var, judge_api, judge_timeout, judge_max_tokens,
             max_retries,
@@ -209,12 +216,12 @@ class DeepDiveEnvironment(ToolEnvironment):
     # -------------------------------------------------------------- backends
     @staticmethod
     def _search_backend(
-        spec: str | SearchBackend, key_var: str, url: str, timeout: float, corpus: str, retries: int
+        spec: str | SearchBackend, key_var: str, url: str, timeout: float, corpus: Corpus, retries: int
     ) -> SearchBackend:
         if not isinstance(spec, str):
             return spec
         if spec == "local":
-            return LocalSearch(Corpus(corpus))
+            return LocalSearch(corpus)
         if spec == "serper":
             key = os.environ.get(key_var, "")
             if not key:
@@ -226,11 +233,11 @@ class DeepDiveEnvironment(ToolEnvironment):
         raise ValueError(f"deepdive search_backend must be 'serper' or 'local', not {spec!r}")
 
     @staticmethod
-    def _page_backend(spec: str | PageBackend, timeout: float, cache_size: int, corpus: str) -> PageBackend:
+    def _page_backend(spec: str | PageBackend, timeout: float, cache_size: int, corpus: Corpus) -> PageBackend:
         if not isinstance(spec, str):
             return spec
         if spec == "local":
-            return LocalPages(Corpus(corpus))
+            return LocalPages(corpus)
         if spec == "http":
             return HttpPages(timeout=timeout, cache_size=cache_size)
         raise ValueError(f"deepdive page_backend must be 'http' or 'local', not {spec!r}")
@@ -372,8 +379,19 @@ class DeepDiveEnvironment(ToolEnvironment):
             for sid, (q, a, meta) in zip(ids, items, strict=True)
         ]
 
+    def tools_text(self) -> str:
+        """The tools as the system prompt shows them: JSON schemas, or one short line each (``"compact"``)."""
+        if self.tool_prompt == "schemas":
+            return "\n".join(json.dumps(schema) for schema in self.tool_schemas)
+        lines = []
+        for name, func in self._tools.items():
+            params = inspect.signature(func).parameters.values()
+            shown = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+            lines.append(f"{name}({shown}): {(inspect.getdoc(func) or '').splitlines()[0]}")
+        return "\n".join(lines)
+
     def format_prompt(self, sample: Sample) -> list[Message]:
-        schemas = "\n".join(json.dumps(schema) for schema in self.tool_schemas)
+        schemas = self.tools_text()
         ending = (
             "When you know the answer, call finish with it."
             if self.finish_with_tool
