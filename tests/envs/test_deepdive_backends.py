@@ -19,7 +19,12 @@ SERPER_REPLY = {
     "searchParameters": {"q": "amsel light", "type": "search"},
     "knowledgeGraph": {"title": "Amsel Light", "description": "A lighthouse.", "attributes": {"Built": "1834"}},
     "organic": [
-        {"title": "Amsel Light - Wiki", "link": "https://example.org/amsel", "snippet": "Built in 1834.", "position": 1},
+        {
+            "title": "Amsel Light - Wiki",
+            "link": "https://example.org/amsel",
+            "snippet": "Built in 1834.",
+            "position": 1,
+        },
         {"title": "Port Amsel", "link": "https://example.org/port", "snippet": "The capital.", "position": 2},
         {"title": "Third", "link": "https://example.org/3", "position": 3},
     ],
@@ -34,7 +39,11 @@ def test_serper_speaks_the_upstream_api(fake_http: FakeHTTP) -> None:
     result = backend.search("amsel light", 2)
     [request] = fake_http.requests
     assert request.headers["X-API-KEY"] == "key-123" and request.json() == {"q": "amsel light"}
-    assert [h.url for h in result.hits] == ["https://example.org/amsel", "https://example.org/port", "https://example.org/3"]
+    assert [h.url for h in result.hits] == [
+        "https://example.org/amsel",
+        "https://example.org/port",
+        "https://example.org/3",
+    ]
     text = format_result(result, 2)
     assert text.startswith("Knowledge Graph: Amsel Light\nA lighthouse.\nBuilt: 1834")
     assert "Result 0: Amsel Light - Wiki\nURL: https://example.org/amsel\nBuilt in 1834." in text

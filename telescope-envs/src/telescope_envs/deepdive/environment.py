@@ -16,7 +16,7 @@ called as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``:
 A reply without a tool call also ends the rollout (its text is the answer), and
 so does ``max_turns`` (upstream default 32). Tool outputs are cut to
 ``max_response_chars``. The system prompt lists the tools as JSON schemas
-(``tool_prompt="schemas"``), or one line each (``"compact"``: a fifth of the
+(``tool_prompt="schemas"``), or one line each (``"compact"``: a third of the
 tokens, for tiny models with short contexts).
 
 Reward: the judge's verdict (1.0 correct, 0.0 otherwise) minus
