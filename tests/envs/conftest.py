@@ -1,45 +1,15 @@
-"""Fixtures of the environment tests: a local fake HTTP service (no network is ever reached)."""
+"""Fixtures of the environment tests: ``fake_http``, a local fake HTTP service (see ``http_fakes``)."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-#: A route: request -> (status, content type, body); a dict or list body is sent as JSON.
-Route = Callable[[Request], tuple[int, str, Any]]
-
-
-@dataclass
-class FakeHTTP:
-    """An HTTP server on 127.0.0.1 answering from ``routes`` ({(method, path): route}); records requests."""
-
-    routes: dict[tuple[str, str], Route] = field(default_factory=dict)
-    requests: list[Request] = field(default_factory=list)
-    base_url: str = ""
-
-    def route(self, method: str, path: str, handler: Route) -> None:
-        self.routes[(method, path)] = handler
-
-    def json_route(self, method: str, path: str, payload: Any, status: int = 200) -> None:
-        self.routes[(method, path)] = lambda _request: (status, "application/json", payload)
+from http_fakes import FakeHTTP, Request
 
 
 @pytest.fixture
@@ -60,9 +30,9 @@ def fake_http() -> Iterator[FakeHTTP]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = _serve  # noqa: N815
+        do_GET = do_POST = _serve
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FakeHTTP
+from http_fakes import FakeHTTP
 
 from telescope.api.environment import RolloutState
 from telescope.api.records import Message, Sample
@@ -240,7 +240,7 @@ def test_prompts_and_demonstration() -> None:
     assert str(boxed.load_dataset()[0].prompt).endswith("final answer in \\boxed{}.")
     demo = env.demonstration(sample)
     assert demo is not None and "Port Amsel" not in demo
-    messages, state = play(env, sample, [demo])
+    messages, _ = play(env, sample, [demo])
     assert messages[-1]["role"] == "tool" and "Result 0" in messages[-1]["content"]
 
 
@@ -291,8 +291,11 @@ def test_agent_loop_on_cpu_with_the_embedded_engine_as_judge(engine_server: tupl
         call("finish", final_answer="610 metres"),
     ]
 
+    eos = renderer.eos_token_id
+    assert eos is not None
+
     async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
-        ids = [*renderer.encode(replies[turn]), renderer.eos_token_id]
+        ids = [*renderer.encode(replies[turn]), eos]
         return Generation(ids, [-0.1] * len(ids), "stop", 0, 0)
 
     before = served(base_url)
@@ -337,7 +340,8 @@ def test_engine_as_agent_and_judge(engine_server: tuple[str, str]) -> None:
             async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
                 result = await client.complete(prompt_ids, max_tokens=max_tokens, temperature=1.0, seed=turn)
                 c = result.completions[0]
-                return Generation(c.token_ids, c.logprobs, c.finish_reason, 0, 0)
+                reason = "length" if c.finish_reason == "length" else "stop"
+                return Generation(c.token_ids, c.logprobs, reason, 0, 0)
 
             out = []
             for sample in env.load_dataset()[:2]:

@@ -7,7 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import FakeHTTP, Request
+from http_fakes import FakeHTTP, Request
 
 from telescope_envs.deepdive.corpus import Corpus, LocalPages, LocalSearch, load_documents
 from telescope_envs.deepdive.judge import MatchJudge, ModelJudge, parse_verdict, strip_think
