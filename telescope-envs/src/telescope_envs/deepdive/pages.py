@@ -9,7 +9,7 @@ shared by every rollout: thread-safe, no per-rollout state.
 :class:`HttpPages` fetches with ``httpx`` (redirects followed, ``timeout``, at most
 ``max_bytes`` read), turns HTML into text (scripts, styles and SVG dropped, block
 tags as line breaks, entities unescaped, blank runs squeezed) and PDF into text
-with ``pdfminer.six`` when it is installed (``pip install pdfminer.six``; without
+with ``pdfminer.six`` when it is installed (``pip install 'telescope-envs[deepdive]'``; without
 it a PDF is a page error naming the package). Fetched pages are kept in a bounded
 LRU cache (``cache_size`` pages, shared by rollouts, so the agents of one group
 reading the same page fetch it once).
@@ -180,7 +180,8 @@ class HttpPages:
             try:
                 return Page(url, clean_text(pdf_to_text(body)), "pdf->text")
             except ImportError:
-                return Page(url, None, "error", f"Error reading {url}: PDF pages need pdfminer.six (pip install)")
+                hint = "PDF pages need pdfminer.six (pip install 'telescope-envs[deepdive]')"
+                return Page(url, None, "error", f"Error reading {url}: {hint}")
             except Exception as exc:
                 return Page(url, None, "error", f"Error reading {url}: unreadable PDF ({type(exc).__name__})")
         try:
