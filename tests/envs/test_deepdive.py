@@ -17,7 +17,7 @@ import pytest
 from http_fakes import FakeHTTP
 
 from telescope.api.environment import RolloutState
-from telescope.api.records import Message, Sample
+from telescope.api.records import FinishReason, Message, Sample
 from telescope.testing.environment import TOOL_METRIC_KEYS, EnvironmentConformance
 from telescope_envs.deepdive import DeepDiveEnvironment
 from telescope_envs.deepdive.judge import ModelJudge, Verdict
@@ -340,7 +340,7 @@ def test_engine_as_agent_and_judge(engine_server: tuple[str, str]) -> None:
             async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
                 result = await client.complete(prompt_ids, max_tokens=max_tokens, temperature=1.0, seed=turn)
                 c = result.completions[0]
-                reason = "length" if c.finish_reason == "length" else "stop"
+                reason: FinishReason = "length" if c.finish_reason == "length" else "stop"
                 return Generation(c.token_ids, c.logprobs, reason, 0, 0)
 
             out = []
@@ -379,3 +379,29 @@ def test_a_judge_the_engine_refuses_errors_the_sample_and_the_next_goes_on(engin
 def _scored(env: DeepDiveEnvironment, sample: Sample, replies: list[str]) -> tuple[list[Message], Sample, RolloutState]:
     messages, state = play(env, sample, replies)
     return messages, sample, state
+
+
+def test_the_cpu_example_validates_and_its_prompts_fit_the_tiny_model() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from telescope.models.tiny import resolve_model_path
+    from telescope.orchestrator.chat import ChatRenderer
+
+    repo = Path(__file__).resolve().parents[2]
+    config = repo / "configs" / "examples" / "cpu" / "deepdive_tiny.yaml"
+    cli = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", cli, "config", "validate", str(config)], cwd=repo, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = yaml.safe_load(config.read_text())
+    [entry] = loaded["environments"]
+    env = DeepDiveEnvironment(**entry["kwargs"])
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(loaded["model"])))
+    longest = max(len(renderer.prompt_ids(env.format_prompt(s))) for s in env.load_dataset())
+    assert longest + loaded["max_tokens"] < loaded["max_model_len"]
