@@ -88,3 +88,17 @@ def tp2_worker(rank: int, world_size: int, model: str, out: str) -> None:
 def test_one_step_equals_fsdp_at_tp2(tiny_model: Path, tmp_path: Path) -> None:
     spawn_ranks(tp2_worker, 2, str(tiny_model), str(tmp_path / "step.pt"))
     assert_same_step(torch.load(tmp_path / "step.pt", weights_only=False), one_step(str(tiny_model), "fsdp"))
+
+
+def pp2_worker(rank: int, world_size: int, model: str, out: str, overrides: dict[str, Any]) -> None:
+    result = one_step(model, "megatron", rank, world_size, megatron_pipeline_parallel_size=2,
+                      trainer_num_workers=world_size, **overrides)  # fmt: skip
+    if rank == 0:
+        torch.save(result, out)
+
+
+@pytest.mark.slow
+def test_one_step_equals_fsdp_at_pp2(tiny_model: Path, tmp_path: Path) -> None:
+    """Two pipeline stages (one layer each, the tied embedding on both ends), two micro-batches through the 1F1B schedule."""
+    spawn_ranks(pp2_worker, 2, str(tiny_model), str(tmp_path / "step.pt"), {"megatron_gradient_checkpointing": False})
+    assert_same_step(torch.load(tmp_path / "step.pt", weights_only=False), one_step(str(tiny_model), "fsdp"))

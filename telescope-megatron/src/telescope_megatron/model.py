@@ -113,6 +113,7 @@ def transformer_config(
     hf_config: Any,
     *,
     tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
     recompute: bool = False,
     params_dtype: torch.dtype = torch.float32,
     use_cpu_initialization: bool = True,
@@ -145,6 +146,11 @@ def transformer_config(
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel_size,
+        pipeline_model_parallel_size=pipeline_parallel_size,
+        pipeline_dtype=params_dtype,
+        variable_seq_lengths=pipeline_parallel_size > 1,  # packed rows differ in length: stages exchange shapes
+        moe_token_dispatcher_type="alltoall",  # dense models; the default ("allgather") refuses variable lengths
+        calculate_per_token_loss=True,  # the schedule leaves the loss as computed (global denominator)
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
@@ -159,23 +165,27 @@ def transformer_config(
 def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     """A ``GPTModel`` (local layer spec, RoPE, full-vocabulary logits) for ``hf_config``."""
     from megatron.core.models.gpt import GPTModel
+    from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from telescope_megatron.cpu_patches import apply_cpu_patches
+    from telescope_megatron.cpu_patches import apply_cpu_patches, cuda_free
 
     apply_cpu_patches()
     shape = ModelShape.from_hf(hf_config)
     spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=shape.vocab_size,
-        max_sequence_length=int(hf_config.max_position_embeddings),
-        parallel_output=True,  # vocabulary shards; packed_logits gathers them
-        share_embeddings_and_output_weights=shape.tied_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(rope_theta(hf_config)),
-    )
+    with cuda_free():  # the last stage's tied output weight is moved with .cuda() (see cpu_patches)
+        return GPTModel(
+            config=config,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            transformer_layer_spec=spec,
+            vocab_size=shape.vocab_size,
+            max_sequence_length=int(hf_config.max_position_embeddings),
+            parallel_output=True,  # vocabulary shards; packed_logits gathers them
+            share_embeddings_and_output_weights=shape.tied_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(rope_theta(hf_config)),
+        )
 
 
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -206,18 +216,27 @@ def packed_logits(
 ) -> torch.Tensor:
     """Full-vocabulary logits ``[S, V]`` of one packed row ``[1, S]`` (attention kept inside each sample).
 
+    Under pipeline parallelism this is one *stage's* forward: a stage without the
+    embedding reads its input from ``model.set_input_tensor`` (the pipeline schedule
+    sets it), and a stage without the output layer returns its hidden states
+    ``[S, 1, H]`` for the next stage instead of logits.
+
     ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
     models, the lookups of that token pass no gradient to its embedding row (a tied
     output layer still does), so training updates the same weights as the HF model.
     """
-    embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
-    if padding_idx is not None:
-        frozen = (input_ids[0] == padding_idx)[:, None, None]
-        embedded = torch.where(frozen, embedded.detach(), embedded)
+    embedded = None
+    if model.pre_process:
+        embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
+        if padding_idx is not None:
+            frozen = (input_ids[0] == padding_idx)[:, None, None]
+            embedded = torch.where(frozen, embedded.detach(), embedded)
     rotary = rotary_angles(model, position_ids)
     hidden = model.decoder(
         hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
     )
+    if not model.post_process:
+        return hidden
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP]
     from megatron.core import parallel_state

@@ -45,7 +45,9 @@ class MegatronSettings(PluginSettings):
     )
 
     # -- upstream fields not built yet (see the module docstring)
-    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree (1 only, for now)")
+    megatron_pipeline_parallel_size: int = Field(
+        1, ge=1, description="Pipeline parallelism degree (trainer_num_workers must be a multiple of TP x PP)"
+    )
     megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree (1 only, for now)")
     megatron_expert_parallel_size: int = Field(
         1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
@@ -88,13 +90,16 @@ class MegatronSettings(PluginSettings):
             return []
         settings = config.settings(cls)
         problems: list[str] = []
-        tp = settings.megatron_tensor_parallel_size
-        if config.trainer_num_workers % tp:
+        tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
+        if config.trainer_num_workers % (tp * pp):
+            sizes = f"megatron_tensor_parallel_size ({tp})" + (
+                f" x megatron_pipeline_parallel_size ({pp})" if pp > 1 else ""
+            )
+            fields = ("megatron_tensor_parallel_size", "megatron_pipeline_parallel_size", "trainer_num_workers")
             problems.append(
                 SettingsProblem(
-                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of "
-                    f"megatron_tensor_parallel_size ({tp})",
-                    fields=("megatron_tensor_parallel_size", "trainer_num_workers"),
+                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of {sizes}",
+                    fields=fields if pp > 1 else (fields[0], fields[2]),
                 )
             )
         for name, supported in REFUSED_UNLESS.items():
@@ -112,7 +117,6 @@ class MegatronSettings(PluginSettings):
 
 #: Fields that would change what is computed, with the only value built so far.
 REFUSED_UNLESS: dict[str, object] = {
-    "megatron_pipeline_parallel_size": 1,
     "megatron_context_parallel_size": 1,
     "megatron_expert_parallel_size": 1,
     "megatron_global_batch_size": None,
