@@ -103,12 +103,13 @@ def supervised(model: str, backend_name: str, rank: int = 0, world_size: int = 1
     return {"losses": losses, "after": after}
 
 
+BATCH_REFERENCE: dict[str, Any] = {"use_ppo_clip": True, "ppo_clip_ref_logprobs": "batch"}
 #: PP 2 runs (two stages of one layer): tied embeddings (the tiny Qwen2) and untied (Llama, with recomputation);
 #: two minibatches with the batch ratio reference (the forward-only schedule first).
 PP2_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("qwen2", {"megatron_gradient_checkpointing": False}),
     ("llama", {"megatron_gradient_checkpointing": True}),
-    ("qwen2", {"megatron_gradient_checkpointing": False, "number_of_minibatches": 2, "ppo_clip_ref_logprobs": "batch"}),
+    ("qwen2", {"megatron_gradient_checkpointing": False, "number_of_minibatches": 2, **BATCH_REFERENCE}),
 ]
 
 

@@ -320,7 +320,7 @@ class MegatronBackend(FSDPBackend):
         return norm
 
     def _sum_tied_embedding_grads(self) -> None:
-        """Pipeline parallel, tied embeddings: the first stage's embedding and the last stage's copy get their summed gradient."""
+        """PP with tied embeddings: the first stage's embedding and the last stage's copy get their gradients' sum."""
         from megatron.core import parallel_state
 
         if not (self.shape.tied_embeddings and self.pp_size > 1 and parallel_state.is_rank_in_embedding_group()):

@@ -133,7 +133,7 @@ def cuda_free() -> Iterator[None]:
         return
     saved = torch.cuda.current_device, torch.cuda.synchronize
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None
     try:
         with _CudaToCpu():
             yield

@@ -164,8 +164,8 @@ def transformer_config(
 
 def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     """A ``GPTModel`` (local layer spec, RoPE, full-vocabulary logits) for ``hf_config``."""
-    from megatron.core.models.gpt import GPTModel
     from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from telescope_megatron.cpu_patches import apply_cpu_patches, cuda_free
