@@ -142,3 +142,35 @@ def test_pipeline_parallel_pp2_equals_fsdp(tiny_model: Path, tmp_path: Path) -> 
     # FSDP differs by up to 1.8e-5 here, in weights whose gradient is near Adam's eps).
     for name, tensor in want["after"].items():
         torch.testing.assert_close(got["supervised"]["after"][name], tensor, atol=1e-4, rtol=0, msg=name)
+
+
+#: TP 2 runs: sequence parallel on the tiny Qwen2 (with and without recomputation), and Qwen3 (its q/k norms are
+#: shared by the heads that the ranks split, so their gradients are summed over the ranks) with and without it.
+TP2_RUNS: list[tuple[str, dict[str, Any]]] = [
+    ("qwen2", {"megatron_sequence_parallel": True, "megatron_gradient_checkpointing": False}),
+    ("qwen2", {"megatron_sequence_parallel": True, "megatron_gradient_checkpointing": True}),
+    ("qwen3", {"megatron_sequence_parallel": False, "megatron_gradient_checkpointing": False}),
+    ("qwen3", {"megatron_sequence_parallel": True, "megatron_gradient_checkpointing": False}),
+]
+
+
+def tp2_runs_worker(rank: int, world_size: int, models: dict[str, str], out: str) -> None:
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    tp = {"megatron_tensor_parallel_size": 2, "trainer_num_workers": world_size}
+    steps = [one_step(models[family], "megatron", rank, world_size, **tp, **o) for family, o in TP2_RUNS]
+    if rank == 0:
+        torch.save(steps, out)
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sequence_parallel_and_qk_norms_at_tp2_equal_fsdp(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.megatron.conftest import build_family_model
+
+    models = {"qwen2": str(tiny_model), "qwen3": str(build_family_model(tmp_path / "qwen3", "qwen3"))}
+    spawn_ranks(tp2_runs_worker, 2, models, str(tmp_path / "tp2.pt"))
+    fsdp = {family: one_step(models[family], "fsdp") for family in models}
+    for (family, _), step in zip(TP2_RUNS, torch.load(tmp_path / "tp2.pt", weights_only=False), strict=True):
+        assert_same_step(step, fsdp[family])

@@ -37,6 +37,7 @@ shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import PackedSequence
 from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
+from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
 from telescope_megatron.pipeline import (
     gather_stages,
@@ -68,9 +70,9 @@ from telescope_megatron.pipeline import (
 from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
 if TYPE_CHECKING:
-    from telescope.api.algorithm import Algorithm
+    from telescope.api.algorithm import Algorithm, LossCounts
     from telescope.api.context import TrainerContext
-    from telescope.api.records import SupervisedExample
+    from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,7 @@ class MegatronBackend(FSDPBackend):
             self.hf_config,
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
+            sequence_parallel=self.megatron.megatron_sequence_parallel,
             recompute=self.megatron.megatron_gradient_checkpointing,
             params_dtype=DTYPES[self.context.model_dtype],
             use_cpu_initialization=self.device.type == "cpu",
@@ -254,7 +257,8 @@ class MegatronBackend(FSDPBackend):
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         """Pipeline parallel: the FSDP backend's warm-start cross-entropy, through the schedule."""
         if self.pp_size == 1:
-            return super().supervised_step(examples, learning_rate)
+            with self._device_scope():
+                return super().supervised_step(examples, learning_rate)
         if self._supervised_optimizer is None:
             self._supervised_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
         optimizer = self._supervised_optimizer
@@ -290,6 +294,7 @@ class MegatronBackend(FSDPBackend):
     def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite."""
         named = [(n, p) for n, p in self._params.items() if p.grad is not None]
+        self._sum_tensor_parallel_partial_grads(named)
         if self.world_size > 1:
             for _, param in named:
                 assert param.grad is not None
@@ -318,6 +323,36 @@ class MegatronBackend(FSDPBackend):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """Sum over the tensor-parallel ranks the gradients of replicated weights that each rank sees in part.
+
+        The q/k norms (Qwen3) are shared by all heads, and each rank holds some of the heads;
+        under sequence parallelism the layer norms see this rank's slice of the sequence only
+        (megatron-core marks them ``sequence_parallel``). As megatron-core's ``finalize_model_grads``.
+        """
+        if self.tp_size == 1:
+            return
+        sequence_parallel = self.model.config.sequence_parallel
+        for name, param in named:
+            qk_norm = name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
+            if qk_norm or (sequence_parallel and getattr(param, "sequence_parallel", False)):
+                assert param.grad is not None
+                dist.all_reduce(param.grad, group=self.tp_group)
+
+    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        with self._device_scope():
+            return super().train_step(batch)
+
+    def accumulate_gradients(self, samples: list[TrainingSample]) -> LossCounts:
+        with self._device_scope():
+            return super().accumulate_gradients(samples)
+
+    def _device_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Sequence parallel on the CPU: megatron-core's sequence gathers allocate on CUDA (see cpu_patches)."""
+        if self.device.type == "cpu" and self.model.config.sequence_parallel:
+            return cuda_free()
+        return contextlib.nullcontext()
 
     def _sum_tied_embedding_grads(self) -> None:
         """PP with tied embeddings: the first stage's embedding and the last stage's copy get their gradients' sum."""

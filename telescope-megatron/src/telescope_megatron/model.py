@@ -114,6 +114,7 @@ def transformer_config(
     *,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
+    sequence_parallel: bool = False,
     recompute: bool = False,
     params_dtype: torch.dtype = torch.float32,
     use_cpu_initialization: bool = True,
@@ -147,6 +148,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel_size,
         pipeline_model_parallel_size=pipeline_parallel_size,
+        sequence_parallel=sequence_parallel and tensor_parallel_size > 1,
         pipeline_dtype=params_dtype,
         variable_seq_lengths=pipeline_parallel_size > 1,  # packed rows differ in length: stages exchange shapes
         moe_token_dispatcher_type="alltoall",  # dense models; the default ("allgather") refuses variable lengths
@@ -167,12 +169,18 @@ def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from telescope_megatron.cpu_patches import apply_cpu_patches, cuda_free
 
     apply_cpu_patches()
     shape = ModelShape.from_hf(hf_config)
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    if shape.qk_norm:
+        attention = layer.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
+    spec = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     with cuda_free():  # the last stage's tied output weight is moved with .cuda() (see cpu_patches)
         return GPTModel(
             config=config,
@@ -186,6 +194,22 @@ def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
             position_embedding_type="rope",
             rotary_base=int(rope_theta(hf_config)),
         )
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` built as megatron-core builds its norms, usable under sequence parallelism.
+
+    The local spec's ``WrappedTorchNorm`` builds the same ``torch.nn.RMSNorm`` but
+    refuses ``sequence_parallel`` (megatron-core 0.16 leaves that to Apex or
+    Transformer Engine). Under sequence parallelism a norm sees this rank's slice of
+    the sequence only: its weight is marked ``sequence_parallel`` so that its gradient
+    is summed over the tensor-parallel ranks (the backend does it before clipping).
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        if config.sequence_parallel:
+            self.weight.sequence_parallel = True  # type: ignore[attr-defined]
 
 
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -219,17 +243,25 @@ def packed_logits(
     Under pipeline parallelism this is one *stage's* forward: a stage without the
     embedding reads its input from ``model.set_input_tensor`` (the pipeline schedule
     sets it), and a stage without the output layer returns its hidden states
-    ``[S, 1, H]`` for the next stage instead of logits.
+    ``[S, 1, H]`` for the next stage instead of logits. Under sequence parallelism
+    (``config.sequence_parallel``) the embedding keeps each tensor-parallel rank's
+    slice of the sequence, the layers work on ``S / TP`` rows between their
+    all-gathers and reduce-scatters, and the output layer gathers the sequence back.
 
     ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
     models, the lookups of that token pass no gradient to its embedding row (a tied
     output layer still does), so training updates the same weights as the HF model.
     """
+    from megatron.core import parallel_state
+
     embedded = None
     if model.pre_process:
         embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
         if padding_idx is not None:
             frozen = (input_ids[0] == padding_idx)[:, None, None]
+            if model.config.sequence_parallel:  # the embedding kept this rank's slice of the sequence
+                tp = parallel_state.get_tensor_model_parallel_world_size()
+                frozen = frozen.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
             embedded = torch.where(frozen, embedded.detach(), embedded)
     rotary = rotary_angles(model, position_ids)
     hidden = model.decoder(
@@ -238,9 +270,7 @@ def packed_logits(
     if not model.post_process:
         return hidden
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
-    logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP]
-    from megatron.core import parallel_state
-
+    logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP] (sequence gathered under SP)
     group = parallel_state.get_tensor_model_parallel_group()
     if torch.distributed.get_world_size(group) > 1:
         logits = _GatherVocabulary.apply(logits, group)

@@ -71,7 +71,7 @@ class MegatronSettings(PluginSettings):
     megatron_exp_avg_dtype: str = Field("float32", description="Data type for Adam's first moment (float32 only)")
     megatron_exp_avg_sq_dtype: str = Field("float32", description="Data type for Adam's second moment (float32 only)")
     megatron_sequence_parallel: bool = Field(
-        True, description="Shard the sequence dimension in LayerNorm/dropout with TP > 1 (no effect yet)"
+        True, description="Split each sequence over the tensor-parallel ranks outside attention/MLP (TP > 1)"
     )
     megatron_use_distributed_optimizer: bool = Field(
         True, description="Shard optimizer states across data-parallel ranks (no effect yet)"
@@ -100,6 +100,15 @@ class MegatronSettings(PluginSettings):
                 SettingsProblem(
                     f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of {sizes}",
                     fields=fields if pp > 1 else (fields[0], fields[2]),
+                )
+            )
+        if settings.megatron_sequence_parallel and tp > 1 and config.pad_to_multiple_of % tp:
+            problems.append(
+                SettingsProblem(
+                    f"megatron_sequence_parallel splits each packed sequence over the {tp} tensor-parallel ranks: "
+                    f"pad_to_multiple_of ({config.pad_to_multiple_of}) must be a multiple of "
+                    f"megatron_tensor_parallel_size ({tp}) (or set megatron_sequence_parallel: false)",
+                    fields=("megatron_sequence_parallel", "pad_to_multiple_of", "megatron_tensor_parallel_size"),
                 )
             )
         for name, supported in REFUSED_UNLESS.items():
@@ -136,10 +145,7 @@ REFUSED_UNLESS: dict[str, object] = {
 
 def inactive_settings(settings: MegatronSettings, data_parallel_size: int) -> list[str]:
     """The memory/overlap options that are on where they would matter, and have no effect yet."""
-    tp = settings.megatron_tensor_parallel_size
     inactive = []
-    if settings.megatron_sequence_parallel and tp > 1:
-        inactive.append("megatron_sequence_parallel")
     if settings.megatron_use_distributed_optimizer and data_parallel_size > 1:
         inactive.append("megatron_use_distributed_optimizer")
     if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:
