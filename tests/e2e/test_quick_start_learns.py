@@ -25,14 +25,31 @@ REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.08
 
 
+def _megatron_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("telescope_megatron") is not None and importlib.util.find_spec("megatron") is not None
+
+
 @pytest.mark.slow
-def test_quick_start_reward_rises(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "fsdp",
+        pytest.param(
+            "megatron",
+            marks=pytest.mark.skipif(not _megatron_installed(), reason="telescope-megatron is not installed"),
+        ),
+    ],
+)
+def test_quick_start_reward_rises(tmp_path: Path, backend: str) -> None:
+    """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, its defaults): the same margin."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
-               "--inference_base_port", "8241"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+               "--inference_base_port", "8241", "--train_backend", backend]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
     evals = {e["phase"]: e["metrics"] for e in RunReader(run_dir).evals()}
     before = evals["before"]["eval/countdown/reward_mean"]
