@@ -28,7 +28,9 @@ MARGIN = 0.08
 def _megatron_installed() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("telescope_megatron") is not None and importlib.util.find_spec("megatron") is not None
+    return (
+        importlib.util.find_spec("telescope_megatron") is not None and importlib.util.find_spec("megatron") is not None
+    )
 
 
 @pytest.mark.slow

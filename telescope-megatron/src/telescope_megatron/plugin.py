@@ -1,20 +1,24 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Three are implemented: tensor parallelism, activation
-recomputation and the float32 gradient reduction. Of the others (not built yet):
+config validates unchanged. Five are implemented: tensor, pipeline and sequence
+parallelism, activation recomputation and the float32 gradient reduction. Of the
+others (not built yet):
 
-- those that would change what is computed or where (pipeline, context and expert
+- those that would change what is computed or where (context and expert
   parallelism, a global batch size of its own, optimizer offload and its options,
   the unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer
-  Engine, FP8) are accepted
-  at the value this backend implements (the upstream default) and any other value
-  is a validation error naming the field (:data:`REFUSED_UNLESS`);
-- those that only save memory or overlap communication (sequence parallelism, the
-  distributed optimizer, gradient-reduce overlap) are accepted and have no effect
-  yet; the backend logs
+  Engine, FP8) are accepted at the value this backend implements (the upstream
+  default) and any other value is a validation error naming the field
+  (:data:`REFUSED_UNLESS`);
+- those that only save memory or overlap communication (the distributed optimizer,
+  gradient-reduce overlap) are accepted and have no effect yet; the backend logs
   one warning naming those that are on where they would matter
   (:func:`inactive_settings`).
+
+Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP; with
+sequence parallelism (TP > 1) ``pad_to_multiple_of`` must be a multiple of TP, so
+every packed sequence splits evenly over the tensor-parallel ranks.
 """
 
 from __future__ import annotations
