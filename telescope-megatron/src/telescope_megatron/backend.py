@@ -1,8 +1,9 @@
-"""The ``megatron`` trainer backend: a megatron-core ``GPTModel`` with tensor parallelism, data parallel over the rest.
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline parallel, data parallel over the rest.
 
 One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
 CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
-with ``megatron_tensor_parallel_size``; the remaining ranks are data parallel),
+with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; the
+remaining ranks are data parallel),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
 (:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
@@ -20,6 +21,15 @@ the FSDP backend's up to float32 rounding. What differs:
   tensor-parallel shards once and replicated weights (the norms) once;
 - ``megatron_gradient_checkpointing`` recomputes each layer in the backward
   (megatron-core's full, uniform recomputation);
+- pipeline parallelism: a minibatch's micro-batches go through megatron-core's 1F1B
+  schedule and the algorithm's loss runs on the last stage
+  (:mod:`telescope_megatron.pipeline`); the per-micro-batch sums come back to every
+  stage; a tied embedding's two copies (first and last stage) get their summed
+  gradient; the gradient norm sums over tensor- and pipeline-parallel ranks;
+- ``megatron_sequence_parallel`` (TP > 1) splits the sequence over the
+  tensor-parallel ranks outside attention and the MLP; the norms' gradients (and
+  the q/k norms' always, each rank holding some heads) are summed over the
+  tensor-parallel ranks before clipping, as megatron-core's ``finalize_model_grads`` does;
 - ``named_weights`` gathers one weight at a time over the tensor-parallel group and
   yields Hugging Face names in the Hugging Face model's order (a layer at most is
   held back), so the weight transport sees exactly what the FSDP backend sends;
@@ -29,8 +39,8 @@ the FSDP backend's up to float32 rounding. What differs:
   needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
   any layout).
 
-Limits: no pipeline, context, sequence or expert parallelism; the optimizer is
-torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
+Limits: no context or expert parallelism, no virtual (interleaved) pipeline; the
+optimizer is torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
