@@ -1,4 +1,4 @@
-"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline parallel, data parallel over the rest.
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x data parallel.
 
 One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
 CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
