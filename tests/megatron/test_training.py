@@ -174,3 +174,24 @@ def test_sequence_parallel_and_qk_norms_at_tp2_equal_fsdp(tiny_model: Path, tmp_
     fsdp = {family: one_step(models[family], "fsdp") for family in models}
     for (family, _), step in zip(TP2_RUNS, torch.load(tmp_path / "tp2.pt", weights_only=False), strict=True):
         assert_same_step(step, fsdp[family])
+
+
+def four_ranks_worker(rank: int, world_size: int, model: str, out: str) -> None:
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    runs = [{"megatron_pipeline_parallel_size": 2, "megatron_tensor_parallel_size": 2},  # TP inside each stage
+            {"megatron_pipeline_parallel_size": 2}]  # two pipelines, data parallel  # fmt: skip
+    steps = [one_step(model, "megatron", rank, world_size, trainer_num_workers=4, **run) for run in runs]
+    if rank == 0:
+        torch.save(steps, out)
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_pp2_with_tp2_and_with_dp2_equal_fsdp(tiny_model: Path, tmp_path: Path) -> None:
+    """Four ranks: PP 2 x TP 2 (sequence parallel, recomputation: the defaults), then PP 2 x DP 2."""
+    spawn_ranks(four_ranks_worker, 4, str(tiny_model), str(tmp_path / "four.pt"))
+    fsdp = one_step(str(tiny_model), "fsdp")
+    for step in torch.load(tmp_path / "four.pt", weights_only=False):
+        assert_same_step(step, fsdp)
