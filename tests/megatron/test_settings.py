@@ -87,27 +87,3 @@ def test_memory_options_without_effect_yet_are_named() -> None:
     assert inactive_settings(MegatronSettings(megatron_tensor_parallel_size=2), data_parallel_size=2) == [
         "megatron_use_distributed_optimizer"
     ]
-
-
-def test_sequence_parallel_needs_sequences_the_ranks_split_evenly(tiny_model: Path) -> None:
-    def problems(**overrides: object) -> list[str]:
-        values = {
-            "train_backend": "megatron",
-            "megatron_tensor_parallel_size": 2,
-            "trainer_num_workers": 2,
-            **overrides,
-        }
-        return [
-            message for message, _ in composed_schema().settings_problems(tiny_trainer_config(tiny_model, **values))
-        ]
-
-    assert problems(pad_to_multiple_of=8) == []
-    assert (
-        problems(pad_to_multiple_of=8, seq_len=24, max_model_len=24, max_tokens=16, megatron_sequence_parallel=False)
-        == []
-    )
-    assert problems(pad_to_multiple_of=3, seq_len=24, max_model_len=24, max_tokens=16) == [
-        "megatron_sequence_parallel splits each packed sequence over the 2 tensor-parallel ranks: "
-        "pad_to_multiple_of (3) must be a multiple of megatron_tensor_parallel_size (2) "
-        "(or set megatron_sequence_parallel: false)"
-    ]

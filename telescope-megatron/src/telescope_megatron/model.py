@@ -248,33 +248,49 @@ def packed_logits(
     slice of the sequence, the layers work on ``S / TP`` rows between their
     all-gathers and reduce-scatters, and the output layer gathers the sequence back.
 
+    all-gathers and reduce-scatters, and the output layer gathers the sequence back; a
+    row whose length is not a multiple of TP is padded at its end with one-token
+    samples (which no real token attends to) and the logits cut back to ``S``.
+
     ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
     models, the lookups of that token pass no gradient to its embedding row (a tied
     output layer still does), so training updates the same weights as the HF model.
     """
+    import contextlib
+
     from megatron.core import parallel_state
 
-    embedded = None
-    if model.pre_process:
-        embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
-        if padding_idx is not None:
-            frozen = (input_ids[0] == padding_idx)[:, None, None]
-            if model.config.sequence_parallel:  # the embedding kept this rank's slice of the sequence
-                tp = parallel_state.get_tensor_model_parallel_world_size()
-                frozen = frozen.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
-            embedded = torch.where(frozen, embedded.detach(), embedded)
-    rotary = rotary_angles(model, position_ids)
-    hidden = model.decoder(
-        hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
-    )
-    if not model.post_process:
-        return hidden
-    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
-    logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP] (sequence gathered under SP)
-    group = parallel_state.get_tensor_model_parallel_group()
-    if torch.distributed.get_world_size(group) > 1:
-        logits = _GatherVocabulary.apply(logits, group)
-    return logits[:, 0, :]  # [S, 1, V] -> [S, V]
+    from telescope_megatron.cpu_patches import cuda_free
+
+    length = input_ids.shape[1]
+    sequence_parallel = bool(model.config.sequence_parallel)
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if sequence_parallel and length % tp:
+        extra = tp - length % tp
+        input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=padding_idx or 0)
+        position_ids = torch.nn.functional.pad(position_ids, (0, extra))  # position 0: a new one-token sample
+    # megatron-core's sequence gathers allocate on CUDA (see cpu_patches); the backward is in the backend's scope
+    scope = cuda_free() if sequence_parallel and input_ids.device.type == "cpu" else contextlib.nullcontext()
+    with scope:
+        embedded = None
+        if model.pre_process:
+            embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
+            if padding_idx is not None:
+                frozen = (input_ids[0] == padding_idx)[:, None, None]
+                if sequence_parallel:  # the embedding kept this rank's slice of the sequence
+                    frozen = frozen.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
+                embedded = torch.where(frozen, embedded.detach(), embedded)
+        rotary = rotary_angles(model, position_ids)
+        hidden = model.decoder(
+            hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
+        )
+        if not model.post_process:
+            return hidden
+        weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+        logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP] (sequence gathered under SP)
+        if tp > 1:
+            logits = _GatherVocabulary.apply(logits, parallel_state.get_tensor_model_parallel_group())
+    return logits[:length, 0, :]  # [S, 1, V] -> [S, V]
 
 
 class _GatherVocabulary(torch.autograd.Function):

@@ -16,9 +16,7 @@ others (not built yet):
   one warning naming those that are on where they would matter
   (:func:`inactive_settings`).
 
-Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP; with
-sequence parallelism (TP > 1) ``pad_to_multiple_of`` must be a multiple of TP, so
-every packed sequence splits evenly over the tensor-parallel ranks.
+Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP.
 """
 
 from __future__ import annotations
@@ -104,15 +102,6 @@ class MegatronSettings(PluginSettings):
                 SettingsProblem(
                     f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of {sizes}",
                     fields=fields if pp > 1 else (fields[0], fields[2]),
-                )
-            )
-        if settings.megatron_sequence_parallel and tp > 1 and config.pad_to_multiple_of % tp:
-            problems.append(
-                SettingsProblem(
-                    f"megatron_sequence_parallel splits each packed sequence over the {tp} tensor-parallel ranks: "
-                    f"pad_to_multiple_of ({config.pad_to_multiple_of}) must be a multiple of "
-                    f"megatron_tensor_parallel_size ({tp}) (or set megatron_sequence_parallel: false)",
-                    fields=("megatron_sequence_parallel", "pad_to_multiple_of", "megatron_tensor_parallel_size"),
                 )
             )
         for name, supported in REFUSED_UNLESS.items():
