@@ -33,25 +33,33 @@ def _megatron_installed() -> bool:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "fsdp",
-        pytest.param(
-            "megatron",
-            marks=pytest.mark.skipif(not _megatron_installed(), reason="telescope-megatron is not installed"),
-        ),
+# The megatron variant is opt-in (TELESCOPE_E2E_MEGATRON=1): a warm-start step of the quick start's model takes
+# 1.4 s with the megatron backend against 0.54 s with FSDP (one CPU thread; its unfused attention over an explicit
+# S x S mask), so the run is about three times longer and does not fit the suite's 600 s timeout on a CI machine.
+MEGATRON = pytest.param(
+    "megatron",
+    marks=[
+        pytest.mark.skipif(not _megatron_installed(), reason="telescope-megatron is not installed"),
+        pytest.mark.skipif(os.environ.get("TELESCOPE_E2E_MEGATRON") != "1", reason="set TELESCOPE_E2E_MEGATRON=1"),
+        pytest.mark.timeout(2400),
     ],
 )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["fsdp", MEGATRON])
 def test_quick_start_reward_rises(tmp_path: Path, backend: str) -> None:
-    """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, its defaults): the same margin."""
+    """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, no recomputation as the FSDP run)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
                "--inference_base_port", "8241", "--train_backend", backend]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
+    if backend == "megatron":
+        command += ["--megatron_gradient_checkpointing", "false"]  # the quick start sets gradient_checkpointing: false
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=900 if backend == "fsdp" else 2300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evals = {e["phase"]: e["metrics"] for e in RunReader(run_dir).evals()}
     before = evals["before"]["eval/countdown/reward_mean"]
