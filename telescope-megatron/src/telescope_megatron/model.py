@@ -177,8 +177,9 @@ def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     shape = ModelShape.from_hf(hf_config)
     layer = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
     layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    attention = layer.submodules.self_attention.submodules
+    attention.core_attention = _sdpa_attention_class()
     if shape.qk_norm:
-        attention = layer.submodules.self_attention.submodules
         attention.q_layernorm = attention.k_layernorm = RMSNorm
     spec = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     with cuda_free():  # the last stage's tied output weight is moved with .cuda() (see cpu_patches)
@@ -210,6 +211,46 @@ class RMSNorm(torch.nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
         if config.sequence_parallel:
             self.weight.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def _sdpa_attention_class() -> type:
+    """megatron-core's ``DotProductAttention`` whose forward is torch's ``scaled_dot_product_attention``.
+
+    Why: the local spec's attention materialises the ``[heads, S, S]`` scores with
+    ``baddbmm`` into a shared scratch buffer, applies the mask with ``masked_fill`` and a
+    separate softmax; on the CPU that was three times the FSDP backend's step time at the
+    quick start's sizes (a 1440-token packed row). ``scaled_dot_product_attention`` takes
+    the same boolean mask (inverted: True = attend), the same scale and grouped-query
+    heads, and runs fused kernels on the CPU and on a GPU. Dropout is 0 (the supported
+    models), so it is not applied here.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class SDPAttention(DotProductAttention):
+        def forward(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            attn_mask_type: Any = None,
+            attention_bias: Any = None,
+            packed_seq_params: Any = None,
+        ) -> torch.Tensor:
+            assert attention_bias is None and packed_seq_params is None
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [S, B, N, D] -> [B, N, S, D]
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=None if attention_mask is None else ~attention_mask,
+                is_causal=attention_mask is None,
+                scale=self.softmax_scale,
+                enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition,
+            )
+            return context.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], self.hidden_size_per_partition)
+
+    return SDPAttention
 
 
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
