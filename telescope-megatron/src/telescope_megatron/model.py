@@ -12,7 +12,11 @@ scaling other than none) is refused with an error naming the field.
 
 The layers come from megatron-core's *local* layer spec (no Transformer Engine), so
 the same model runs on the CPU (with :mod:`telescope_megatron.cpu_patches`) and on a
-GPU; dropout is 0 as in the HF models.
+GPU; dropout is 0 as in the HF models. Two modules of the spec are replaced: the
+norms (:class:`RMSNorm`, the same ``torch.nn.RMSNorm`` but usable under sequence
+parallelism) and the core attention's forward (torch's
+``scaled_dot_product_attention``, see :func:`_sdpa_attention_class`). Under pipeline
+parallelism each rank builds its stage only (``pre_process``/``post_process``).
 
 Packed sequences: several samples share one row, with ``position_ids`` restarting
 at 0 for each (the layout of :mod:`telescope.trainer.packing`). megatron-core's
