@@ -25,14 +25,42 @@ REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.08
 
 
+def _megatron_installed() -> bool:
+    import importlib.util
+
+    return (
+        importlib.util.find_spec("telescope_megatron") is not None and importlib.util.find_spec("megatron") is not None
+    )
+
+
+# The megatron variant is opt-in (TELESCOPE_E2E_MEGATRON=1) until it has been seen to pass: its one run (with
+# megatron-core's unfused local attention, then 1.4 s a warm-start step against FSDP's 0.54 s) was stopped by the
+# 600 s timeout on a loaded machine. With the sdpa core attention a step takes about the FSDP one's time (0.67 s
+# against 0.63 s, one CPU thread), so the run should now take about as long as the FSDP one.
+MEGATRON = pytest.param(
+    "megatron",
+    marks=[
+        pytest.mark.skipif(not _megatron_installed(), reason="telescope-megatron is not installed"),
+        pytest.mark.skipif(os.environ.get("TELESCOPE_E2E_MEGATRON") != "1", reason="set TELESCOPE_E2E_MEGATRON=1"),
+        pytest.mark.timeout(2400),
+    ],
+)
+
+
 @pytest.mark.slow
-def test_quick_start_reward_rises(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["fsdp", MEGATRON])
+def test_quick_start_reward_rises(tmp_path: Path, backend: str) -> None:
+    """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, no recomputation as the FSDP run)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
-               "--inference_base_port", "8241"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+               "--inference_base_port", "8241", "--train_backend", backend]  # fmt: skip
+    if backend == "megatron":
+        command += ["--megatron_gradient_checkpointing", "false"]  # the quick start sets gradient_checkpointing: false
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=900 if backend == "fsdp" else 2300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evals = {e["phase"]: e["metrics"] for e in RunReader(run_dir).evals()}
     before = evals["before"]["eval/countdown/reward_mean"]

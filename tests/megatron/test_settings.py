@@ -33,15 +33,22 @@ def test_settings_reach_the_backend(tiny_model: Path) -> None:
     assert backend.megatron.megatron_grad_reduce_in_fp32 is False  # type: ignore[attr-defined]
 
 
-def test_workers_must_be_a_multiple_of_the_tensor_parallel_size(tiny_model: Path) -> None:
+def test_workers_must_be_a_multiple_of_the_model_parallel_size(tiny_model: Path) -> None:
     def problems(**overrides: object) -> list[str]:
-        config = tiny_trainer_config(tiny_model, megatron_tensor_parallel_size=2, trainer_num_workers=3, **overrides)
-        return [message for message, _ in composed_schema().settings_problems(config)]
+        values = {"megatron_tensor_parallel_size": 2, "trainer_num_workers": 3, **overrides}
+        return [
+            message for message, _ in composed_schema().settings_problems(tiny_trainer_config(tiny_model, **values))
+        ]
 
     assert problems(train_backend="megatron") == [
         "trainer_num_workers (3) must be a multiple of megatron_tensor_parallel_size (2)"
     ]
     assert problems(train_backend="fsdp") == []  # the rule is the megatron backend's
+    assert problems(train_backend="megatron", megatron_pipeline_parallel_size=2, trainer_num_workers=6) == [
+        "trainer_num_workers (6) must be a multiple of megatron_tensor_parallel_size (2) "
+        "x megatron_pipeline_parallel_size (2)"
+    ]
+    assert problems(train_backend="megatron", megatron_pipeline_parallel_size=2, trainer_num_workers=4) == []
 
 
 def test_a_world_size_that_tensor_parallelism_does_not_divide_is_refused(tiny_model: Path) -> None:
@@ -62,15 +69,15 @@ def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_mo
         return [message for message, _ in composed_schema().settings_problems(config)]
 
     assert problems() == []  # the upstream defaults validate
-    assert problems(megatron_pipeline_parallel_size=2) == [
-        "megatron_pipeline_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
+    assert problems(megatron_context_parallel_size=2) == [
+        "megatron_context_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
     ]
     assert problems(megatron_fp8=True, megatron_main_grads_dtype="bfloat16") == [
         "megatron_main_grads_dtype='bfloat16': telescope-megatron does not build this yet; "
         "set it to 'float32' (or leave it out)",
         "megatron_fp8=True: telescope-megatron does not build this yet; set it to False (or leave it out)",
     ]
-    assert problems(train_backend="fsdp", megatron_pipeline_parallel_size=2) == []  # ignored by FSDP
+    assert problems(train_backend="fsdp", megatron_context_parallel_size=2) == []  # ignored by FSDP
 
 
 def test_memory_options_without_effect_yet_are_named() -> None:
@@ -78,6 +85,5 @@ def test_memory_options_without_effect_yet_are_named() -> None:
 
     assert inactive_settings(MegatronSettings(), data_parallel_size=1) == []
     assert inactive_settings(MegatronSettings(megatron_tensor_parallel_size=2), data_parallel_size=2) == [
-        "megatron_sequence_parallel",
-        "megatron_use_distributed_optimizer",
+        "megatron_use_distributed_optimizer"
     ]

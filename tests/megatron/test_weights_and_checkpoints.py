@@ -112,3 +112,57 @@ def test_checkpoint_converts_to_hf_with_equal_logits(tiny_model: Path, tmp_path:
     )
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits[0], ours, atol=1e-5, rtol=0)
+
+
+def pp2_worker(rank: int, world_size: int, model: str, out: str) -> None:
+    """PP 2: each stage's weights reach rank 0 in the HF order; a trained checkpoint is saved and resumed."""
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))  # one group for both backends below
+    settings = {"megatron_pipeline_parallel_size": 2, "trainer_num_workers": 2, **OVERRIDES}
+    backend = make_backend(model, "megatron", **settings)
+    backend.setup(rank, world_size, "cpu")
+    weights = backend.named_weights()
+    if rank == 0:
+        torch.save(received(weights, Path(out) / "transport"), Path(out) / "received.pt")
+    else:
+        for _ in weights:  # the broadcasts from each stage are collective
+            pass
+    backend.train_step(synthetic_batch())
+    backend.save_checkpoint(Path(out) / "ckpt", training_state=True)
+    trained = [(n, t.clone()) for n, t in backend.named_weights()]
+    backend.close()
+    resumed = make_backend(model, "megatron", **settings)  # same layout: weights and optimizer state
+    resumed.setup(rank, world_size, "cpu")
+    meta = resumed.load_checkpoint(Path(out) / "ckpt")
+    same = all(torch.equal(t, u) for (_, t), (_, u) in zip(trained, resumed.named_weights(), strict=True))
+    resumed.close()
+    if rank == 0:
+        torch.save({"step": meta["step"], "same": same}, Path(out) / "resumed.pt")
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_pp2_sends_what_fsdp_sends_and_its_checkpoint_resumes_and_converts(tiny_model: Path, tmp_path: Path) -> None:
+    from telescope_megatron.model import packed_logits
+    from transformers import AutoModelForCausalLM
+
+    from telescope.trainer.convert import convert_checkpoint
+
+    spawn_ranks(pp2_worker, 2, str(tiny_model), str(tmp_path))
+    assert_same_tensors(torch.load(tmp_path / "received.pt"), fsdp_received(tiny_model, tmp_path / "fsdp"))
+    assert torch.load(tmp_path / "resumed.pt") == {"step": 1, "same": True}
+
+    backend = make_backend(str(tiny_model), "megatron", **OVERRIDES)  # PP 1: weights resume, training state refused
+    backend.setup(0, 1, "cpu")
+    with pytest.raises(ValueError, match="megatron_pipeline_parallel_size 2"):
+        backend.load_checkpoint(tmp_path / "ckpt")
+    ids = torch.tensor([[1, 5, 9, 30, 2, 7]])
+    with torch.no_grad():
+        ours = packed_logits(backend.model, ids, torch.arange(6)[None])
+    backend.close()
+    hf = AutoModelForCausalLM.from_pretrained(
+        convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf"), dtype=torch.float32
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits[0], ours, atol=1e-5, rtol=0)

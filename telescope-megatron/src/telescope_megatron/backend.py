@@ -1,8 +1,9 @@
-"""The ``megatron`` trainer backend: a megatron-core ``GPTModel`` with tensor parallelism, data parallel over the rest.
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x data parallel.
 
 One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
 CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
-with ``megatron_tensor_parallel_size``; the remaining ranks are data parallel),
+with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; the
+remaining ranks are data parallel),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
 (:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
@@ -20,6 +21,15 @@ the FSDP backend's up to float32 rounding. What differs:
   tensor-parallel shards once and replicated weights (the norms) once;
 - ``megatron_gradient_checkpointing`` recomputes each layer in the backward
   (megatron-core's full, uniform recomputation);
+- pipeline parallelism: a minibatch's micro-batches go through megatron-core's 1F1B
+  schedule and the algorithm's loss runs on the last stage
+  (:mod:`telescope_megatron.pipeline`); the per-micro-batch sums come back to every
+  stage; a tied embedding's two copies (first and last stage) get their summed
+  gradient; the gradient norm sums over tensor- and pipeline-parallel ranks;
+- ``megatron_sequence_parallel`` (TP > 1) splits the sequence over the
+  tensor-parallel ranks outside attention and the MLP; the norms' gradients (and
+  the q/k norms' always, each rank holding some heads) are summed over the
+  tensor-parallel ranks before clipping, as megatron-core's ``finalize_model_grads`` does;
 - ``named_weights`` gathers one weight at a time over the tensor-parallel group and
   yields Hugging Face names in the Hugging Face model's order (a layer at most is
   held back), so the weight transport sees exactly what the FSDP backend sends;
@@ -29,18 +39,19 @@ the FSDP backend's up to float32 rounding. What differs:
   needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
   any layout).
 
-Limits: no pipeline, context, sequence or expert parallelism; the optimizer is
-torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
+Limits: no context or expert parallelism, no virtual (interleaved) pipeline; the
+optimizer is torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,16 +60,29 @@ import torch.distributed as dist
 
 from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import barrier, destroy_process_group, init_process_group, resolve_device
-from telescope.trainer.fsdp import DTYPES, FSDPBackend
+from telescope.trainer.fsdp import DTYPES, LOSS_PART_KEYS, FSDPBackend
+from telescope.trainer.logprobs import token_logprobs
+from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
+from telescope.trainer.packing import PackedSequence
 from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
+from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
+from telescope_megatron.pipeline import (
+    gather_stages,
+    global_name,
+    hf_owner,
+    layer_stages,
+    run_schedule,
+    share_from_last_stage,
+)
 from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
 if TYPE_CHECKING:
-    from telescope.api.algorithm import Algorithm
+    from telescope.api.algorithm import Algorithm, LossCounts
     from telescope.api.context import TrainerContext
+    from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +100,8 @@ class MegatronBackend(FSDPBackend):
         self.global_world_size = 1
         self.tp_rank = 0
         self.tp_size = 1
+        self.pp_rank = 0
+        self.pp_size = 1
 
     # ------------------------------------------------------------------ setup
 
@@ -87,15 +113,20 @@ class MegatronBackend(FSDPBackend):
         from telescope.models.tiny import resolve_model_path
 
         tp = self.megatron.megatron_tensor_parallel_size
-        if world_size % tp:
-            raise ValueError(f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp})")
+        pp = self.megatron.megatron_pipeline_parallel_size
+        if world_size % (tp * pp):
+            raise ValueError(
+                f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
+                f"x megatron_pipeline_parallel_size ({pp})"
+            )
         self.global_rank, self.global_world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.tp_rank, self.tp_size = dist.get_rank(self.tp_group), tp
+        self.pp_rank, self.pp_size = parallel_state.get_pipeline_model_parallel_rank(), pp
         self.rank, self.world_size = dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
         inactive = inactive_settings(self.megatron, self.world_size)
         if inactive and self.global_rank == 0:
@@ -105,17 +136,25 @@ class MegatronBackend(FSDPBackend):
         self.model_path = resolve_model_path(self.context.model)
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.shape = ModelShape.from_hf(self.hf_config)
-        self._check_divisible(tp)
+        self._check_divisible(tp, pp)
         config = transformer_config(
             self.hf_config,
             tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            sequence_parallel=self.megatron.megatron_sequence_parallel,
             recompute=self.megatron.megatron_gradient_checkpointing,
             params_dtype=DTYPES[self.context.model_dtype],
             use_cpu_initialization=self.device.type == "cpu",
         )
         self.model = build_model(self.hf_config, config).to(self.device)
-        self._params = dict(self.model.named_parameters())
-        self.hf_order = self._hf_parameter_order()
+        stages = layer_stages(config, pp)
+        offset = stages.index(self.pp_rank)
+        self._params = {global_name(n, offset): p for n, p in self.model.named_parameters()}
+        # The last stage's copy of a tied embedding (pipeline parallel only): not streamed, counted once.
+        self._tied_copy = "output_layer.weight" if self.shape.tied_embeddings and pp > 1 and self.pp_rank > 0 else None
+        self.hf_shapes = self._hf_parameter_shapes()
+        self.hf_order = list(self.hf_shapes)
+        self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
         self._load_hf_state(self._read_hf_state(self.model_path))
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -131,7 +170,7 @@ class MegatronBackend(FSDPBackend):
         pad = self.hf_config.pad_token_id if self.hf_config.pad_token_id is not None else self.hf_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
 
-    def _check_divisible(self, tp: int) -> None:
+    def _check_divisible(self, tp: int, pp: int) -> None:
         s = self.shape
         sizes = {"num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_query_groups,
                  "vocab_size": s.vocab_size}  # fmt: skip
@@ -141,14 +180,19 @@ class MegatronBackend(FSDPBackend):
                 f"{self.model_path}: {', '.join(bad)} not divisible by megatron_tensor_parallel_size ({tp}); "
                 "choose a tensor-parallel size that divides them"
             )
+        if s.num_layers % pp:
+            raise ValueError(
+                f"{self.model_path}: num_hidden_layers ({s.num_layers}) not divisible by "
+                f"megatron_pipeline_parallel_size ({pp}); choose a pipeline size that divides it"
+            )
 
-    def _hf_parameter_order(self) -> list[str]:
-        """The Hugging Face model's parameter names in its own order (built on the meta device: no memory)."""
+    def _hf_parameter_shapes(self) -> dict[str, torch.Size]:
+        """The Hugging Face model's parameter names and shapes in its own order (built on the meta device)."""
         from transformers import AutoModelForCausalLM
 
         with torch.device("meta"):
             reference = AutoModelForCausalLM.from_config(self.hf_config)
-        return [name for name, _ in reference.named_parameters()]
+        return {name: param.shape for name, param in reference.named_parameters()}
 
     def _read_hf_state(self, folder: str | Path) -> dict[str, torch.Tensor]:
         from transformers import AutoModelForCausalLM
@@ -161,12 +205,91 @@ class MegatronBackend(FSDPBackend):
         """Copy Hugging Face weights into this rank's shards."""
         full = hf_to_megatron(hf_state, self.shape)
         for name, param in self._params.items():
-            param.copy_(shard(name, full[name], self.tp_rank, self.tp_size))
+            source = "embedding.word_embeddings.weight" if name == self._tied_copy else name
+            param.copy_(shard(name, full[source], self.tp_rank, self.tp_size))
 
     # ------------------------------------------------------ parallelism hooks
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
         return packed_logits(self.model, mb.input_ids, mb.position_ids, self.shape.padding_idx)
+
+    def _forward_backward_minibatch(
+        self,
+        sequences: list[PackedSequence],
+        ref_logprobs: list[torch.Tensor] | None,
+        denominator: float,
+        timers: SectionTimers,
+        minibatch: int = 0,
+        first_microbatch: int = 0,
+    ) -> list[dict[str, float]]:
+        """Pipeline parallel: the minibatch through megatron-core's schedule, the loss on the last stage."""
+        if self.pp_size == 1:
+            return super()._forward_backward_minibatch(
+                sequences, ref_logprobs, denominator, timers, minibatch, first_microbatch
+            )
+        with timers.section("data_to_device", minibatch=minibatch):
+            batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
+        index = {id(mb): i for i, mb in enumerate(batches)}
+        keys = ("loss", "entropy", "kl", "tokens", *LOSS_PART_KEYS)
+
+        def loss(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+            i = index[id(mb)]
+            ref = ref_logprobs[i] if ref_logprobs is not None else None
+            ids = {"minibatch": minibatch, "microbatch": first_microbatch + i}
+            value, sums = self._micro_loss(mb, logits, ref, denominator, timers, **ids)
+            # summed over data-parallel ranks, averaged in _clip_and_step (as the FSDP backend does)
+            return value * self.world_size, [sums[k] for k in keys]
+
+        with timers.section("forward_backward", minibatch=minibatch):
+            rows = run_schedule(self.model, batches, self._logits, loss)
+        rows = share_from_last_stage(rows, len(batches), len(keys), self.device)
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    @torch.no_grad()
+    def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
+        """Pipeline parallel: forward-only schedule; the log-probabilities live on the last stage (empty elsewhere)."""
+        if self.pp_size == 1:
+            return super()._reference_logprobs(local, timers)
+        temperature = self.context.temperature
+
+        def logprobs(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            values = token_logprobs(logits, mb.target_ids, temperature).detach()
+            return values.new_zeros(()), values
+
+        out = []
+        for m, sequences in enumerate(local):
+            batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
+            with timers.section("forward", minibatch=m, reference=True):
+                values = run_schedule(self.model, batches, self._logits, logprobs, forward_only=True)
+            out.append(values or [torch.empty(0, device=self.device) for _ in batches])
+        return out
+
+    def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        """Pipeline parallel: the FSDP backend's warm-start cross-entropy, through the schedule."""
+        if self.pp_size == 1:
+            with self._device_scope():
+                return super().supervised_step(examples, learning_rate)
+        if self._supervised_optimizer is None:
+            self._supervised_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
+        optimizer = self._supervised_optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+        sequences = self._local_sequences(self._pack([e.as_training_sample() for e in examples]))
+        counts = self._global_counts(sequences)
+        denominator = float(max(counts.loss_tokens, 1))
+
+        def cross_entropy(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+            logprobs = token_logprobs(logits, mb.target_ids, 1.0)
+            value = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
+            return value * self.world_size, [float(value.detach())]
+
+        batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
+        rows = share_from_last_stage(
+            run_schedule(self.model, batches, self._logits, cross_entropy), len(batches), 1, self.device
+        )
+        norm = self._clip_and_step(optimizer)
+        (total_loss,) = self._all_reduce_sum([sum(row[0] for row in rows)])
+        return {"loss": total_loss, "grad_norm": norm, "tokens": float(counts.loss_tokens)}
 
     def _set_gradient_sync(self, enabled: bool) -> None:
         """Nothing to switch: gradients are reduced once per optimizer step in :meth:`_clip_and_step`."""
@@ -181,6 +304,7 @@ class MegatronBackend(FSDPBackend):
     def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite."""
         named = [(n, p) for n, p in self._params.items() if p.grad is not None]
+        self._sum_tensor_parallel_partial_grads(named)
         if self.world_size > 1:
             for _, param in named:
                 assert param.grad is not None
@@ -188,13 +312,17 @@ class MegatronBackend(FSDPBackend):
                 wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
                 dist.all_reduce(wide, group=self.dp_group)
                 grad.copy_(wide / self.world_size)
+        self._sum_tied_embedding_grads()
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
         for name, param in named:
-            if partition_dim(name) is not None or self.tp_rank == 0:  # replicated weights counted once
+            # replicated weights (the norms) counted on one tensor-parallel rank, a tied embedding on one stage
+            if (partition_dim(name) is not None or self.tp_rank == 0) and name != self._tied_copy:
                 assert param.grad is not None
                 squares += param.grad.detach().float().pow(2).sum()
-        if self.tp_size > 1:
-            dist.all_reduce(squares, group=self.tp_group)
+        if self.tp_size * self.pp_size > 1:
+            from megatron.core import parallel_state
+
+            dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
         total = squares.sqrt()
         coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
         for _, param in named:
@@ -205,6 +333,47 @@ class MegatronBackend(FSDPBackend):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        """Sum over the tensor-parallel ranks the gradients of replicated weights that each rank sees in part.
+
+        The q/k norms (Qwen3) are shared by all heads, and each rank holds some of the heads;
+        under sequence parallelism the layer norms see this rank's slice of the sequence only
+        (megatron-core marks them ``sequence_parallel``). As megatron-core's ``finalize_model_grads``.
+        """
+        if self.tp_size == 1:
+            return
+        sequence_parallel = self.model.config.sequence_parallel
+        for name, param in named:
+            qk_norm = name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
+            if qk_norm or (sequence_parallel and getattr(param, "sequence_parallel", False)):
+                assert param.grad is not None
+                dist.all_reduce(param.grad, group=self.tp_group)
+
+    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        with self._device_scope():
+            return super().train_step(batch)
+
+    def accumulate_gradients(self, samples: list[TrainingSample]) -> LossCounts:
+        with self._device_scope():
+            return super().accumulate_gradients(samples)
+
+    def _device_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Sequence parallel on the CPU: megatron-core's sequence gathers allocate on CUDA (see cpu_patches)."""
+        if self.device.type == "cpu" and self.model.config.sequence_parallel:
+            return cuda_free()
+        return contextlib.nullcontext()
+
+    def _sum_tied_embedding_grads(self) -> None:
+        """PP with tied embeddings: the first stage's embedding and the last stage's copy get their gradients' sum."""
+        from megatron.core import parallel_state
+
+        if not (self.shape.tied_embeddings and self.pp_size > 1 and parallel_state.is_rank_in_embedding_group()):
+            return
+        param = self._params[self._tied_copy or "embedding.word_embeddings.weight"]
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        dist.all_reduce(param.grad, group=parallel_state.get_embedding_group())
 
     # --------------------------------------------------------------- weights
 
@@ -219,7 +388,18 @@ class MegatronBackend(FSDPBackend):
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights in Hugging Face names and order, one weight gathered at a time. Collective."""
-        yield from stream_hf_weights(list(self._params), self._full_tensor, self.shape, self.hf_order)
+        yield from self._hf_stream(self._full_tensor)
+
+    def _hf_stream(self, full_tensor: Callable[[str], torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every Hugging Face tensor in order from ``full_tensor(megatron name)`` (each stage's, then all stages')."""
+        own = [name for name in self._params if name != self._tied_copy]
+        mine = [name for name in self.hf_order if self.hf_owners[name] == self.pp_rank]
+        local = stream_hf_weights(own, full_tensor, self.shape, mine)
+        if self.pp_size == 1:
+            yield from local
+            return
+        dtype = next(iter(self._params.values())).dtype
+        yield from gather_stages(local, self.hf_shapes, self.hf_owners, dtype, self.device)
 
     # ----------------------------------------------------------- checkpoints
 
@@ -252,6 +432,7 @@ class MegatronBackend(FSDPBackend):
                     "training_state": training_state,
                     "world_size": self.global_world_size,
                     "megatron_tensor_parallel_size": self.tp_size,
+                    "megatron_pipeline_parallel_size": self.pp_size,
                     "model": self.context.model,
                     "model_dtype": self.context.model_dtype,
                 }
@@ -269,13 +450,15 @@ class MegatronBackend(FSDPBackend):
         self._load_hf_state({k: v.to(self.device) for k, v in hf_state.items()})
         shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
         if meta.get("training_state") and shard_file.exists():
-            layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"))
-            if layout != (self.global_world_size, self.tp_size):
+            layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
+                      meta.get("megatron_pipeline_parallel_size", 1))  # fmt: skip
+            if layout != (self.global_world_size, self.tp_size, self.pp_size):
                 raise ValueError(
-                    f"{folder}: its optimizer state was saved with world_size {layout[0]} and "
-                    f"megatron_tensor_parallel_size {layout[1]}; this run has {self.global_world_size} and "
-                    f"{self.tp_size}. Resume with the same layout, or resume the weights only "
-                    "(a checkpoint saved with checkpoint_save_training_state: false)"
+                    f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
+                    f"megatron_tensor_parallel_size {layout[1]} and megatron_pipeline_parallel_size {layout[2]}; "
+                    f"this run has {self.global_world_size}, {self.tp_size} and {self.pp_size}. Resume with the "
+                    "same layout, or resume the weights only (a checkpoint saved with "
+                    "checkpoint_save_training_state: false)"
                 )
             self.optimizer.load_state_dict(torch.load(shard_file, map_location=self.device, weights_only=False))
             self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
@@ -298,7 +481,7 @@ class MegatronBackend(FSDPBackend):
             dist.all_gather(parts, local.contiguous(), group=self.tp_group)
             return unshard(name, parts)
 
-        return {n: t.float().cpu().clone() for n, t in stream_hf_weights(list(grads), full, self.shape, self.hf_order)}
+        return {n: t.float().cpu().clone() for n, t in self._hf_stream(full)}
 
     def close(self) -> None:
         from megatron.core import parallel_state

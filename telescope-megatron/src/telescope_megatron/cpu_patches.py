@@ -10,6 +10,10 @@ Limits: with the patched RNG helpers there is no separate model-parallel RNG str
 on the CPU; the Telescope configs run with dropout 0, so no random numbers are drawn
 inside the layers. Recomputation (``megatron_gradient_checkpointing``) replays the
 CPU RNG state, which megatron-core saves itself.
+
+:func:`cuda_free` is a scoped fallback rather than a patch: the pipeline schedules
+hard-code CUDA devices in a handful of allocations, so the backend enters it around
+the schedule (and the model construction) on the CPU only.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
 
@@ -87,3 +92,50 @@ def apply_cpu_patches() -> None:
 
     mcore_random.CudaRNGStatesTracker.fork = fork
     _APPLIED = True
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites ``device="cuda"`` (or a CUDA index) in torch calls to the CPU; ``Tensor.cuda()`` returns the tensor."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and _is_cuda(device):
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, int):
+        return True
+    return torch.device(device).type == "cuda"
+
+
+@contextlib.contextmanager
+def cuda_free() -> Iterator[None]:
+    """Run a megatron-core block that hard-codes CUDA on the CPU (a no-op when CUDA is available).
+
+    Why: the pipeline schedules and their point-to-point layer (megatron-core 0.16)
+    allocate on ``device="cuda"`` / ``torch.cuda.current_device()`` (the token counter,
+    the receive buffers, the shape exchange), call ``torch.cuda.synchronize()`` after
+    the shape exchange, and ``LanguageModule.setup_embeddings_and_output_layer`` moves
+    the tied output weight of the last pipeline stage with ``.cuda()`` before its
+    all-reduce. Inside this block those calls land on the CPU: a torch function mode
+    rewrites CUDA devices to the CPU and ``Tensor.cuda`` to the identity, and
+    ``torch.cuda.current_device`` / ``torch.cuda.synchronize`` are replaced while the
+    block runs (restored after). Used only around model construction and the
+    pipeline schedule, and only without CUDA.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = torch.cuda.current_device, torch.cuda.synchronize
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    try:
+        with _CudaToCpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = saved

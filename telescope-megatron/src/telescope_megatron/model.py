@@ -12,7 +12,11 @@ scaling other than none) is refused with an error naming the field.
 
 The layers come from megatron-core's *local* layer spec (no Transformer Engine), so
 the same model runs on the CPU (with :mod:`telescope_megatron.cpu_patches`) and on a
-GPU; dropout is 0 as in the HF models.
+GPU; dropout is 0 as in the HF models. Two modules of the spec are replaced: the
+norms (:class:`RMSNorm`, the same ``torch.nn.RMSNorm`` but usable under sequence
+parallelism) and the core attention's forward (torch's
+``scaled_dot_product_attention``, see :func:`_sdpa_attention_class`). Under pipeline
+parallelism each rank builds its stage only (``pre_process``/``post_process``).
 
 Packed sequences: several samples share one row, with ``position_ids`` restarting
 at 0 for each (the layout of :mod:`telescope.trainer.packing`). megatron-core's
@@ -113,6 +117,8 @@ def transformer_config(
     hf_config: Any,
     *,
     tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    sequence_parallel: bool = False,
     recompute: bool = False,
     params_dtype: torch.dtype = torch.float32,
     use_cpu_initialization: bool = True,
@@ -145,6 +151,12 @@ def transformer_config(
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel_size,
+        pipeline_model_parallel_size=pipeline_parallel_size,
+        sequence_parallel=sequence_parallel and tensor_parallel_size > 1,
+        pipeline_dtype=params_dtype,
+        variable_seq_lengths=pipeline_parallel_size > 1,  # packed rows differ in length: stages exchange shapes
+        moe_token_dispatcher_type="alltoall",  # dense models; the default ("allgather") refuses variable lengths
+        calculate_per_token_loss=True,  # the schedule leaves the loss as computed (global denominator)
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
         recompute_num_layers=1 if recompute else None,
@@ -158,24 +170,91 @@ def transformer_config(
 
 def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     """A ``GPTModel`` (local layer spec, RoPE, full-vocabulary logits) for ``hf_config``."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    from telescope_megatron.cpu_patches import apply_cpu_patches
+    from telescope_megatron.cpu_patches import apply_cpu_patches, cuda_free
 
     apply_cpu_patches()
     shape = ModelShape.from_hf(hf_config)
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=shape.vocab_size,
-        max_sequence_length=int(hf_config.max_position_embeddings),
-        parallel_output=True,  # vocabulary shards; packed_logits gathers them
-        share_embeddings_and_output_weights=shape.tied_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(rope_theta(hf_config)),
-    )
+    layer = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    attention = layer.submodules.self_attention.submodules
+    attention.core_attention = _sdpa_attention_class()
+    if shape.qk_norm:
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
+    spec = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+    with cuda_free():  # the last stage's tied output weight is moved with .cuda() (see cpu_patches)
+        return GPTModel(
+            config=config,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            transformer_layer_spec=spec,
+            vocab_size=shape.vocab_size,
+            max_sequence_length=int(hf_config.max_position_embeddings),
+            parallel_output=True,  # vocabulary shards; packed_logits gathers them
+            share_embeddings_and_output_weights=shape.tied_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(rope_theta(hf_config)),
+        )
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` built as megatron-core builds its norms, usable under sequence parallelism.
+
+    The local spec's ``WrappedTorchNorm`` builds the same ``torch.nn.RMSNorm`` but
+    refuses ``sequence_parallel`` (megatron-core 0.16 leaves that to Apex or
+    Transformer Engine). Under sequence parallelism a norm sees this rank's slice of
+    the sequence only: its weight is marked ``sequence_parallel`` so that its gradient
+    is summed over the tensor-parallel ranks (the backend does it before clipping).
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        if config.sequence_parallel:
+            self.weight.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def _sdpa_attention_class() -> type:
+    """megatron-core's ``DotProductAttention`` whose forward is torch's ``scaled_dot_product_attention``.
+
+    Why: the local spec's attention materialises the ``[heads, S, S]`` scores with
+    ``baddbmm`` into a shared scratch buffer, applies the mask with ``masked_fill`` and a
+    separate softmax; on the CPU that was three times the FSDP backend's step time at the
+    quick start's sizes (a 1440-token packed row). ``scaled_dot_product_attention`` takes
+    the same boolean mask (inverted: True = attend), the same scale and grouped-query
+    heads, and runs fused kernels on the CPU and on a GPU. Dropout is 0 (the supported
+    models), so it is not applied here.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class SDPAttention(DotProductAttention):
+        def forward(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            attn_mask_type: Any = None,
+            attention_bias: Any = None,
+            packed_seq_params: Any = None,
+        ) -> torch.Tensor:
+            assert attention_bias is None and packed_seq_params is None
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [S, B, N, D] -> [B, N, S, D]
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=None if attention_mask is None else ~attention_mask,
+                is_causal=attention_mask is None,
+                scale=self.softmax_scale,
+                enable_gqa=self.num_attention_heads_per_partition != self.num_query_groups_per_partition,
+            )
+            return context.permute(2, 0, 1, 3).reshape(q.shape[2], q.shape[0], self.hidden_size_per_partition)
+
+    return SDPAttention
 
 
 def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -206,26 +285,57 @@ def packed_logits(
 ) -> torch.Tensor:
     """Full-vocabulary logits ``[S, V]`` of one packed row ``[1, S]`` (attention kept inside each sample).
 
+    Under pipeline parallelism this is one *stage's* forward: a stage without the
+    embedding reads its input from ``model.set_input_tensor`` (the pipeline schedule
+    sets it), and a stage without the output layer returns its hidden states
+    ``[S, 1, H]`` for the next stage instead of logits. Under sequence parallelism
+    (``config.sequence_parallel``) the embedding keeps each tensor-parallel rank's
+    slice of the sequence, the layers work on ``S / TP`` rows between their
+    all-gathers and reduce-scatters, and the output layer gathers the sequence back.
+
+    all-gathers and reduce-scatters, and the output layer gathers the sequence back; a
+    row whose length is not a multiple of TP is padded at its end with one-token
+    samples (which no real token attends to) and the logits cut back to ``S``.
+
     ``padding_idx``: as ``torch.nn.Embedding(padding_idx=...)`` in the Hugging Face
     models, the lookups of that token pass no gradient to its embedding row (a tied
     output layer still does), so training updates the same weights as the HF model.
     """
-    embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
-    if padding_idx is not None:
-        frozen = (input_ids[0] == padding_idx)[:, None, None]
-        embedded = torch.where(frozen, embedded.detach(), embedded)
-    rotary = rotary_angles(model, position_ids)
-    hidden = model.decoder(
-        hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
-    )
-    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
-    logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP]
+    import contextlib
+
     from megatron.core import parallel_state
 
-    group = parallel_state.get_tensor_model_parallel_group()
-    if torch.distributed.get_world_size(group) > 1:
-        logits = _GatherVocabulary.apply(logits, group)
-    return logits[:, 0, :]  # [S, 1, V] -> [S, V]
+    from telescope_megatron.cpu_patches import cuda_free
+
+    length = input_ids.shape[1]
+    sequence_parallel = bool(model.config.sequence_parallel)
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if sequence_parallel and length % tp:
+        extra = tp - length % tp
+        input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=padding_idx or 0)
+        position_ids = torch.nn.functional.pad(position_ids, (0, extra))  # position 0: a new one-token sample
+    # megatron-core's sequence gathers allocate on CUDA (see cpu_patches); the backward is in the backend's scope
+    scope = cuda_free() if sequence_parallel and input_ids.device.type == "cpu" else contextlib.nullcontext()
+    with scope:
+        embedded = None
+        if model.pre_process:
+            embedded = model.embedding(input_ids=input_ids, position_ids=position_ids)  # [S, 1, H]
+            if padding_idx is not None:
+                frozen = (input_ids[0] == padding_idx)[:, None, None]
+                if sequence_parallel:  # the embedding kept this rank's slice of the sequence
+                    frozen = frozen.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
+                embedded = torch.where(frozen, embedded.detach(), embedded)
+        rotary = rotary_angles(model, position_ids)
+        hidden = model.decoder(
+            hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
+        )
+        if not model.post_process:
+            return hidden
+        weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+        logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP] (sequence gathered under SP)
+        if tp > 1:
+            logits = _GatherVocabulary.apply(logits, parallel_state.get_tensor_model_parallel_group())
+    return logits[:length, 0, :]  # [S, 1, V] -> [S, V]
 
 
 class _GatherVocabulary(torch.autograd.Function):

@@ -1,20 +1,22 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Three are implemented: tensor parallelism, activation
-recomputation and the float32 gradient reduction. Of the others (not built yet):
+config validates unchanged. Five are implemented: tensor, pipeline and sequence
+parallelism, activation recomputation and the float32 gradient reduction. Of the
+others (not built yet):
 
-- those that would change what is computed or where (pipeline, context and expert
+- those that would change what is computed or where (context and expert
   parallelism, a global batch size of its own, optimizer offload and its options,
   the unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer
-  Engine, FP8) are accepted
-  at the value this backend implements (the upstream default) and any other value
-  is a validation error naming the field (:data:`REFUSED_UNLESS`);
-- those that only save memory or overlap communication (sequence parallelism, the
-  distributed optimizer, gradient-reduce overlap) are accepted and have no effect
-  yet; the backend logs
+  Engine, FP8) are accepted at the value this backend implements (the upstream
+  default) and any other value is a validation error naming the field
+  (:data:`REFUSED_UNLESS`);
+- those that only save memory or overlap communication (the distributed optimizer,
+  gradient-reduce overlap) are accepted and have no effect yet; the backend logs
   one warning naming those that are on where they would matter
   (:func:`inactive_settings`).
+
+Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ class MegatronSettings(PluginSettings):
     )
 
     # -- upstream fields not built yet (see the module docstring)
-    megatron_pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallelism degree (1 only, for now)")
+    megatron_pipeline_parallel_size: int = Field(
+        1, ge=1, description="Pipeline parallelism degree (trainer_num_workers must be a multiple of TP x PP)"
+    )
     megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree (1 only, for now)")
     megatron_expert_parallel_size: int = Field(
         1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
@@ -69,7 +73,7 @@ class MegatronSettings(PluginSettings):
     megatron_exp_avg_dtype: str = Field("float32", description="Data type for Adam's first moment (float32 only)")
     megatron_exp_avg_sq_dtype: str = Field("float32", description="Data type for Adam's second moment (float32 only)")
     megatron_sequence_parallel: bool = Field(
-        True, description="Shard the sequence dimension in LayerNorm/dropout with TP > 1 (no effect yet)"
+        True, description="Split each sequence over the tensor-parallel ranks outside attention/MLP (TP > 1)"
     )
     megatron_use_distributed_optimizer: bool = Field(
         True, description="Shard optimizer states across data-parallel ranks (no effect yet)"
@@ -88,13 +92,16 @@ class MegatronSettings(PluginSettings):
             return []
         settings = config.settings(cls)
         problems: list[str] = []
-        tp = settings.megatron_tensor_parallel_size
-        if config.trainer_num_workers % tp:
+        tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
+        if config.trainer_num_workers % (tp * pp):
+            sizes = f"megatron_tensor_parallel_size ({tp})" + (
+                f" x megatron_pipeline_parallel_size ({pp})" if pp > 1 else ""
+            )
+            fields = ("megatron_tensor_parallel_size", "megatron_pipeline_parallel_size", "trainer_num_workers")
             problems.append(
                 SettingsProblem(
-                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of "
-                    f"megatron_tensor_parallel_size ({tp})",
-                    fields=("megatron_tensor_parallel_size", "trainer_num_workers"),
+                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of {sizes}",
+                    fields=fields if pp > 1 else (fields[0], fields[2]),
                 )
             )
         for name, supported in REFUSED_UNLESS.items():
@@ -112,7 +119,6 @@ class MegatronSettings(PluginSettings):
 
 #: Fields that would change what is computed, with the only value built so far.
 REFUSED_UNLESS: dict[str, object] = {
-    "megatron_pipeline_parallel_size": 1,
     "megatron_context_parallel_size": 1,
     "megatron_expert_parallel_size": 1,
     "megatron_global_batch_size": None,
@@ -132,10 +138,7 @@ REFUSED_UNLESS: dict[str, object] = {
 
 def inactive_settings(settings: MegatronSettings, data_parallel_size: int) -> list[str]:
     """The memory/overlap options that are on where they would matter, and have no effect yet."""
-    tp = settings.megatron_tensor_parallel_size
     inactive = []
-    if settings.megatron_sequence_parallel and tp > 1:
-        inactive.append("megatron_sequence_parallel")
     if settings.megatron_use_distributed_optimizer and data_parallel_size > 1:
         inactive.append("megatron_use_distributed_optimizer")
     if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:

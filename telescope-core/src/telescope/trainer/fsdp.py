@@ -235,11 +235,8 @@ class FSDPBackend(TrainerBackend):
             if counts.loss_tokens == 0 and counts.samples == 0:
                 continue
             denominator = self.algorithm.loss_denominator(counts)
-            for i, seq in enumerate(sequences):
-                refs = ref_logprobs[m][i] if ref_logprobs is not None else None
-                part = self._forward_backward(
-                    seq, refs, denominator, timers, last=i == len(sequences) - 1, minibatch=m, microbatch=micro_count
-                )
+            refs = ref_logprobs[m] if ref_logprobs is not None else None
+            for part in self._forward_backward_minibatch(sequences, refs, denominator, timers, m, micro_count):
                 for key in sums:
                     sums[key] += part[key]
                 micro_count += 1
@@ -405,6 +402,46 @@ class FSDPBackend(TrainerBackend):
         self._set_gradient_sync(last)
         with timers.section("forward", **ids):
             logits = self._logits(mb)
+        loss, sums = self._micro_loss(mb, logits, ref_logprobs, denominator, timers, **ids)
+        with timers.section("backward", **ids):
+            # Each rank's loss is already divided by the *global* denominator, so the
+            # gradients must be summed over ranks; FSDP averages them, hence the factor.
+            # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
+            (loss * self.world_size).backward()
+        return sums
+
+    def _forward_backward_minibatch(
+        self,
+        sequences: list[PackedSequence],
+        ref_logprobs: list[torch.Tensor] | None,
+        denominator: float,
+        timers: SectionTimers,
+        minibatch: int = 0,
+        first_microbatch: int = 0,
+    ) -> list[dict[str, float]]:
+        """Forward/backward of every micro-batch of one minibatch, in order; their local sums.
+
+        One micro-batch at a time here; a backend that runs micro-batches through a
+        schedule of its own (pipeline parallelism) overrides this.
+        """
+        parts = []
+        for i, seq in enumerate(sequences):
+            ref = ref_logprobs[i] if ref_logprobs is not None else None
+            last = i == len(sequences) - 1
+            ids = {"minibatch": minibatch, "microbatch": first_microbatch + i}
+            parts.append(self._forward_backward(seq, ref, denominator, timers, last=last, **ids))
+        return parts
+
+    def _micro_loss(
+        self,
+        mb: MicroBatch,
+        logits: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        denominator: float,
+        timers: SectionTimers,
+        **ids: int,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The algorithm's loss of one micro-batch (``sum(loss_terms) / denominator``) and its local sums."""
         with timers.section("loss_computation", **ids):
             logprobs = token_logprobs(logits, mb.target_ids, self.context.temperature)
             grad_entropy = (
@@ -433,12 +470,7 @@ class FSDPBackend(TrainerBackend):
             entropy_sum = float(entropy[mask].sum())
         with timers.section("compute_kl", **ids):
             kl_sum = float(inference_kl_k3(logprobs, mb.inference_logprobs)[mask].sum())
-        with timers.section("backward", **ids):
-            # Each rank's loss is already divided by the *global* denominator, so the
-            # gradients must be summed over ranks; FSDP averages them, hence the factor.
-            # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
-            (loss * self.world_size).backward()
-        return {
+        return loss, {
             "loss": float(loss.detach()),
             "entropy": entropy_sum,
             "kl": kl_sum,
@@ -452,7 +484,8 @@ class FSDPBackend(TrainerBackend):
 
     # ------------------------------------------- parallelism hooks (subclasses)
     # The step logic above is shared with backends that parallelise the model
-    # differently (telescope-megatron): they override these four hooks. Here
+    # differently (telescope-megatron): they override these four hooks (and, to run
+    # micro-batches through a pipeline schedule, ``_forward_backward_minibatch``). Here
     # ``self.rank``/``self.world_size`` are the data-parallel rank and size.
 
     def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
@@ -485,9 +518,7 @@ class FSDPBackend(TrainerBackend):
         counts = self._global_counts(sequences)
         denominator = self.algorithm.loss_denominator(counts)
         refs = self._reference_logprobs([sequences], timers)[0] if self._needs_batch_reference() else None
-        for i, seq in enumerate(sequences):
-            ref = refs[i] if refs is not None else None
-            self._forward_backward(seq, ref, denominator, timers, last=i == len(sequences) - 1)
+        self._forward_backward_minibatch(sequences, refs, denominator, timers)
         return counts
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
