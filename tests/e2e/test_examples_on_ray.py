@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from telescope.recording.run_reader import RunReader
-from telescope.testing.processes import processes_mentioning
+from telescope.testing.processes import leftovers_after
 
 pytestmark = pytest.mark.requires_dist("telescope-envs", "telescope-sandbox")
 
@@ -54,7 +54,7 @@ def run_example(name: str, run_dir: Path, port: int, *args: str) -> RunReader:
     assert result.returncode == 0, result.stderr[-4000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
     return reader
 
 

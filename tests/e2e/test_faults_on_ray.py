@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from telescope.recording.run_reader import RunReader
-from telescope.testing.processes import pid_of, processes_mentioning
+from telescope.testing.processes import leftovers_after, pid_of
 
 pytestmark = pytest.mark.slow
 
@@ -104,8 +104,7 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_p
     assert "interrupted" in err
     final = status(run_dir)
     assert final["status"] == "interrupted" and final["end_time"] and "SIGTERM" in str(final["error"])
-    time.sleep(2)
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_path: Path) -> None:
@@ -140,7 +139,7 @@ def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_pat
     assert sorted(ends) == sorted(dispatched)
     trained = [r["sample_id"] for r in reader.rollouts()]
     assert len(trained) == 6 * 4 * 4 and len(set(trained)) == 6 * 4
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 def test_a_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
@@ -159,7 +158,7 @@ def test_a_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path: Path)
     [restart] = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
     assert "died" in restart["error"]
     assert (run_dir / "checkpoints" / "step_00000006" / "meta.json").exists()
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 def _trainer_pid(run_dir: Path) -> int:
@@ -181,8 +180,7 @@ def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_star
     assert "Traceback" not in err
     final = status(run_dir)
     assert final["status"] == "failed" and "trainer rank 0 died" in str(final["error"])
-    time.sleep(2)
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path) -> None:
@@ -206,8 +204,7 @@ def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path
     assert isinstance(stuck, dict) and stuck["component"] == "trainer_rank" and stuck["rank"] == 0
     assert any(f.get("component") == "inference_server" and f["ok"] for f in stuck["findings"])
     assert "The orchestrator was training step" in str(final["error"])
-    time.sleep(2)
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from telescope.recording.run_reader import RunReader
-from telescope.testing.processes import processes_mentioning
+from telescope.testing.processes import leftovers_after
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
@@ -118,7 +118,7 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert phases == ["before", "after"]
     assert "eval/countdown/pass@2" in reader.evals()[-1]["metrics"]
     assert "step 3/3" in err or "train step 3/3" in err
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
     assert_timeline_and_metadata(reader)
 
     # `telescope eval` scores the saved checkpoint with the same evals, without a trainer
@@ -133,7 +133,7 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     [standalone] = RunReader(output).evals()
     assert standalone["phase"] == "standalone"
     assert set(standalone["metrics"]) == set(reader.evals()[-1]["metrics"])
-    assert processes_mentioning(str(output)) == []
+    assert leftovers_after(str(output)) == []
 
 
 #: Event kinds every run of the quick start records (issue 10: inference, trainer, weights, orchestrator,
@@ -186,8 +186,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     assert process.returncode == 130, err[-3000:]
     assert "interrupted" in err
     assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
-    time.sleep(2)
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 @pytest.mark.slow
@@ -200,7 +199,7 @@ def test_workers_that_cannot_be_placed_fail_cleanly(tmp_path: Path) -> None:
     assert "could not place 1 trainer workers" in err and "ray_trainer_cpus_per_worker" in err
     assert "Traceback" not in err
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
-    assert processes_mentioning(str(run_dir)) == []
+    assert leftovers_after(str(run_dir)) == []
 
 
 @pytest.mark.slow
@@ -236,7 +235,7 @@ def test_two_runs_on_one_machine_at_once_both_complete(tmp_path: Path) -> None:
         assert [m["step"] for m in reader.metrics()] == list(range(steps))
         [server] = [e for e in reader.events() if e["kind"] == "worker.placed" and e["component"] == "inference"]
         servers.append((server["url"], server["start"], status["end_time"]))
-        assert processes_mentioning(str(run_dir)) == []
+        assert leftovers_after(str(run_dir)) == []
     assert RunReader(runs[1]).status()["start_time"] < servers[0][2]  # the runs overlapped
     (first_url, first_up, first_end), (second_url, second_up, second_end) = servers
     if first_up < second_end and second_up < first_end:  # both servers up at once: one port each

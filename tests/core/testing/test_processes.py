@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from telescope.testing.processes import pid_of, processes_mentioning
+from telescope.testing.processes import leftovers_after, pid_of, processes_mentioning
 
 
 def test_a_process_under_a_pytest_directory_is_found_and_the_caller_is_not(tmp_path: Path) -> None:
@@ -32,3 +33,23 @@ def test_the_calling_process_is_left_out() -> None:
     own_command = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
     pids = [int(line.split(":", 1)[0]) for line in processes_mentioning(own_command)]
     assert os.getpid() not in pids
+
+
+def test_leftovers_after_waits_for_a_process_that_is_stopping_and_reports_one_that_stays(tmp_path: Path) -> None:
+    marker = str(tmp_path / "run")
+    stopping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", marker])
+    try:
+        while not processes_mentioning(marker):
+            time.sleep(0.05)
+        assert leftovers_after(marker, timeout_s=20) == []
+    finally:
+        stopping.kill()
+        stopping.wait()
+    staying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        while not processes_mentioning(marker):  # until it has exec'd (a fresh fork shows its parent's command)
+            time.sleep(0.05)
+        assert [line.split(":", 1)[0] for line in leftovers_after(marker, timeout_s=1)] == [str(staying.pid)]
+    finally:
+        staying.kill()
+        staying.wait()

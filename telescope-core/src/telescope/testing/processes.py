@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pid_of", "processes_mentioning"]
+__all__ = ["leftovers_after", "pid_of", "processes_mentioning"]
 
 
 def _ancestors() -> set[int]:
@@ -58,3 +58,19 @@ def pid_of(text: str, marker: str) -> int:
         if marker in line:
             return int(line.split(":", 1)[0])
     raise LookupError(f"no live process whose command line holds {marker!r} and {text!r}")
+
+
+def leftovers_after(text: str, timeout_s: float = 30.0) -> list[str]:
+    """:func:`processes_mentioning` once they are gone, or what is still there after ``timeout_s``.
+
+    A run's processes stop in a chain (a Ray worker stops, then its server dies with it
+    through ``PR_SET_PDEATHSIG``), which can take some seconds after the driver exits.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = processes_mentioning(text)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
