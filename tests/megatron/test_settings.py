@@ -69,15 +69,20 @@ def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_mo
         return [message for message, _ in composed_schema().settings_problems(config)]
 
     assert problems() == []  # the upstream defaults validate
-    assert problems(megatron_context_parallel_size=2) == [
-        "megatron_context_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
+    assert problems(megatron_expert_parallel_size=2) == [
+        "megatron_expert_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
     ]
+    assert problems(megatron_context_parallel_size=2, trainer_num_workers=3) == [  # built: the workers must fit
+        "trainer_num_workers (3) must be a multiple of megatron_tensor_parallel_size (1) x "
+        "megatron_context_parallel_size (2)"
+    ]
+    assert problems(megatron_context_parallel_size=2, trainer_num_workers=2) == []
     assert problems(megatron_fp8=True, megatron_main_grads_dtype="bfloat16") == [
         "megatron_main_grads_dtype='bfloat16': telescope-megatron does not build this yet; "
         "set it to 'float32' (or leave it out)",
         "megatron_fp8=True: telescope-megatron does not build this yet; set it to False (or leave it out)",
     ]
-    assert problems(train_backend="fsdp", megatron_context_parallel_size=2) == []  # ignored by FSDP
+    assert problems(train_backend="fsdp", megatron_expert_parallel_size=2) == []  # ignored by FSDP
 
 
 def test_memory_options_without_effect_yet_are_named() -> None:

@@ -195,3 +195,31 @@ def test_pp2_with_tp2_and_with_dp2_equal_fsdp(tiny_model: Path, tmp_path: Path) 
     fsdp = one_step(str(tiny_model), "fsdp")
     for step in torch.load(tmp_path / "four.pt", weights_only=False):
         assert_same_step(step, fsdp)
+
+
+#: CP 2 runs (each packed row split in four chunks, two per rank): tied Qwen2, and Llama with recomputation.
+CP2_RUNS: list[tuple[str, dict[str, Any]]] = [
+    ("qwen2", {"megatron_gradient_checkpointing": False}),
+    ("llama", {"megatron_gradient_checkpointing": True}),
+]
+
+
+def cp2_worker(rank: int, world_size: int, models: dict[str, str], out: str) -> None:
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    cp = {"megatron_context_parallel_size": 2, "trainer_num_workers": world_size}
+    steps = [one_step(models[family], "megatron", rank, world_size, **cp, **o) for family, o in CP2_RUNS]
+    if rank == 0:
+        torch.save(steps, out)
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_context_parallel_cp2_equals_fsdp(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.megatron.conftest import build_family_model
+
+    models = {"qwen2": str(tiny_model), "llama": str(build_family_model(tmp_path / "llama", "llama"))}
+    spawn_ranks(cp2_worker, 2, models, str(tmp_path / "cp2.pt"))
+    for (family, _), step in zip(CP2_RUNS, torch.load(tmp_path / "cp2.pt", weights_only=False), strict=True):
+        assert_same_step(step, one_step(models[family], "fsdp"))

@@ -102,6 +102,7 @@ class MegatronBackend(FSDPBackend):
         self.tp_size = 1
         self.pp_rank = 0
         self.pp_size = 1
+        self.cp_size = 1
 
     # ------------------------------------------------------------------ setup
 
@@ -114,15 +115,19 @@ class MegatronBackend(FSDPBackend):
 
         tp = self.megatron.megatron_tensor_parallel_size
         pp = self.megatron.megatron_pipeline_parallel_size
-        if world_size % (tp * pp):
+        cp = self.megatron.megatron_context_parallel_size
+        if world_size % (tp * pp * cp):
             raise ValueError(
                 f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
-                f"x megatron_pipeline_parallel_size ({pp})"
+                f"x megatron_pipeline_parallel_size ({pp}) x megatron_context_parallel_size ({cp})"
             )
         self.global_rank, self.global_world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+        )
+        self.cp_group, self.cp_size = parallel_state.get_context_parallel_group(), cp
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.tp_rank, self.tp_size = dist.get_rank(self.tp_group), tp
@@ -141,6 +146,7 @@ class MegatronBackend(FSDPBackend):
             self.hf_config,
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
+            context_parallel_size=cp,
             sequence_parallel=self.megatron.megatron_sequence_parallel,
             recompute=self.megatron.megatron_gradient_checkpointing,
             params_dtype=DTYPES[self.context.model_dtype],
@@ -304,6 +310,10 @@ class MegatronBackend(FSDPBackend):
     def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite."""
         named = [(n, p) for n, p in self._params.items() if p.grad is not None]
+        if self.cp_size > 1:  # each context-parallel rank's gradients come from its own tokens
+            for _, param in named:
+                assert param.grad is not None
+                dist.all_reduce(param.grad, group=self.cp_group)
         self._sum_tensor_parallel_partial_grads(named)
         if self.world_size > 1:
             for _, param in named:
@@ -360,7 +370,7 @@ class MegatronBackend(FSDPBackend):
 
     def _device_scope(self) -> contextlib.AbstractContextManager[None]:
         """Sequence parallel on the CPU: megatron-core's sequence gathers allocate on CUDA (see cpu_patches)."""
-        if self.device.type == "cpu" and self.model.config.sequence_parallel:
+        if self.device.type == "cpu" and (self.model.config.sequence_parallel or self.cp_size > 1):
             return cuda_free()
         return contextlib.nullcontext()
 

@@ -118,6 +118,7 @@ def transformer_config(
     *,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
+    context_parallel_size: int = 1,
     sequence_parallel: bool = False,
     recompute: bool = False,
     params_dtype: torch.dtype = torch.float32,
@@ -152,6 +153,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tensor_parallel_size,
         pipeline_model_parallel_size=pipeline_parallel_size,
+        context_parallel_size=context_parallel_size,
         sequence_parallel=sequence_parallel and tensor_parallel_size > 1,
         pipeline_dtype=params_dtype,
         variable_seq_lengths=pipeline_parallel_size > 1,  # packed rows differ in length: stages exchange shapes
@@ -230,7 +232,18 @@ def _sdpa_attention_class() -> type:
     """
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    from telescope_megatron.context import gather_sequence
+
     class SDPAttention(DotProductAttention):
+        def __init__(self, config: TransformerConfig, *args: Any, **kwargs: Any) -> None:
+            # DotProductAttention refuses context parallelism (it is TE's in megatron-core); this
+            # class does its own (telescope_megatron.context), so build it as at CP 1.
+            cp, config.context_parallel_size = config.context_parallel_size, 1
+            try:
+                super().__init__(config, *args, **kwargs)
+            finally:
+                config.context_parallel_size = cp
+
         def forward(
             self,
             query: torch.Tensor,
@@ -242,6 +255,8 @@ def _sdpa_attention_class() -> type:
             packed_seq_params: Any = None,
         ) -> torch.Tensor:
             assert attention_bias is None and packed_seq_params is None
+            if self.config.context_parallel_size > 1:  # this rank's queries, every rank's keys and values
+                key, value = gather_sequence(key), gather_sequence(value)
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [S, B, N, D] -> [B, N, S, D]
             context = torch.nn.functional.scaled_dot_product_attention(
                 q,
@@ -305,17 +320,28 @@ def packed_logits(
 
     from megatron.core import parallel_state
 
+    from telescope_megatron.context import gather_logits, gathered_order, local_indices
     from telescope_megatron.cpu_patches import cuda_free
 
     length = input_ids.shape[1]
     sequence_parallel = bool(model.config.sequence_parallel)
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    if sequence_parallel and length % tp:
-        extra = tp - length % tp
+    cp = parallel_state.get_context_parallel_world_size()
+    multiple = (tp if sequence_parallel else 1) * (2 * cp if cp > 1 else 1)
+    if length % multiple:
+        extra = multiple - length % multiple
         input_ids = torch.nn.functional.pad(input_ids, (0, extra), value=padding_idx or 0)
         position_ids = torch.nn.functional.pad(position_ids, (0, extra))  # position 0: a new one-token sample
+    mask = packed_attention_mask(position_ids)
+    if cp > 1:  # this rank's tokens (load-balanced chunks); its mask rows, the columns in the gathered order
+        padded = input_ids.shape[1]
+        mine = local_indices(padded, cp, parallel_state.get_context_parallel_rank(), input_ids.device)
+        order = gathered_order(padded, cp, input_ids.device)
+        mask = mask[:, :, mine][:, :, :, order]
+        input_ids, position_ids = input_ids[:, mine], position_ids[:, mine]
     # megatron-core's sequence gathers allocate on CUDA (see cpu_patches); the backward is in the backend's scope
-    scope = cuda_free() if sequence_parallel and input_ids.device.type == "cpu" else contextlib.nullcontext()
+    gathers = sequence_parallel or cp > 1
+    scope = cuda_free() if gathers and input_ids.device.type == "cpu" else contextlib.nullcontext()
     with scope:
         embedded = None
         if model.pre_process:
@@ -326,15 +352,15 @@ def packed_logits(
                     frozen = frozen.chunk(tp)[parallel_state.get_tensor_model_parallel_rank()]
                 embedded = torch.where(frozen, embedded.detach(), embedded)
         rotary = rotary_angles(model, position_ids)
-        hidden = model.decoder(
-            hidden_states=embedded, attention_mask=packed_attention_mask(position_ids), rotary_pos_emb=rotary
-        )
+        hidden = model.decoder(hidden_states=embedded, attention_mask=mask, rotary_pos_emb=rotary)
         if not model.post_process:
             return hidden
         weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
         logits, _ = model.output_layer(hidden, weight=weight)  # [S, 1, V / TP] (sequence gathered under SP)
         if tp > 1:
             logits = _GatherVocabulary.apply(logits, parallel_state.get_tensor_model_parallel_group())
+        if cp > 1:
+            logits = gather_logits(logits, order)
     return logits[:length, 0, :]  # [S, 1, V] -> [S, V]
 
 

@@ -50,7 +50,9 @@ class MegatronSettings(PluginSettings):
     megatron_pipeline_parallel_size: int = Field(
         1, ge=1, description="Pipeline parallelism degree (trainer_num_workers must be a multiple of TP x PP)"
     )
-    megatron_context_parallel_size: int = Field(1, ge=1, description="Context parallelism degree (1 only, for now)")
+    megatron_context_parallel_size: int = Field(
+        1, ge=1, description="Context parallelism degree: each sequence split over CP ranks, load-balanced"
+    )
     megatron_expert_parallel_size: int = Field(
         1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
     )
@@ -93,15 +95,16 @@ class MegatronSettings(PluginSettings):
         settings = config.settings(cls)
         problems: list[str] = []
         tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
-        if config.trainer_num_workers % (tp * pp):
-            sizes = f"megatron_tensor_parallel_size ({tp})" + (
-                f" x megatron_pipeline_parallel_size ({pp})" if pp > 1 else ""
-            )
-            fields = ("megatron_tensor_parallel_size", "megatron_pipeline_parallel_size", "trainer_num_workers")
+        cp = settings.megatron_context_parallel_size
+        if config.trainer_num_workers % (tp * pp * cp):
+            sizes = {"megatron_tensor_parallel_size": tp, "megatron_pipeline_parallel_size": pp,
+                     "megatron_context_parallel_size": cp}  # fmt: skip
+            named = [name for name, size in sizes.items() if size > 1 or name == "megatron_tensor_parallel_size"]
             problems.append(
                 SettingsProblem(
-                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of {sizes}",
-                    fields=fields if pp > 1 else (fields[0], fields[2]),
+                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of "
+                    + " x ".join(f"{name} ({sizes[name]})" for name in named),
+                    fields=(*named, "trainer_num_workers"),
                 )
             )
         for name, supported in REFUSED_UNLESS.items():
@@ -119,7 +122,6 @@ class MegatronSettings(PluginSettings):
 
 #: Fields that would change what is computed, with the only value built so far.
 REFUSED_UNLESS: dict[str, object] = {
-    "megatron_context_parallel_size": 1,
     "megatron_expert_parallel_size": 1,
     "megatron_global_batch_size": None,
     "megatron_optimizer_cpu_offload": False,
