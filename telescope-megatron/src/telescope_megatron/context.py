@@ -3,17 +3,18 @@
 Design. With ``megatron_context_parallel_size`` = CP, a packed row of ``S`` tokens
 (padded to a multiple of ``2 CP``) is cut into ``2 CP`` chunks and rank ``r`` keeps
 chunks ``r`` and ``2 CP - 1 - r`` (megatron-core's load-balanced split: under a causal
-mask the early chunks are cheap and the late ones dear, so each rank gets one of
-each). Each rank embeds and runs the layers on its own tokens only; in attention its
-queries see the keys and values of *every* rank (:func:`gather_sequence`, an
-all-gather whose backward sums the gradients back over the ranks), with the rows of
+mask the early chunks are cheap and the late ones dear, so each rank gets one of each;
+:func:`telescope.trainer.context_parallel.local_indices`, shared with the fsdp backend's
+context parallelism). Each rank embeds and runs the layers on its own tokens only; in
+attention its queries see the keys and values of *every* rank (:func:`gather_sequence`,
+an all-gather whose backward sums the gradients back over the ranks), with the rows of
 the packed block-diagonal causal mask that belong to its tokens, its columns in the
-gathered order (:func:`gathered_order`). At the end the logits are gathered and put
-back in sequence order (:func:`gather_logits`), so every context-parallel rank
-computes the same loss from the same full logits as without context parallelism;
-the backward of that gather keeps each rank's own rows. Every weight's gradient is
-then a partial sum on each rank, summed over the context-parallel group before
-clipping (the backend does it).
+gathered order (:func:`telescope.trainer.context_parallel.gathered_order`). At the end
+the logits are gathered and put back in sequence order (:func:`gather_logits`), so every
+context-parallel rank computes the same loss from the same full logits as without
+context parallelism; the backward of that gather keeps each rank's own rows. Every
+weight's gradient is then a partial sum on each rank, summed over the context-parallel
+group before clipping (the backend does it).
 
 Why not megatron-core's own: its context parallelism lives in Transformer Engine's
 attention (``TEDotProductAttention``); the local ``DotProductAttention`` refuses it
@@ -25,19 +26,6 @@ gathered (``S x V`` per rank), as they are over the vocabulary.
 from __future__ import annotations
 
 import torch
-
-
-def local_indices(length: int, cp: int, rank: int, device: torch.device) -> torch.Tensor:
-    """The positions rank ``rank`` keeps of a row of ``length`` tokens (``length`` a multiple of ``2 cp``)."""
-    chunk = length // (2 * cp)
-    first = torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
-    second = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, device=device)
-    return torch.cat([first, second])
-
-
-def gathered_order(length: int, cp: int, device: torch.device) -> torch.Tensor:
-    """The sequence position of each row of a gather over the ranks (rank 0's rows, then rank 1's, ...)."""
-    return torch.cat([local_indices(length, cp, rank, device) for rank in range(cp)])
 
 
 def gather_sequence(tensor: torch.Tensor) -> torch.Tensor:

@@ -73,10 +73,11 @@ def test_a_defaults_layer_still_needs_valid_values(tmp_path: Path, capsys: pytes
     assert "at least one environment" in capsys.readouterr().err
 
 
-def test_fsdp_context_parallel_size_accepts_only_1_for_now() -> None:
+def test_fsdp_context_parallel_size_must_divide_trainer_num_workers() -> None:
     from telescope.config.errors import ConfigError
 
-    values = {"environments": [{"name": "countdown"}]}
-    assert load_config(None, {**values, "fsdp_context_parallel_size": 1}).config.fsdp_context_parallel_size == 1
-    with pytest.raises(ConfigError, match=r"fsdp_context_parallel_size \(2\): the fsdp backend has no context"):
-        load_config(None, {**values, "fsdp_context_parallel_size": 2})
+    values = {"environments": [{"name": "countdown"}], "trainer_num_workers": 4}
+    for size in (1, 2, 4):
+        assert load_config(None, {**values, "fsdp_context_parallel_size": size}).config.fsdp_context_parallel_size == size
+    with pytest.raises(ConfigError, match=r"trainer_num_workers \(4\) must be a multiple of fsdp_context_parallel_size \(3\)"):
+        load_config(None, {**values, "fsdp_context_parallel_size": 3})

@@ -57,11 +57,13 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
-    """Element-wise sum over ranks (float64), in one collective."""
+def all_reduce_sum(
+    values: Sequence[float], device: torch.device, group: dist.ProcessGroup | None = None
+) -> list[float]:
+    """Element-wise sum over the ranks of ``group`` (default: all), float64, in one collective."""
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return [float(x) for x in tensor.cpu()]
 
 

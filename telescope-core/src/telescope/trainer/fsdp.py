@@ -42,9 +42,18 @@ the model runs on CUDA (transformers then uses the varlen kernel from the packed
 the model is called with per-sample ``position_ids``, no attention mask and
 ``use_cache=False``.
 
-Limits: data parallelism only (no tensor/pipeline/context parallelism; that is the
-Megatron backend); checkpoints gather full state on rank 0 (see
-:mod:`telescope.trainer.checkpoint`).
+Context parallelism (``fsdp_context_parallel_size`` = CP > 1): the ranks form
+``trainer_num_workers / CP`` data-parallel groups of CP ranks; the CP ranks of a
+group take the same micro-batches and each runs its load-balanced half-chunks of
+every packed row, attention all-gathering keys and values (see
+:mod:`telescope.trainer.context_parallel`, which also says why torch's own
+``context_parallel`` is not used). ``self.rank``/``self.world_size`` are then the
+data-parallel rank and size (sequences are dealt, counts and metrics summed over
+them); FSDP still shards over all ranks, and its reduce-scatter sums the CP ranks'
+partial gradients with the data-parallel ones.
+
+Limits: no tensor or pipeline parallelism (that is the Megatron backend);
+checkpoints gather full state on rank 0 (see :mod:`telescope.trainer.checkpoint`).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from telescope.api.algorithm import LossCounts, LossInputs, LossMetrics
 from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
 from telescope.trainer import checkpoint as ckpt
+from telescope.trainer.context_parallel import ContextParallelLayout, register_attention, sharded_logits
 from telescope.trainer.distributed import (
     all_reduce_sum,
     barrier,
@@ -125,8 +135,9 @@ class FSDPBackend(TrainerBackend):
         super().__init__(context, algorithm, settings)
         self.fsdp = settings or FSDPSettings()
         self.step = 0
-        self.rank = 0
-        self.world_size = 1
+        self.rank = self.global_rank = 0
+        self.world_size = self.global_world_size = 1
+        self.layout = ContextParallelLayout()
         self._owns_process_group = False
         self.model: Any = None
         self.model_path = ""
@@ -144,11 +155,11 @@ class FSDPBackend(TrainerBackend):
 
         from telescope.models.tiny import resolve_model_path
 
-        if self.fsdp.fsdp_context_parallel_size != 1:
-            raise ValueError("the fsdp backend has no context parallelism yet: fsdp_context_parallel_size must be 1")
-        self.rank, self.world_size = rank, world_size
+        self.global_rank, self.global_world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
+        self.layout = ContextParallelLayout.build(rank, world_size, self.fsdp.fsdp_context_parallel_size, self.device)
+        self.rank, self.world_size = self.layout.dp_rank, self.layout.dp_size
         torch.manual_seed(self.context.seed)
         self.model_path = resolve_model_path(self.context.model)
         self.model = self._load_model()
@@ -189,6 +200,8 @@ class FSDPBackend(TrainerBackend):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
     def _attn_implementation(self) -> str:
+        if self.layout.cp_size > 1:
+            return register_attention()
         if self.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
         return "sdpa"
@@ -332,7 +345,7 @@ class FSDPBackend(TrainerBackend):
             self._set_gradient_sync(i == len(sequences) - 1)
             logprobs = token_logprobs(self._logits(mb), mb.target_ids, 1.0)
             loss = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
-            (loss * self.world_size).backward()  # FSDP averages over ranks; the denominator is global
+            (loss * self.global_world_size).backward()  # FSDP averages over ranks; the denominator is global
             loss_sum += float(loss.detach())
         norm = self._clip_and_step(optimizer)
         (total_loss,) = self._all_reduce_sum([loss_sum])
@@ -379,6 +392,8 @@ class FSDPBackend(TrainerBackend):
         return out
 
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        if self.layout.cp_size > 1:
+            return sharded_logits(self.model, mb.input_ids, mb.position_ids, self.layout, self.pad_token_id)
         output = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
         logits: torch.Tensor = output.logits[0]
         return logits
@@ -405,9 +420,10 @@ class FSDPBackend(TrainerBackend):
         loss, sums = self._micro_loss(mb, logits, ref_logprobs, denominator, timers, **ids)
         with timers.section("backward", **ids):
             # Each rank's loss is already divided by the *global* denominator, so the
-            # gradients must be summed over ranks; FSDP averages them, hence the factor.
+            # gradients must be summed over ranks (context-parallel ranks hold parts of one
+            # gradient); FSDP averages them over all ranks, hence the factor.
             # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
-            (loss * self.world_size).backward()
+            (loss * self.global_world_size).backward()
         return sums
 
     def _forward_backward_minibatch(
@@ -489,8 +505,8 @@ class FSDPBackend(TrainerBackend):
     # ``self.rank``/``self.world_size`` are the data-parallel rank and size.
 
     def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
-        """Sum per-rank values over the data-parallel ranks."""
-        return all_reduce_sum(values, self.device)
+        """Sum per-rank values over the data-parallel ranks (context-parallel ranks hold the same values)."""
+        return all_reduce_sum(values, self.device, self.layout.dp_group)
 
     def _set_gradient_sync(self, enabled: bool) -> None:
         """Whether the next backward reduces gradients across ranks (FSDP: only on the last micro-batch)."""
@@ -551,7 +567,7 @@ class FSDPBackend(TrainerBackend):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         path = Path(path)
-        is_main = self.rank == 0
+        is_main = self.global_rank == 0
         weights = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
         optim_state = None
         if training_state:
@@ -568,14 +584,14 @@ class FSDPBackend(TrainerBackend):
                     (tmp / "rng").mkdir()
             barrier()
             if training_state:
-                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.rank}.pt")
+                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
             barrier()
             if is_main:
                 meta = {
                     "format": ckpt.FORMAT,
                     "step": self.step,
                     "training_state": training_state,
-                    "world_size": self.world_size,
+                    "world_size": self.global_world_size,
                     "model": self.context.model,
                     "model_dtype": self.context.model_dtype,
                 }
@@ -611,7 +627,7 @@ class FSDPBackend(TrainerBackend):
             optim_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
             set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
             self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-            rng_file = folder / "rng" / f"rank_{self.rank}.pt"
+            rng_file = folder / "rng" / f"rank_{self.global_rank}.pt"
             if not rng_file.exists():
                 rng_file = folder / "rng" / "rank_0.pt"
             ckpt.set_rng_state(torch.load(rng_file, weights_only=False))

@@ -26,19 +26,20 @@ class FSDPSettings(PluginSettings):
     fsdp_context_parallel_size: int = Field(
         1,
         ge=1,
-        description="Context parallelism (ring attention) ranks per sequence with FSDP. Only 1 (off) is "
-        "supported yet; long sequences need megatron_context_parallel_size",
+        description="Context parallelism with FSDP: ranks that share each packed sequence (each runs 2 of its "
+        "2 x size load-balanced chunks; attention all-gathers keys and values). 1 = off. trainer_num_workers "
+        "must be a multiple; data-parallel size = trainer_num_workers / size",
     )
 
     @classmethod
     def config_problems(cls, config: TelescopeConfig) -> list[str]:
         size = config.settings(cls).fsdp_context_parallel_size
-        if size > 1:
+        if config.train_backend == "fsdp" and config.trainer_num_workers % size:
             return [
                 SettingsProblem(
-                    f"fsdp_context_parallel_size ({size}): the fsdp backend has no context parallelism yet; "
-                    "use 1 (each rank holds whole sequences)",
-                    fields=("fsdp_context_parallel_size",),
+                    f"trainer_num_workers ({config.trainer_num_workers}) must be a multiple of "
+                    f"fsdp_context_parallel_size ({size})",
+                    fields=("fsdp_context_parallel_size", "trainer_num_workers"),
                 )
             ]
         return []
