@@ -300,6 +300,10 @@ class MegatronBackend(FSDPBackend):
     def _set_gradient_sync(self, enabled: bool) -> None:
         """Nothing to switch: gradients are reduced once per optimizer step in :meth:`_clip_and_step`."""
 
+    def _averaging_ranks(self) -> int:
+        """:meth:`_clip_and_step` sums over the context-parallel group and averages over the data-parallel one."""
+        return self.world_size
+
     def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
         """Sum over the data-parallel ranks (tensor-parallel ranks hold the same values)."""
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)

@@ -78,6 +78,8 @@ def test_fsdp_context_parallel_size_must_divide_trainer_num_workers() -> None:
 
     values = {"environments": [{"name": "countdown"}], "trainer_num_workers": 4}
     for size in (1, 2, 4):
-        assert load_config(None, {**values, "fsdp_context_parallel_size": size}).config.fsdp_context_parallel_size == size
-    with pytest.raises(ConfigError, match=r"trainer_num_workers \(4\) must be a multiple of fsdp_context_parallel_size \(3\)"):
+        config = load_config(None, {**values, "fsdp_context_parallel_size": size}).config
+        assert config.fsdp_context_parallel_size == size
+    message = r"trainer_num_workers \(4\) must be a multiple of fsdp_context_parallel_size \(3\)"
+    with pytest.raises(ConfigError, match=message):
         load_config(None, {**values, "fsdp_context_parallel_size": 3})

@@ -42,15 +42,10 @@ the model runs on CUDA (transformers then uses the varlen kernel from the packed
 the model is called with per-sample ``position_ids``, no attention mask and
 ``use_cache=False``.
 
-Context parallelism (``fsdp_context_parallel_size`` = CP > 1): the ranks form
-``trainer_num_workers / CP`` data-parallel groups of CP ranks; the CP ranks of a
-group take the same micro-batches and each runs its load-balanced half-chunks of
-every packed row, attention all-gathering keys and values (see
-:mod:`telescope.trainer.context_parallel`, which also says why torch's own
-``context_parallel`` is not used). ``self.rank``/``self.world_size`` are then the
-data-parallel rank and size (sequences are dealt, counts and metrics summed over
-them); FSDP still shards over all ranks, and its reduce-scatter sums the CP ranks'
-partial gradients with the data-parallel ones.
+Context parallelism (``fsdp_context_parallel_size`` > 1): see
+:mod:`telescope.trainer.context_parallel`. ``self.rank``/``self.world_size`` are the
+data-parallel rank and size (rows dealt, counts and metrics summed over them); FSDP
+shards over all ranks and its reduce-scatter also sums the CP ranks' partial gradients.
 
 Limits: no tensor or pipeline parallelism (that is the Megatron backend);
 checkpoints gather full state on rank 0 (see :mod:`telescope.trainer.checkpoint`).
@@ -345,7 +340,7 @@ class FSDPBackend(TrainerBackend):
             self._set_gradient_sync(i == len(sequences) - 1)
             logprobs = token_logprobs(self._logits(mb), mb.target_ids, 1.0)
             loss = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
-            (loss * self.global_world_size).backward()  # FSDP averages over ranks; the denominator is global
+            (loss * self._averaging_ranks()).backward()  # the reduction averages over ranks; the denominator is global
             loss_sum += float(loss.detach())
         norm = self._clip_and_step(optimizer)
         (total_loss,) = self._all_reduce_sum([loss_sum])
@@ -421,9 +416,8 @@ class FSDPBackend(TrainerBackend):
         with timers.section("backward", **ids):
             # Each rank's loss is already divided by the *global* denominator, so the
             # gradients must be summed over ranks (context-parallel ranks hold parts of one
-            # gradient); FSDP averages them over all ranks, hence the factor.
-            # (set_gradient_divide_factor(1) needs PREMUL_SUM, which gloo lacks.)
-            (loss * self.global_world_size).backward()
+            # gradient); the reduction averages them, hence the factor.
+            (loss * self._averaging_ranks()).backward()
         return sums
 
     def _forward_backward_minibatch(
@@ -500,9 +494,17 @@ class FSDPBackend(TrainerBackend):
 
     # ------------------------------------------- parallelism hooks (subclasses)
     # The step logic above is shared with backends that parallelise the model
-    # differently (telescope-megatron): they override these four hooks (and, to run
+    # differently (telescope-megatron): they override these hooks (and, to run
     # micro-batches through a pipeline schedule, ``_forward_backward_minibatch``). Here
     # ``self.rank``/``self.world_size`` are the data-parallel rank and size.
+
+    def _averaging_ranks(self) -> int:
+        """The number of ranks the gradient reduction averages over; each loss is scaled by it so the reduction sums.
+
+        FSDP's reduce-scatter averages over every rank, data- and context-parallel
+        (``set_gradient_divide_factor(1)`` would need PREMUL_SUM, which gloo lacks).
+        """
+        return self.global_world_size
 
     def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
         """Sum per-rank values over the data-parallel ranks (context-parallel ranks hold the same values)."""
