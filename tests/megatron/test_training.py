@@ -3,9 +3,8 @@
 Same config, same HF weights, same batch: the loss, the gradient norm and every
 weight after the optimizer step agree within float32 rounding, at TP 1 (in this
 process) and at TP 2 (two gloo ranks, slow). Each packed sequence holds one sample
-here: on the CPU the FSDP backend's ``sdpa`` forward of a packed row lets a sample
-attend to the samples packed before it, which the megatron backend's mask does not
-(see the package README).
+here, so a difference in how the two backends keep packed samples apart cannot hide
+behind another one.
 """
 
 from __future__ import annotations
