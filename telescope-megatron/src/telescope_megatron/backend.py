@@ -40,7 +40,8 @@ the FSDP backend's up to float32 rounding. What differs:
   any layout).
 
 Limits: no expert parallelism (context parallelism: :mod:`telescope_megatron.context`), no
-virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not megatron-core's distributed optimizer);
+virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not
+megatron-core's distributed optimizer);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
