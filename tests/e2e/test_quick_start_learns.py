@@ -19,10 +19,13 @@ import pytest
 from telescope.recording.run_reader import RunReader
 
 REPO = Path(__file__).resolve().parents[2]
-# Eval reward (0..2) the RL steps must add, at least. Measured at seed 0 since the warm start
-# runs on the trainer rank: +0.094 (1.031 -> 1.125) in two runs, >= +0.1 in two others; a run
-# that does not learn gains ~0. Issue 14 (the quick start learns on every seed) raises it.
-MARGIN = 0.08
+# Eval reward (0..2) the RL steps must add, at least, on the 256 held-out problems. Measured with
+# bench/bench_quickstart.py's runs: +0.067 at seed 0 and +0.09 at seed 1 (learning runs); runs that
+# do not learn (a 200-step warm start: +0.02; RL learning rate 1e-3: -0.35) stay below it. With 64
+# problems a CI run failed a 0.08 margin at +0.078: the eval's own noise (standard error of a
+# difference ~0.07 at 64, ~0.035 at 256) was the size of the gain. Issue 14 (the quick start
+# learns 15 points on every seed) raises it.
+MARGIN = 0.04
 
 
 def _megatron_installed() -> bool:
