@@ -22,11 +22,13 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from telescope.config.entries import EnvironmentEntry, EvalEntry
+from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
 
 S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+#: What a config is loaded for: a training run (``telescope run``) or a standalone eval (``telescope eval``).
+Purpose = Literal["run", "eval"]
 
 #: What the code snapshot (the run store's, uploaded by the W&B logger) leaves out by default.
 DEFAULT_CODE_EXCLUDES = [".git", ".venv", "__pycache__", "*.pyc", "runs", "wandb", "checkpoints", "node_modules"]
@@ -281,7 +283,11 @@ class TelescopeConfig(BaseModel):
     resume_from_checkpoint: bool | int = Field(
         False, description="true = resume from latest; integer = resume from that step"
     )
-    checkpoint_dir: str | None = Field(None, description="Checkpoint path. null = RUN_DIR/checkpoints")
+    checkpoint_dir: str | None = Field(
+        None,
+        description="Checkpoint path. null = RUN_DIR/checkpoints. telescope eval: the folder whose step_N "
+        "checkpoints it evaluates",
+    )
     checkpoint_keep_last: int | None = Field(None, ge=1, description="Keep only the N most recent checkpoints")
     checkpoint_keep_every: int | None = Field(None, ge=1, description="Always keep checkpoints at these step multiples")
 
@@ -346,6 +352,26 @@ class TelescopeConfig(BaseModel):
     )
     eval_start_end_use_all_servers: bool = Field(True, description="Use all inference servers for start/end evals")
     evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
+
+    # ---------------------------------------------------------- standalone eval
+    checkpoints: list[CheckpointEntry] = Field(
+        default_factory=list,
+        description="telescope eval: checkpoints to evaluate, [{path, step}]; with checkpoint_dir both are "
+        "evaluated, this list winning on a step they share",
+    )
+    hf_weights: bool = Field(
+        False,
+        description="telescope eval: the checkpoints are Hugging Face model folders (config.json and weights, "
+        "e.g. written by telescope convert-checkpoint); false = native checkpoints (step_N/ with meta.json)",
+    )
+    max_concurrent_samples_per_server: int = Field(
+        256, ge=1, description="telescope eval: the most samples (rollouts) in flight on one inference server"
+    )
+    wandb_run_path: str | None = Field(
+        None,
+        description='telescope eval: the W&B run to log each checkpoint\'s metrics into, "entity/project/run_id" '
+        "(resumed if it exists, else created); null = no W&B",
+    )
 
     # ------------------------------------------------------------------ logging
     wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
@@ -442,6 +468,26 @@ class TelescopeConfig(BaseModel):
                 raise ValueError(f"resource {name!r} needs an amount > 0, got {amount}")
         return value
 
+    @field_validator("checkpoints")
+    @classmethod
+    def _one_checkpoint_per_step(cls, value: list[CheckpointEntry]) -> list[CheckpointEntry]:
+        steps = [entry.step for entry in value]
+        twice = sorted({step for step in steps if steps.count(step) > 1})
+        if twice:
+            raise ValueError(f"step {twice[0]} is listed more than once; give each step one checkpoint")
+        return value
+
+    @field_validator("wandb_run_path")
+    @classmethod
+    def _wandb_run_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.split("/")
+            if len(parts) != 3 or not all(part.strip() for part in parts) or value != value.strip():
+                raise ValueError(
+                    f"{value!r} is not a W&B run path: write \"entity/project/run_id\" (or null for no W&B)"
+                )
+        return value
+
     @field_validator("kl_penalty_tau", mode="before")
     @classmethod
     def _kl_penalty_off(cls, value: Any) -> Any:
@@ -472,12 +518,21 @@ class TelescopeConfig(BaseModel):
         return self
 
 
-def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str]:
+def cross_field_problems(c: TelescopeConfig, *, layer: bool = False, purpose: Purpose = "run") -> list[str]:
     """Rules between fields that need no plugin; one message per broken rule.
 
     ``layer``: the config is a defaults layer, not a run (``telescope config validate
     --defaults``): what only a run needs (an environment) is not asked for.
+    ``purpose``: ``"run"`` checks everything a training run needs; ``"eval"`` (``telescope
+    eval``, which starts inference servers and nothing else) only the rules of the
+    inference servers and the evals, and :func:`telescope.config.eval_form.eval_problems`
+    adds what an eval needs.
     """
+    problems = _training_problems(c, layer=layer) if purpose == "run" else []
+    return problems + _inference_problems(c)
+
+
+def _training_problems(c: TelescopeConfig, *, layer: bool) -> list[str]:
     problems: list[str] = []
     if not c.environments and not layer:
         problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
@@ -503,6 +558,35 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str
             "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
             "before max_tokens"
         )
+    if c.free_lane_after_generation and not c.enable_individual_sample_lanes:
+        problems.append(
+            "free_lane_after_generation=true requires enable_individual_sample_lanes=true; "
+            "enable lanes or set free_lane_after_generation: false"
+        )
+    if c.seq_len < c.max_model_len:
+        problems.append(
+            f"seq_len ({c.seq_len}) must be at least max_model_len ({c.max_model_len}): a sample "
+            "(prompt + completion) can be max_model_len tokens and must fit in one packed sequence"
+        )
+    if c.seq_len % c.pad_to_multiple_of:
+        problems.append(f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})")
+    if c.number_of_minibatches > c.prompts_batch_size_for_trainer:
+        problems.append(
+            f"number_of_minibatches ({c.number_of_minibatches}) cannot exceed "
+            f"prompts_batch_size_for_trainer ({c.prompts_batch_size_for_trainer}): each minibatch needs a group"
+        )
+    if c.evals and c.eval_num_servers >= c.inference_num_workers:
+        problems.append(
+            f"eval_num_servers ({c.eval_num_servers}) must leave at least one of the "
+            f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
+            "(0 = evals only before/after training) or add inference workers"
+        )
+    return problems
+
+
+def _inference_problems(c: TelescopeConfig) -> list[str]:
+    """The rules of the inference servers and the evals (a training run and ``telescope eval`` alike)."""
+    problems: list[str] = []
     if (
         c.max_num_seqs is not None
         and c.max_num_batched_tokens is not None
@@ -517,27 +601,10 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str
             f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
             f"inference_tensor_parallel_size ({c.inference_tensor_parallel_size})"
         )
-    if c.free_lane_after_generation and not c.enable_individual_sample_lanes:
-        problems.append(
-            "free_lane_after_generation=true requires enable_individual_sample_lanes=true; "
-            "enable lanes or set free_lane_after_generation: false"
-        )
     if c.max_tokens >= c.max_model_len:
         problems.append(
             f"max_tokens ({c.max_tokens}) must be smaller than max_model_len ({c.max_model_len}): "
             "the prompt needs room in the context"
-        )
-    if c.seq_len < c.max_model_len:
-        problems.append(
-            f"seq_len ({c.seq_len}) must be at least max_model_len ({c.max_model_len}): a sample "
-            "(prompt + completion) can be max_model_len tokens and must fit in one packed sequence"
-        )
-    if c.seq_len % c.pad_to_multiple_of:
-        problems.append(f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})")
-    if c.number_of_minibatches > c.prompts_batch_size_for_trainer:
-        problems.append(
-            f"number_of_minibatches ({c.number_of_minibatches}) cannot exceed "
-            f"prompts_batch_size_for_trainer ({c.prompts_batch_size_for_trainer}): each minibatch needs a group"
         )
     for i, entry in enumerate(c.evals):
         max_tokens = entry.max_tokens if entry.max_tokens is not None else c.max_tokens
@@ -546,12 +613,6 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str
                 f"evals[{i}] ({entry.name}): max_tokens ({max_tokens}) must be smaller than "
                 f"max_model_len ({c.max_model_len})"
             )
-    if c.evals and c.eval_num_servers >= c.inference_num_workers:
-        problems.append(
-            f"eval_num_servers ({c.eval_num_servers}) must leave at least one of the "
-            f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
-            "(0 = evals only before/after training) or add inference workers"
-        )
     return problems
 
 
@@ -612,6 +673,9 @@ _section("logging", [n for n in TelescopeConfig.model_fields if n.startswith("wa
     "metrics_logger_interval_seconds", "ray_torch_memory_drain_interval_seconds", "rollout_block_size",
     "track_gpu_events",
 }])  # fmt: skip
+_section("standalone eval", [
+    "checkpoints", "hf_weights", "max_concurrent_samples_per_server", "wandb_run_path",
+])  # fmt: skip
 _section("ray cluster", [n for n in TelescopeConfig.model_fields if n.startswith("ray_") and n not in SECTIONS])
 _section(
     "weight broadcasting",
