@@ -71,9 +71,7 @@ def test_each_server_holds_at_most_the_limit(tmp_path: Path, limit: int) -> None
     )  # fmt: skip
     servers = CountingServers(servers=2, delay_s=0.001, server_delay_s={1: 0.03})
     renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
-    runner = EvalRunner(
-        config, plugins_for(registry_with_parity()), renderer, servers, Sink(), per_server_limit=limit
-    )
+    runner = EvalRunner(config, plugins_for(registry_with_parity()), renderer, servers, Sink(), per_server_limit=limit)
     metrics = asyncio.run(runner.run_all(step=7, servers=[0, 1], phase="standalone"))
     assert metrics["parity"]["eval/parity/num_items"] == 12
     assert servers.served == Counter({0: 12, 1: 12})  # 24 rollouts, round robin
@@ -81,9 +79,7 @@ def test_each_server_holds_at_most_the_limit(tmp_path: Path, limit: int) -> None
 
 
 def test_a_run_bounds_its_evals_with_max_concurrent_prompts_per_server(tmp_path: Path) -> None:
-    config = loop_config(
-        tmp_path, evals=[{"name": "parity", "num_samples": 10}], max_concurrent_prompts_per_server=2
-    )
+    config = loop_config(tmp_path, evals=[{"name": "parity", "num_samples": 10}], max_concurrent_prompts_per_server=2)
     servers = CountingServers(servers=1)
     renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
     runner = EvalRunner(config, plugins_for(registry_with_parity()), renderer, servers, Sink())

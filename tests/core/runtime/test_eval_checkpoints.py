@@ -68,7 +68,9 @@ def test_hf_weights_says_which_folders_count(tmp_path: Path) -> None:
     for step in (3, 6):
         hf(tmp_path / f"step_{step}")
     assert steps(resolve(eval_config(checkpoint_dir=str(tmp_path), hf_weights=True))) == [3, 6]
-    with pytest.raises(CheckpointSourceError, match="none of its 2 step_N folders is a native checkpoint.*set hf_weights: true"):
+    with pytest.raises(
+        CheckpointSourceError, match=r"none of its 2 step_N folders is a native checkpoint.*set hf_weights: true"
+    ):
         resolve(eval_config(checkpoint_dir=str(tmp_path)))
 
 
@@ -134,7 +136,7 @@ def test_the_argument_replaces_checkpoint_dir_but_not_a_list(tmp_path: Path) -> 
     model = hf(tmp_path / "model")
     assert resolve(config, model) == [EvalCheckpoint(0, model)]  # a plain model folder has no step
     listed = eval_config(checkpoints=[{"path": str(model), "step": 1}], hf_weights=True)
-    with pytest.raises(CheckpointSourceError, match="both the CHECKPOINT argument .* and the checkpoints list"):
+    with pytest.raises(CheckpointSourceError, match=r"both the CHECKPOINT argument .* and the checkpoints list"):
         resolve(listed, model)
     with pytest.raises(CheckpointSourceError, match="no such checkpoint"):
         resolve(config, tmp_path / "nowhere")

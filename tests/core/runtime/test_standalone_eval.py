@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
+from recording.test_wandb_logger import read_wandb_records  # tests/core is on sys.path (pytest prepend mode)
 
 from telescope.cli.main import main
 from telescope.recording.run_reader import RunReader
-
-from recording.test_wandb_logger import read_wandb_records  # tests/core is on sys.path (pytest prepend mode)
 
 pytestmark = pytest.mark.requires_dist("telescope-envs")  # the countdown eval
 

@@ -16,8 +16,9 @@ step. The upstream uploads its per-sample tables instead; here those stay in the
 ``evals.jsonl``/run store (``--output``).
 
 Failures: a missing ``wandb`` package, or a run W&B will not open, is an
-:class:`EvalWandbError` before any server starts (W&B was asked for); an error from W&B while logging is reported once as a warning and
-W&B is off for the rest of the eval, whose results are still written locally.
+:class:`EvalWandbError` before any server starts (W&B was asked for); an error from W&B
+while logging is reported once as a warning and W&B is off for the rest of the eval,
+whose results are still written locally.
 """
 
 from __future__ import annotations
