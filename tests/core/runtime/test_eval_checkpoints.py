@@ -140,3 +140,18 @@ def test_the_argument_replaces_checkpoint_dir_but_not_a_list(tmp_path: Path) -> 
         resolve(listed, model)
     with pytest.raises(CheckpointSourceError, match="no such checkpoint"):
         resolve(config, tmp_path / "nowhere")
+
+
+def test_the_servers_of_a_checkpoint_are_sized_to_max_concurrent_samples_per_server(tmp_path: Path) -> None:
+    from telescope.api.context import InferenceContext
+    from telescope.inference.vllm_backend import max_num_seqs
+    from telescope.runtime.standalone_eval import checkpoint_config
+
+    folder = native(tmp_path / "step_3", 3)
+    config = eval_config(checkpoint_dir=str(tmp_path), max_concurrent_samples_per_server=24, group_size=8)
+    served = checkpoint_config(config, EvalCheckpoint(3, folder))
+    assert served.model == str(folder) and config.model != str(folder)  # a copy; the config is unchanged
+    context = InferenceContext.from_config(served)
+    assert context.max_concurrent_sequences == 24 and max_num_seqs(context) == 24  # not 32 x 8
+    pinned = checkpoint_config(eval_config(checkpoint_dir=str(tmp_path), max_num_seqs=5), EvalCheckpoint(3, folder))
+    assert max_num_seqs(InferenceContext.from_config(pinned)) == 5  # an explicit max_num_seqs is kept
