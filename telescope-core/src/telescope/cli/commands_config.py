@@ -36,17 +36,23 @@ def show_command(config_file: Path | None, overrides: tuple[str, ...]) -> None:
     is_flag=True,
     help="Check the file as a defaults layer (such as default_train.yaml): no environment needed.",
 )
+@click.option(
+    "--eval",
+    "eval_form",
+    is_flag=True,
+    help="Check the file as a telescope eval config (evals and checkpoint_dir or checkpoints; no environment).",
+)
 @click.argument("config_file", required=False, type=click.Path(dir_okay=True, path_type=Path))
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def validate_command(layer: bool, config_file: Path | None, overrides: tuple[str, ...]) -> None:
+def validate_command(layer: bool, eval_form: bool, config_file: Path | None, overrides: tuple[str, ...]) -> None:
     """Check a config (schema, cross-field rules, plugin names); exit 2 if invalid."""
     from telescope.config.loader import load_config
 
-    loaded = load_config(config_file, overrides, layer=layer)
+    loaded = load_config(config_file, overrides, layer=layer, purpose="eval" if eval_form else "run")
     origins = loaded.provenance.values()
     from_cli = sum(1 for o in origins if o == "cli")
     from_file = sum(1 for o in origins if o not in ("cli", "default") and not o.startswith("derived"))
-    what = "valid as a defaults layer" if layer else "valid"
+    what = ("valid as a defaults layer" if layer else "valid") + (" for telescope eval" if eval_form else "")
     click.echo(
         f"ok: {config_file or 'command line'} is {what} "
         f"({from_file} values from the file, {from_cli} from the command line, the rest defaults)"

@@ -1,4 +1,4 @@
-"""The list-valued config entries: environments to train on and evals to run."""
+"""The list-valued config entries: environments to train on, evals to run, checkpoints to evaluate."""
 
 from __future__ import annotations
 
@@ -78,3 +78,18 @@ class EvalEntry(BaseModel):
         if not isinstance(n, int) or n < max(ks):
             raise ValueError(f"pass_k.n ({n}) must be an integer >= the largest k ({max(ks)})")
         return {"k": sorted(set(ks)), "n": n}
+
+
+class CheckpointEntry(BaseModel):
+    """One checkpoint for ``telescope eval`` (``checkpoints:`` list item): a folder and its training step.
+
+    The folder is a native checkpoint or a Hugging Face model folder as ``hf_weights``
+    says; a relative path is taken from the current directory (as ``checkpoint_dir`` is).
+    Whether it exists is checked when the eval starts, not at load time, so a config
+    validates on a machine without the checkpoints.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="Checkpoint folder")
+    step: int = Field(ge=0, description="Training step of this checkpoint (its results are keyed by it)")

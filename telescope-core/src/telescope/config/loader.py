@@ -28,8 +28,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from telescope.config.entries import EnvironmentEntry, EvalEntry
+from telescope.config.cross_field import Purpose
+from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
 from telescope.config.errors import ConfigError
+from telescope.config.eval_form import eval_layer, eval_problems
 from telescope.config.schema import TelescopeConfig, cross_field_problems
 from telescope.config.sources import parse_overrides, read_yaml_file, schema_field_kind
 from telescope.config.yaml_reader import SourceMap, quote_hint
@@ -57,6 +59,8 @@ def _entry_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseMode
         return EnvironmentEntry
     if loc and loc[0] == "evals":
         return EvalEntry
+    if loc and loc[0] == "checkpoints":
+        return CheckpointEntry
     return schema
 
 
@@ -159,11 +163,18 @@ def load_config(
     *,
     check_plugins: bool = True,
     layer: bool = False,
+    purpose: Purpose = "run",
+    checkpoint_argument: bool = False,
 ) -> LoadedConfig:
     """Load, merge and validate a config. Raises :class:`ConfigError` on any problem.
 
     ``layer``: check the file as a defaults layer (every key known, typed, in range and
     consistent) rather than as a run, which also needs at least one environment.
+
+    ``purpose="eval"``: the config of a standalone eval (``telescope eval``; see
+    :mod:`telescope.config.eval_form`): the eval defaults under a dedicated eval config,
+    evals and a checkpoint source required (``checkpoint_argument``: the command line
+    names the checkpoint) instead of an environment, and a training run's rules not asked.
 
     The schema is composed from the installed plugins first, so that plugin fields
     are known to the YAML, the command line (``--my_plugin_field``) and validation alike.
@@ -194,6 +205,8 @@ def load_config(
     for key, value in cli_values.items():
         data[key] = value
         provenance[key] = "cli"
+    if purpose == "eval":
+        data = {**eval_layer(data), **data}  # provenance: "default" (the eval's), as for any default
 
     try:
         config = schema.model.model_validate(data, context={"defer_cross_field_rules": True})
@@ -205,7 +218,10 @@ def load_config(
     if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
         derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
 
-    problems = [locate(p, provenance, source=yaml_source) for p in cross_field_problems(config, layer=layer)]
+    rules = cross_field_problems(config, layer=layer, purpose=purpose)
+    if purpose == "eval":
+        rules += eval_problems(config, layer=layer, checkpoint_argument=checkpoint_argument)
+    problems = [locate(p, provenance, source=yaml_source) for p in rules]
     problems += [locate(message, provenance, fields) for message, fields in schema.settings_problems(config)]
     if check_plugins:
         from telescope.config.rules import registry_problems

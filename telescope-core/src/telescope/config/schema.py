@@ -7,7 +7,8 @@ fields the core itself reads; every plugin declares the fields it reads
 field for field, in ``configs/defaults/default_train.yaml`` (``telescope config
 defaults`` regenerates it from what is installed; a test keeps the two equal). Unknown
 keys are rejected (``extra="forbid"``). Rules that involve several fields and need
-no plugin are checked here (:meth:`TelescopeConfig._cross_field_rules`); rules that
+no plugin are in :mod:`telescope.config.cross_field` (run by
+:meth:`TelescopeConfig._cross_field_rules`); rules that
 need the plugin registry (names, algorithm capabilities) are in
 :mod:`telescope.config.rules`.
 
@@ -22,7 +23,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from telescope.config.entries import EnvironmentEntry, EvalEntry
+from telescope.config.cross_field import cross_field_problems
+from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
 
 S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -281,7 +283,11 @@ class TelescopeConfig(BaseModel):
     resume_from_checkpoint: bool | int = Field(
         False, description="true = resume from latest; integer = resume from that step"
     )
-    checkpoint_dir: str | None = Field(None, description="Checkpoint path. null = RUN_DIR/checkpoints")
+    checkpoint_dir: str | None = Field(
+        None,
+        description="Checkpoint path. null = RUN_DIR/checkpoints. telescope eval: the folder whose step_N "
+        "checkpoints it evaluates",
+    )
     checkpoint_keep_last: int | None = Field(None, ge=1, description="Keep only the N most recent checkpoints")
     checkpoint_keep_every: int | None = Field(None, ge=1, description="Always keep checkpoints at these step multiples")
 
@@ -346,6 +352,26 @@ class TelescopeConfig(BaseModel):
     )
     eval_start_end_use_all_servers: bool = Field(True, description="Use all inference servers for start/end evals")
     evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
+
+    # ---------------------------------------------------------- standalone eval
+    checkpoints: list[CheckpointEntry] = Field(
+        default_factory=list,
+        description="telescope eval: checkpoints to evaluate, [{path, step}]; with checkpoint_dir both are "
+        "evaluated, this list winning on a step they share",
+    )
+    hf_weights: bool = Field(
+        False,
+        description="telescope eval: the checkpoints are Hugging Face model folders (config.json and weights, "
+        "e.g. written by telescope convert-checkpoint); false = native checkpoints (step_N/ with meta.json)",
+    )
+    max_concurrent_samples_per_server: int = Field(
+        256, ge=1, description="telescope eval: the most samples (rollouts) in flight on one inference server"
+    )
+    wandb_run_path: str | None = Field(
+        None,
+        description='telescope eval: the W&B run to log each checkpoint\'s metrics into, "entity/project/run_id" '
+        "(resumed if it exists, else created); null = no W&B",
+    )
 
     # ------------------------------------------------------------------ logging
     wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
@@ -442,6 +468,24 @@ class TelescopeConfig(BaseModel):
                 raise ValueError(f"resource {name!r} needs an amount > 0, got {amount}")
         return value
 
+    @field_validator("checkpoints")
+    @classmethod
+    def _one_checkpoint_per_step(cls, value: list[CheckpointEntry]) -> list[CheckpointEntry]:
+        steps = [entry.step for entry in value]
+        twice = sorted({step for step in steps if steps.count(step) > 1})
+        if twice:
+            raise ValueError(f"step {twice[0]} is listed more than once; give each step one checkpoint")
+        return value
+
+    @field_validator("wandb_run_path")
+    @classmethod
+    def _wandb_run_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.split("/")
+            if len(parts) != 3 or not all(part.strip() for part in parts) or value != value.strip():
+                raise ValueError(f'{value!r} is not a W&B run path: write "entity/project/run_id" (or null for no W&B)')
+        return value
+
     @field_validator("kl_penalty_tau", mode="before")
     @classmethod
     def _kl_penalty_off(cls, value: Any) -> Any:
@@ -470,89 +514,6 @@ class TelescopeConfig(BaseModel):
         if problems:
             raise ValueError("\n".join(problems))
         return self
-
-
-def cross_field_problems(c: TelescopeConfig, *, layer: bool = False) -> list[str]:
-    """Rules between fields that need no plugin; one message per broken rule.
-
-    ``layer``: the config is a defaults layer, not a run (``telescope config validate
-    --defaults``): what only a run needs (an environment) is not asked for.
-    """
-    problems: list[str] = []
-    if not c.environments and not layer:
-        problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
-    if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
-        problems.append(
-            "use_tis=true with use_ppo_clip=true and ppo_clip_ref_logprobs='rollout' counts the "
-            "importance-sampling correction twice; set ppo_clip_ref_logprobs: batch (or turn one off)"
-        )
-    if c.clip_ratio_c is not None and c.clip_ratio_c <= 1.0:
-        problems.append(
-            f"clip_ratio_c ({c.clip_ratio_c}) must be > 1 (dual clip bounds the loss of negative advantages "
-            "at -clip_ratio_c * A, above the PPO clip's -(1 - clip_low) * A); null disables it"
-        )
-    if c.tis_floor >= c.tis_cap:
-        problems.append(f"tis_floor ({c.tis_floor}) must be below tis_cap ({c.tis_cap})")
-    if not c.use_tis and c.tis_mode == "icepop":
-        problems.append("tis_mode='icepop' needs use_tis=true (it chooses how the TIS weight is bounded)")
-    if not c.use_tis and c.tis_floor > 0:
-        problems.append(f"tis_floor ({c.tis_floor}) bounds the TIS weight and needs use_tis=true")
-    if c.overlong_penalty_factor > 0 and c.overlong_buffer_tokens > c.max_tokens:
-        problems.append(
-            f"overlong_buffer_tokens ({c.overlong_buffer_tokens}) must not exceed max_tokens ({c.max_tokens}) "
-            "when overlong_penalty_factor > 0: the penalty ramps over the last overlong_buffer_tokens tokens "
-            "before max_tokens"
-        )
-    if (
-        c.max_num_seqs is not None
-        and c.max_num_batched_tokens is not None
-        and c.max_num_batched_tokens < c.max_num_seqs
-    ):
-        problems.append(
-            f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be at least max_num_seqs ({c.max_num_seqs}): "
-            "every running sequence decodes one token per step"
-        )
-    if c.inference_num_workers % c.inference_tensor_parallel_size:
-        problems.append(
-            f"inference_num_workers ({c.inference_num_workers}) must be divisible by "
-            f"inference_tensor_parallel_size ({c.inference_tensor_parallel_size})"
-        )
-    if c.free_lane_after_generation and not c.enable_individual_sample_lanes:
-        problems.append(
-            "free_lane_after_generation=true requires enable_individual_sample_lanes=true; "
-            "enable lanes or set free_lane_after_generation: false"
-        )
-    if c.max_tokens >= c.max_model_len:
-        problems.append(
-            f"max_tokens ({c.max_tokens}) must be smaller than max_model_len ({c.max_model_len}): "
-            "the prompt needs room in the context"
-        )
-    if c.seq_len < c.max_model_len:
-        problems.append(
-            f"seq_len ({c.seq_len}) must be at least max_model_len ({c.max_model_len}): a sample "
-            "(prompt + completion) can be max_model_len tokens and must fit in one packed sequence"
-        )
-    if c.seq_len % c.pad_to_multiple_of:
-        problems.append(f"seq_len ({c.seq_len}) must be a multiple of pad_to_multiple_of ({c.pad_to_multiple_of})")
-    if c.number_of_minibatches > c.prompts_batch_size_for_trainer:
-        problems.append(
-            f"number_of_minibatches ({c.number_of_minibatches}) cannot exceed "
-            f"prompts_batch_size_for_trainer ({c.prompts_batch_size_for_trainer}): each minibatch needs a group"
-        )
-    for i, entry in enumerate(c.evals):
-        max_tokens = entry.max_tokens if entry.max_tokens is not None else c.max_tokens
-        if max_tokens >= c.max_model_len:
-            problems.append(
-                f"evals[{i}] ({entry.name}): max_tokens ({max_tokens}) must be smaller than "
-                f"max_model_len ({c.max_model_len})"
-            )
-    if c.evals and c.eval_num_servers >= c.inference_num_workers:
-        problems.append(
-            f"eval_num_servers ({c.eval_num_servers}) must leave at least one of the "
-            f"inference_num_workers ({c.inference_num_workers}) for training; lower eval_num_servers "
-            "(0 = evals only before/after training) or add inference workers"
-        )
-    return problems
 
 
 _section("general", ["debug", "seed", "run_dir"])
@@ -612,6 +573,9 @@ _section("logging", [n for n in TelescopeConfig.model_fields if n.startswith("wa
     "metrics_logger_interval_seconds", "ray_torch_memory_drain_interval_seconds", "rollout_block_size",
     "track_gpu_events",
 }])  # fmt: skip
+_section("standalone eval", [
+    "checkpoints", "hf_weights", "max_concurrent_samples_per_server", "wandb_run_path",
+])  # fmt: skip
 _section("ray cluster", [n for n in TelescopeConfig.model_fields if n.startswith("ray_") and n not in SECTIONS])
 _section(
     "weight broadcasting",

@@ -13,6 +13,11 @@ say ``correct`` > 0, else when its reward is positive.
 :func:`reserved_eval_ids`); keyed on the config's environment name and the
 sample's stable id, never on a display name an environment can override.
 
+Concurrency: each server has at most ``per_server_limit`` of the eval's rollouts in flight
+(a rollout holds its server through all its turns, one request at a time):
+``max_concurrent_prompts_per_server`` in a run, ``max_concurrent_samples_per_server`` in
+``telescope eval``. Rollouts are spread over the servers round robin.
+
 Faults: rewards and environment steps have the run's time limits; a rollout whose
 server became unavailable (:class:`~telescope.orchestrator.rollouts.ServerUnavailable`:
 it died and is being restarted) runs again on the next of the eval's servers, a
@@ -174,8 +179,13 @@ class EvalRunner:
         renderer: ChatRenderer,
         generation: GenerationService,
         sink: EvalSink,
+        *,
+        per_server_limit: int | None = None,
     ) -> None:
         self.config = config
+        #: rollouts in flight on one server at most: ``max_concurrent_prompts_per_server`` in a run,
+        #: ``max_concurrent_samples_per_server`` in ``telescope eval``
+        self.per_server_limit = per_server_limit or config.max_concurrent_prompts_per_server
         self.plugins = plugins
         self.renderer = renderer
         self.generation = generation
@@ -222,8 +232,7 @@ class EvalRunner:
             self.config.reward_timeout_s,
             self.config.environment_step_timeout_s,
         )
-        capacity = max(1, len(servers) * self.config.max_concurrent_prompts_per_server)
-        gate = asyncio.Semaphore(capacity)
+        gates = {server: asyncio.Semaphore(max(1, self.per_server_limit)) for server in servers}
 
         async def one(item_index: int, sample: Sample, draw: int) -> Rollout:
             async def on(server: int) -> Rollout:
@@ -240,15 +249,16 @@ class EvalRunner:
                         renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
                     )  # fmt: skip
 
-            async with gate:
-                for attempt in range(EVAL_SERVER_RETRIES + 1):  # a server that died: the next one, a bit later
-                    try:
-                        return await on(servers[(item_index * n + draw + attempt) % len(servers)])
-                    except ServerUnavailable:
-                        if attempt == EVAL_SERVER_RETRIES:
-                            raise
-                        await asyncio.sleep(EVAL_RETRY_WAIT_S)
-                raise AssertionError("unreachable")
+            for attempt in range(EVAL_SERVER_RETRIES + 1):  # a server that died: the next one, a bit later
+                server = servers[(item_index * n + draw + attempt) % len(servers)]
+                try:
+                    async with gates[server]:  # at most per_server_limit rollouts in flight on each server
+                        return await on(server)
+                except ServerUnavailable:
+                    if attempt == EVAL_SERVER_RETRIES:
+                        raise
+                    await asyncio.sleep(EVAL_RETRY_WAIT_S)
+            raise AssertionError("unreachable")
 
         rollouts = await asyncio.gather(*(one(i, sample, d) for i, sample in enumerate(items) for d in range(n)))
         per_item = [rollouts[i * n : (i + 1) * n] for i in range(len(items))]
