@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ class FakeServices:
     pushes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     checkpoint_root: Path | None = None
     trained_step: int = 0
+    #: requests in flight on each server now, and the most there were at once
+    in_flight: Counter[int] = field(default_factory=Counter)
+    peak_in_flight: Counter[int] = field(default_factory=Counter)
 
     @property
     def num_servers(self) -> int:
@@ -83,12 +87,16 @@ class FakeServices:
         version = self.server_versions.get(server, self.version)
         record = {"server": server, "seed": seed, "version": version, "priority": priority, **events.current_context()}
         self.requests.append(record)
+        self.in_flight[server] += 1
+        self.peak_in_flight[server] = max(self.peak_in_flight[server], self.in_flight[server])
         try:
             if self.delay_s or self.server_delay_s.get(server):
                 await asyncio.sleep(self.delay_s + self.server_delay_s.get(server, 0.0))
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        finally:
+            self.in_flight[server] -= 1
         end_version = record["end_version"] = self.server_versions.get(server, self.version)
         rng = random.Random(seed)
         length = rng.randint(1, max(1, min(max_tokens, 8)) - 1) if max_tokens > 1 else 0
