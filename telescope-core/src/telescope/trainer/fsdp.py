@@ -38,9 +38,11 @@ hands them over.
 
 Attention: ``flash_attention_2`` when the ``flash_attn`` package is installed and
 the model runs on CUDA (transformers then uses the varlen kernel from the packed
-``position_ids``), else ``sdpa``; both keep attention inside each sample because
-the model is called with per-sample ``position_ids``, no attention mask and
-``use_cache=False``.
+``position_ids``), else :mod:`telescope.trainer.packed_attention` (SDPA per
+document, batched by length) for plain causal models and ``sdpa`` with
+transformers' block-diagonal mask for the rest; all keep attention inside each
+sample because the model is called with per-sample ``position_ids``, no attention
+mask and ``use_cache=False``.
 
 Context parallelism (``fsdp_context_parallel_size`` > 1): see
 :mod:`telescope.trainer.context_parallel`. ``self.rank``/``self.world_size`` are the
@@ -79,6 +81,8 @@ from telescope.trainer.distributed import (
 from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_entropy, token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
+from telescope.trainer.packed_attention import register_packed_attention
+from telescope.trainer.packed_attention import supports as packed_attention_supports
 from telescope.trainer.packing import (
     PackedBatch,
     PackedSequence,
@@ -194,21 +198,23 @@ class FSDPBackend(TrainerBackend):
         else:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
-    def _attn_implementation(self) -> str:
+    def _attn_implementation(self, config: Any) -> str:
         if self.layout.cp_size > 1:
             return register_attention()
         if self.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
-        return "sdpa"
+        return register_packed_attention() if packed_attention_supports(config) else "sdpa"
 
     def _load_model(self) -> Any:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        config = AutoConfig.from_pretrained(self.model_path)
         with torch.device(self.device):
             model = AutoModelForCausalLM.from_pretrained(
                 self.model_path,
+                config=config,
                 dtype=DTYPES[self.context.model_dtype],
-                attn_implementation=self._attn_implementation(),
+                attn_implementation=self._attn_implementation(config),
             )
         return model.to(self.device)  # type: ignore[arg-type]
 

@@ -1,0 +1,80 @@
+"""Packed attention (SDPA per document, bucketed by length) equals transformers' masked full-row SDPA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from telescope.trainer.packed_attention import (
+    ATTENTION_NAME,
+    document_starts,
+    length_buckets,
+    register_packed_attention,
+    supports,
+)
+
+
+def test_document_starts_follow_position_ids() -> None:
+    positions = torch.tensor([0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 5, 6])  # 5 does not continue 3: a new document
+    assert document_starts(positions).tolist() == [0, 3, 5, 6, 10]
+
+
+def test_length_buckets_round_up_to_powers_of_two() -> None:
+    buckets = dict(length_buckets(torch.tensor([1, 3, 4, 5, 17, 2])))
+    assert {size: idx.tolist() for size, idx in buckets.items()} == {1: [0], 2: [5], 4: [1, 2], 8: [3], 32: [4]}
+
+
+def _model(path: Path, implementation: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=implementation)
+    return model.eval()
+
+
+def _packed_row(lengths: list[int], vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, sum(lengths)), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    return ids, positions
+
+
+@pytest.mark.parametrize("lengths", [[5, 9, 1, 30, 2, 17, 8], [64], [3] * 20 + [40]])
+def test_logits_and_gradients_equal_masked_sdpa(tiny_model: Path, lengths: list[int]) -> None:
+    reference = _model(tiny_model, "sdpa")
+    packed = _model(tiny_model, register_packed_attention())
+    assert packed.config._attn_implementation == ATTENTION_NAME
+    ids, positions = _packed_row(lengths, reference.config.vocab_size)
+    outputs = {}
+    for name, model in (("sdpa", reference), ("packed", packed)):
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        (logits.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outputs[name] = (logits.detach(), grads)
+    torch.testing.assert_close(outputs["packed"][0], outputs["sdpa"][0], atol=1e-5, rtol=1e-5)
+    assert outputs["packed"][1].keys() == outputs["sdpa"][1].keys()
+    for name, grad in outputs["sdpa"][1].items():
+        torch.testing.assert_close(outputs["packed"][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_each_document_sees_only_itself(tiny_model: Path) -> None:
+    """A document's logits do not change when the documents packed before it do."""
+    model = _model(tiny_model, register_packed_attention())
+    vocab = model.config.vocab_size
+    ids, positions = _packed_row([6, 11, 7], vocab, seed=1)
+    other = ids.clone()
+    other[0, :17] = (other[0, :17] + 1) % vocab  # change the first two documents
+    with torch.no_grad():
+        a = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, 17:]
+        b = model(input_ids=other, position_ids=positions, use_cache=False).logits[0, 17:]
+        alone = model(input_ids=ids[:, 17:], position_ids=positions[:, 17:], use_cache=False).logits[0]
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(a, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_supports_plain_causal_models_only() -> None:
+    from transformers import Qwen2Config
+
+    assert supports(Qwen2Config(use_sliding_window=False))
+    assert not supports(Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0))
