@@ -1,6 +1,8 @@
 """The orchestrator's one client for every inference server (embedded engine or vLLM).
 
-One :class:`InferenceClient` per server, over one ``httpx.AsyncClient``:
+One :class:`InferenceClient` per server, over one ``httpx.AsyncClient`` on an
+aiohttp transport (:mod:`telescope.inference.http_transport`: httpcore's pool
+cost grows with the requests in flight):
 
 - :meth:`~InferenceClient.complete`: a completion from prompt token ids (or
   text), with ``return_token_ids`` and ``logprobs`` always requested, parsed
@@ -53,6 +55,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from telescope.inference import weight_updates
+from telescope.inference.http_transport import AiohttpTransport
 from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
 from telescope.recording.events import emit
 
@@ -258,8 +261,7 @@ class InferenceClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-            transport=http_transport,
+            transport=http_transport or AiohttpTransport(max_connections=max_connections),
         )
 
     async def __aenter__(self) -> InferenceClient:
