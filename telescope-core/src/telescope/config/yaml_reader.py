@@ -422,6 +422,11 @@ def _yaml_error(name: str, exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = mark_text(name, mark) if mark is not None else name
     problem = getattr(exc, "problem", None) or str(exc)
+    if "exceeded maximum nesting depth" in problem:  # PyYAML >= 6.0.3 scans ahead and stops first
+        return (
+            f"{where}: nesting deeper than {MAX_DEPTH} levels; "
+            "a config never needs this (check for runaway brackets or indentation)"
+        )
     context = getattr(exc, "context", None)
     detail = f"{context}, {problem}" if context else problem
     return f"invalid YAML at {where}: {detail}"
