@@ -81,7 +81,7 @@ from telescope.trainer.distributed import (
 from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_entropy, token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
-from telescope.trainer.packed_attention import register_packed_attention
+from telescope.trainer.packed_attention import DOCUMENTS_KWARG, register_packed_attention
 from telescope.trainer.packed_attention import supports as packed_attention_supports
 from telescope.trainer.packing import (
     PackedBatch,
@@ -92,6 +92,7 @@ from telescope.trainer.packing import (
     split_minibatches,
 )
 from telescope.trainer.plugin import FSDPSettings
+from telescope.trainer.prefix_sharing import pack_with_shared_prefixes
 from telescope.trainer.schedule import build_lr_scheduler
 
 if TYPE_CHECKING:
@@ -129,6 +130,9 @@ class FSDPBackend(TrainerBackend):
     """Hugging Face model + FSDP2 data parallelism, CPU (gloo) or CUDA (NCCL)."""
 
     name = "fsdp"
+    #: Whether RL steps pack each group's prompt once (:mod:`telescope.trainer.prefix_sharing`): set
+    #: when the model runs :mod:`telescope.trainer.packed_attention`, the one attention that reads it.
+    _shares_prefixes = False
 
     def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: FSDPSettings | None = None) -> None:
         super().__init__(context, algorithm, settings)
@@ -203,7 +207,10 @@ class FSDPBackend(TrainerBackend):
             return register_attention()
         if self.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
-        return register_packed_attention() if packed_attention_supports(config) else "sdpa"
+        if packed_attention_supports(config):
+            self._shares_prefixes = self.fsdp.share_prompt_prefixes
+            return register_packed_attention()
+        return "sdpa"
 
     def _load_model(self) -> Any:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -236,7 +243,7 @@ class FSDPBackend(TrainerBackend):
         timers = SectionTimers(self.device, record_events=self.context.track_gpu_events)
         with timers.section("prepare_tensors"):
             minibatches = split_minibatches(batch.samples, self.context.number_of_minibatches)
-            packed = [self._pack(mb) for mb in minibatches]
+            packed = [self._pack(mb, share_prefixes=self._shares_prefixes) for mb in minibatches]
             local = [self._local_sequences(p) for p in packed]
         ref_logprobs = self._reference_logprobs(local, timers) if self._needs_batch_reference() else None
 
@@ -272,6 +279,7 @@ class FSDPBackend(TrainerBackend):
             sum(p.num_padded_tokens for p in packed),
             sum(p.truncated_samples for p in packed),
             sum(len(p.sequences) for p in packed),
+            sum(s.shared_tokens for p in packed for s in p.sequences),
         ]
         timing = timers.metrics(micro_count)
         parts = len(LOSS_PART_KEYS)
@@ -295,6 +303,7 @@ class FSDPBackend(TrainerBackend):
             "packing/efficiency": packing_stats[0] / max(packing_stats[1], 1),
             "packing/sequences": float(packing_stats[3]),
             "packing/truncated_samples": float(packing_stats[2]),
+            "packing/shared_prefix_tokens": float(packing_stats[4]),
             "throughput/tokens_per_second": packing_stats[0] / max(step_time, 1e-9),
             "timing_trainer_step_total": step_time,
         }
@@ -352,7 +361,10 @@ class FSDPBackend(TrainerBackend):
         (total_loss,) = self._all_reduce_sum([loss_sum])
         return {"loss": total_loss, "grad_norm": norm, "tokens": float(counts.loss_tokens)}
 
-    def _pack(self, samples: list[TrainingSample]) -> PackedBatch:
+    def _pack(self, samples: list[TrainingSample], share_prefixes: bool = False) -> PackedBatch:
+        if share_prefixes:
+            return pack_with_shared_prefixes(samples, self.context.seq_len, self.context.pad_to_multiple_of,
+                                             self.pad_token_id)  # fmt: skip
         return pack_samples(
             samples, self.context.seq_len, self.context.pad_to_multiple_of, self.pad_token_id, overflow="truncate"
         )
@@ -395,7 +407,8 @@ class FSDPBackend(TrainerBackend):
     def _logits(self, mb: MicroBatch) -> torch.Tensor:
         if self.layout.cp_size > 1:
             return sharded_logits(self.model, mb.input_ids, mb.position_ids, self.layout, self.pad_token_id)
-        output = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+        shared = {} if mb.documents is None else {DOCUMENTS_KWARG: mb.documents}
+        output = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **shared)
         logits: torch.Tensor = output.logits[0]
         return logits
 
@@ -538,7 +551,7 @@ class FSDPBackend(TrainerBackend):
         ``train_step`` is the training entry point.
         """
         timers = SectionTimers(self.device)
-        sequences = self._local_sequences(self._pack(samples))
+        sequences = self._local_sequences(self._pack(samples, share_prefixes=self._shares_prefixes))
         counts = self._global_counts(sequences)
         denominator = self.algorithm.loss_denominator(counts)
         refs = self._reference_logprobs([sequences], timers)[0] if self._needs_batch_reference() else None

@@ -22,6 +22,8 @@ class MicroBatch:
     sequence_ids: torch.Tensor
     sequence_lengths: torch.Tensor
     num_loss_tokens: int
+    #: ``[documents, 4]`` shared-prefix layout (:attr:`PackedSequence.documents`), None without one.
+    documents: torch.Tensor | None = None
 
     @classmethod
     def from_packed(cls, seq: PackedSequence, device: torch.device) -> MicroBatch:
@@ -38,4 +40,5 @@ class MicroBatch:
             sequence_ids=to(seq.sequence_ids, torch.long),
             sequence_lengths=to(seq.sample_loss_tokens or [0], torch.long),
             num_loss_tokens=seq.num_loss_tokens,
+            documents=torch.tensor(seq.documents, dtype=torch.long).to(device) if seq.documents else None,
         )

@@ -21,7 +21,12 @@ gathers its documents into a padded ``[documents, heads, length, dim]`` batch an
 ``scaled_dot_product_attention`` with ``is_causal=True``. Padding sits after each
 document's last token, so the causal mask already hides it from every real query;
 the padded query rows are dropped when the outputs are scattered back to the row.
-The result equals the masked full-row SDPA up to float rounding (test:
+With shared prompts (:mod:`telescope.trainer.prefix_sharing`) the backend passes the
+row's documents as ``(start, length, prefix_start, prefix_length)`` through the
+model's forward (:data:`DOCUMENTS_KWARG`; transformers hands extra keywords down to
+the attention function): a document's keys are then its prefix's rows followed by
+its own, and only its own rows' outputs are kept (the prefix's own document writes
+the prefix rows). The result equals the masked full-row SDPA up to float rounding (test:
 ``tests/core/trainer/test_packed_attention.py``), gradients included (the
 gather/scatter are autograd ops). Buckets bound the padding: a document pads to
 less than twice its length, so the work is under 4x the documents' own and never
@@ -43,6 +48,9 @@ import torch.nn.functional as F
 
 #: The transformers attention implementation name :func:`packed_attention` is registered under.
 ATTENTION_NAME = "telescope_packed_sdpa"
+
+#: The keyword (passed to the model's forward, which hands it down) carrying a row's shared-prefix documents.
+DOCUMENTS_KWARG = "packed_documents"
 
 
 def register_packed_attention() -> str:
@@ -77,6 +85,14 @@ def length_buckets(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
     return [(int(size), (padded == size).nonzero().flatten()) for size in torch.unique(padded).tolist()]
 
 
+def documents_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[documents, 4]`` rows ``(start, length, prefix_start, prefix_length)`` of a row without shared prefixes."""
+    length = position_ids.shape[0]
+    starts = document_starts(position_ids)
+    lengths = torch.cat([starts[1:], starts.new_tensor([length])]) - starts
+    return torch.stack([starts, lengths, starts, torch.zeros_like(starts)], dim=1)
+
+
 def packed_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -88,25 +104,31 @@ def packed_attention(
     position_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention within each packed document; returns ``[1, S, heads, dim]`` like transformers' SDPA."""
+    """Causal attention within each packed document (after its prefix, if any); ``[1, S, heads, dim]``."""
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError(f"{ATTENTION_NAME} computes plain causal attention; this layer asks for more")
-    if position_ids is None or query.shape[0] != 1 or attention_mask is not None or query.shape[2] != key.shape[2]:
+    documents: torch.Tensor | None = kwargs.get(DOCUMENTS_KWARG)
+    plain = position_ids is None and documents is None
+    if plain or query.shape[0] != 1 or attention_mask is not None or query.shape[2] != key.shape[2]:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, length, dim = query.shape[1], query.shape[2], query.shape[3]
     groups = heads // key.shape[1]
     q, k, v = query[0], key[0], value[0]  # [heads, S, dim]
-    starts = document_starts(position_ids.reshape(-1)[-length:])
-    ends = torch.cat([starts[1:], starts.new_tensor([length])])
-    lengths = ends - starts
+    if documents is None:
+        assert position_ids is not None
+        documents = documents_from_positions(position_ids.reshape(-1)[-length:])
+    starts, lengths, prefix_starts, prefix_lengths = documents.to(query.device).unbind(dim=1)
     output = query.new_empty(length, heads, dim)
-    for size, documents in length_buckets(lengths):
+    # A document's attention runs over its "view": its prefix's rows, then its own.
+    for size, chosen in length_buckets(prefix_lengths + lengths):
         offsets = torch.arange(size, device=query.device)
-        index = starts[documents, None] + offsets  # [documents, size]
-        valid = offsets < lengths[documents, None]
-        index = torch.where(valid, index, starts[documents, None])  # padding reads the first token; it is never seen
+        own = offsets - prefix_lengths[chosen, None]  # [documents, size]: index within the document itself
+        in_prefix = own < 0
+        index = torch.where(in_prefix, prefix_starts[chosen, None] + offsets, starts[chosen, None] + own)
+        written = (own >= 0) & (own < lengths[chosen, None])  # the rows this document's queries produce
+        index = torch.where(in_prefix | written, index, starts[chosen, None])  # padding reads a row it never sees
 
         def gather(x: torch.Tensor, index: torch.Tensor = index) -> torch.Tensor:
             return x[:, index].transpose(0, 1)  # [documents, heads, size, dim]
@@ -120,5 +142,5 @@ def packed_attention(
             scale=scaling,
             enable_gqa=groups > 1,
         )
-        output = output.index_put((index[valid],), out.transpose(1, 2)[valid])  # rows back in place, [S, heads, dim]
+        output = output.index_put((index[written],), out.transpose(1, 2)[written])  # rows back in place
     return output.unsqueeze(0), None

@@ -53,6 +53,12 @@ class PackedSequence:
     #: Lengths of the documents (samples, then padding if any), for varlen kernels.
     document_lengths: list[int] = field(default_factory=list)
     num_real_tokens: int = 0
+    #: With shared prefixes only (:mod:`telescope.trainer.prefix_sharing`): one
+    #: ``(start, length, prefix_start, prefix_length)`` per document, the prefix being
+    #: the earlier span of the row the document continues (``prefix_length`` 0: none).
+    documents: list[tuple[int, int, int, int]] = field(default_factory=list)
+    #: Tokens this row did not compute because samples shared them (prefix tokens x (samples - 1)).
+    shared_tokens: int = 0
 
     @property
     def length(self) -> int:
@@ -109,21 +115,23 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def _append_sample(seq: PackedSequence, sample: TrainingSample, sample_index: int, length: int) -> None:
+def _append_sample(seq: PackedSequence, sample: TrainingSample, sample_index: int, length: int, begin: int = 0) -> None:
+    """Positions ``begin .. length - 1`` of ``sample`` (``begin`` > 0: after a shared prefix, see
+    :mod:`telescope.trainer.prefix_sharing`), each with the target it has in the whole sample."""
     local_id = len(seq.sample_indices)
-    tokens = sample.token_ids[:length]
-    targets_mask = [bool(m) for m in sample.loss_mask[1:length]] + [False]
+    tokens = sample.token_ids[begin:length]
+    targets_mask = [bool(m) for m in sample.loss_mask[begin + 1 : length]] + [False]
     seq.input_ids.extend(tokens)
-    seq.position_ids.extend(range(length))
+    seq.position_ids.extend(range(begin, length))
     seq.target_ids.extend([*tokens[1:], 0])
     seq.loss_mask.extend(targets_mask)
-    seq.inference_logprobs.extend([*sample.inference_logprobs[1:length], 0.0])
-    seq.advantages.extend([sample.advantage] * length)
-    seq.sequence_ids.extend([local_id] * length)
+    seq.inference_logprobs.extend([*sample.inference_logprobs[begin + 1 : length], 0.0])
+    seq.advantages.extend([sample.advantage] * (length - begin))
+    seq.sequence_ids.extend([local_id] * (length - begin))
     seq.sample_indices.append(sample_index)
     seq.sample_loss_tokens.append(sum(targets_mask))
-    seq.document_lengths.append(length)
-    seq.num_real_tokens += length
+    seq.document_lengths.append(length - begin)
+    seq.num_real_tokens += length - begin
 
 
 def _pad(seq: PackedSequence, target_length: int, pad_token_id: int) -> None:
@@ -138,6 +146,9 @@ def _pad(seq: PackedSequence, target_length: int, pad_token_id: int) -> None:
     seq.advantages.extend([0.0] * pad)
     seq.sequence_ids.extend([-1] * pad)
     seq.document_lengths.append(pad)
+    if seq.documents:
+        start = seq.length - pad
+        seq.documents.append((start, pad, start, 0))
 
 
 def empty_sequence(length: int, pad_token_id: int) -> PackedSequence:

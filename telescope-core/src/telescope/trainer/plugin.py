@@ -30,6 +30,12 @@ class FSDPSettings(PluginSettings):
         "2 x size load-balanced chunks; attention all-gathers keys and values). 1 = off. trainer_num_workers "
         "must be a multiple; data-parallel size = trainer_num_workers / size",
     )
+    share_prompt_prefixes: bool = Field(
+        True,
+        description="Pack each group's common prompt once per packed row instead of once per sample (same "
+        "logits and gradients, fewer tokens). Applies where the trainer runs its own packed attention (no "
+        "flash-attn varlen kernel, no context parallelism)",
+    )
 
     @classmethod
     def config_problems(cls, config: TelescopeConfig) -> list[str]:
