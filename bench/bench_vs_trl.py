@@ -36,6 +36,7 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     command = [
         sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
         "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
+        "--model", f"tiny:{args.model}",
         "--environments", env_entry, "--evals", "[]", "--warm_start_steps", "0",
         "--number_of_steps", str(args.steps), "--group_size", str(args.group_size),
         "--prompts_batch_size_for_trainer", str(args.prompts), "--max_tokens", str(args.max_tokens),
@@ -62,7 +63,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     from telescope_envs.countdown import CountdownEnvironment
 
     start_wall = time.perf_counter()
-    model_path = resolve_model_path("tiny:small")
+    model_path = resolve_model_path(f"tiny:{args.model}")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     environment = CountdownEnvironment(**ENV_KWARGS)  # type: ignore[arg-type]
     samples = environment.load_dataset()[: args.steps * args.prompts]
@@ -112,6 +113,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--model", default="small", help="tiny preset: small (0.84M) or medium (6.4M parameters)")
     parser.add_argument("--group-size", dest="group_size", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=24)
@@ -120,7 +122,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
-    print(f"{args.steps} steps x {args.prompts} prompts x {args.group_size} samples, max_tokens {args.max_tokens}")
+    print(f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
+          f"max_tokens {args.max_tokens}")
     print(f"{'':<18}{'samples/s':>10}{'tokens/s':>10}{'train s':>9}{'wall s':>8}")
     rates = {}
     for name, r in results.items():

@@ -56,8 +56,12 @@ class TinyModelSpec:
 PRESETS: dict[str, TinyModelSpec] = {
     # ~0.1M parameters: unit tests.
     "test": TinyModelSpec(),
-    # ~1.7M parameters: the CPU quick start (learns small countdown problems).
+    # ~0.84M parameters: the CPU quick start (learns small countdown problems).
     "small": TinyModelSpec(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4),
+    # ~6.4M parameters: the larger configuration of bench/bench_vs_trl.py.
+    "medium": TinyModelSpec(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+    ),
 }
 
 
