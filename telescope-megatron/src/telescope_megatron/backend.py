@@ -70,6 +70,7 @@ from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
+from telescope_megatron.optimizer import build_optimizer, is_sharded, load_rank_state_dict, rank_state_dict
 from telescope_megatron.pipeline import (
     gather_stages,
     global_name,
@@ -164,9 +165,7 @@ class MegatronBackend(FSDPBackend):
         self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
         self._load_hf_state(self._read_hf_state(self.model_path))
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.context.learning_rate, weight_decay=self.context.weight_decay, foreach=True
-        )
+        self.optimizer = self._build_optimizer(self.context.learning_rate, self.context.weight_decay)
         self.scheduler = build_lr_scheduler(
             self.optimizer,
             self.context.lr_scheduler,
@@ -176,6 +175,15 @@ class MegatronBackend(FSDPBackend):
         )
         pad = self.hf_config.pad_token_id if self.hf_config.pad_token_id is not None else self.hf_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
+
+    def _build_optimizer(self, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        """AdamW, its states sharded over the data- (and context-) parallel ranks with the distributed optimizer."""
+        from megatron.core import parallel_state
+
+        group = None
+        if self.megatron.megatron_use_distributed_optimizer:
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        return build_optimizer(self.model.parameters(), lr=lr, weight_decay=weight_decay, shard_group=group)
 
     def _check_divisible(self, tp: int, pp: int) -> None:
         s = self.shape
@@ -272,12 +280,12 @@ class MegatronBackend(FSDPBackend):
         return out
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
-        """Pipeline parallel: the FSDP backend's warm-start cross-entropy, through the schedule."""
+        """The FSDP backend's warm-start cross-entropy (through the schedule, pipeline parallel)."""
+        if self._supervised_optimizer is None:  # sharded like the RL optimizer (distributed optimizer)
+            self._supervised_optimizer = self._build_optimizer(learning_rate, weight_decay=0.0)
         if self.pp_size == 1:
             with self._device_scope():
                 return super().supervised_step(examples, learning_rate)
-        if self._supervised_optimizer is None:
-            self._supervised_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
         optimizer = self._supervised_optimizer
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
@@ -436,7 +444,7 @@ class MegatronBackend(FSDPBackend):
                     (tmp / "optimizer").mkdir()
             barrier()
             if training_state:
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
+                torch.save(rank_state_dict(self.optimizer), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
                 torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
             barrier()
             if is_main:
@@ -448,6 +456,7 @@ class MegatronBackend(FSDPBackend):
                     "world_size": self.global_world_size,
                     "megatron_tensor_parallel_size": self.tp_size,
                     "megatron_pipeline_parallel_size": self.pp_size,
+                    "megatron_use_distributed_optimizer": is_sharded(self.optimizer),
                     "model": self.context.model,
                     "model_dtype": self.context.model_dtype,
                 }
@@ -466,16 +475,20 @@ class MegatronBackend(FSDPBackend):
         shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
         if meta.get("training_state") and shard_file.exists():
             layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
-                      meta.get("megatron_pipeline_parallel_size", 1))  # fmt: skip
-            if layout != (self.global_world_size, self.tp_size, self.pp_size):
+                      meta.get("megatron_pipeline_parallel_size", 1),
+                      meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
+            here = (self.global_world_size, self.tp_size, self.pp_size, is_sharded(self.optimizer))
+            if layout != here:
                 raise ValueError(
                     f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
-                    f"megatron_tensor_parallel_size {layout[1]} and megatron_pipeline_parallel_size {layout[2]}; "
-                    f"this run has {self.global_world_size}, {self.tp_size} and {self.pp_size}. Resume with the "
-                    "same layout, or resume the weights only (a checkpoint saved with "
+                    f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]} "
+                    f"and its states sharded over data-parallel ranks: {layout[3]}; this run has "
+                    f"{', '.join(map(str, here[:3]))} and {here[3]}. Resume with the same layout and "
+                    "megatron_use_distributed_optimizer, or resume the weights only (a checkpoint saved with "
                     "checkpoint_save_training_state: false)"
                 )
-            self.optimizer.load_state_dict(torch.load(shard_file, map_location=self.device, weights_only=False))
+            state = torch.load(shard_file, map_location=self.device, weights_only=False)
+            load_rank_state_dict(self.optimizer, state)
             self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
             ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{self.global_rank}.pt", weights_only=False))
         self.step = int(meta["step"])
