@@ -6,7 +6,9 @@ with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; 
 remaining ranks are data parallel),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
-(:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
+(:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
+data-parallel ranks with ``megatron_use_distributed_optimizer``:
+:mod:`telescope_megatron.optimizer`) and the LR schedule.
 
 The training step is the FSDP backend's, shared through its parallelism hooks
 (:class:`~telescope.trainer.fsdp.FSDPBackend`): the same packing, dealing of
@@ -36,12 +38,13 @@ the FSDP backend's up to float32 rounding. What differs:
 - checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
   so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
-  needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
-  any layout).
+  needs the same ``world_size``, tensor- and pipeline-parallel sizes and
+  distributed-optimizer setting (weights-only resumes at any layout).
 
 Limits: no expert parallelism (context parallelism: :mod:`telescope_megatron.context`), no
-virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not
-megatron-core's distributed optimizer);
+virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards, sharded
+further over data-parallel ranks by torch's ZeRO-1 (not megatron-core's distributed optimizer, see
+:mod:`telescope_megatron.optimizer`);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
@@ -109,7 +112,7 @@ class MegatronBackend(FSDPBackend):
     # ------------------------------------------------------------------ setup
 
     def setup(self, rank: int = 0, world_size: int = 1, device: str | None = None) -> None:
-        """Join the process group, build the tensor-parallel model from the HF weights, AdamW, the schedule."""
+        """Join the process group, build the model-parallel model from the HF weights, AdamW, the schedule."""
         from megatron.core import parallel_state
         from transformers import AutoConfig
 
