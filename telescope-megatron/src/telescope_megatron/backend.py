@@ -55,6 +55,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,24 @@ if TYPE_CHECKING:
     from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Undo the environment variables set inside the block.
+
+    megatron-core's ``GPTModel`` writes ``NVTE_FLASH_ATTN``/``NVTE_FUSED_ATTN``/``NVTE_UNFUSED_ATTN``
+    into ``os.environ`` (its Transformer Engine attention choice); the local layer spec never
+    reads them, and left set they reach every process started afterwards (a later backend
+    in the same process, ranks spawned by tests).
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
 
 
 class MegatronBackend(FSDPBackend):
@@ -157,7 +176,8 @@ class MegatronBackend(FSDPBackend):
             params_dtype=DTYPES[self.context.model_dtype],
             use_cpu_initialization=self.device.type == "cpu",
         )
-        self.model = build_model(self.hf_config, config).to(self.device)
+        with _environment_kept():  # megatron-core's GPTModel sets NVTE_* (Transformer Engine's attention choice)
+            self.model = build_model(self.hf_config, config).to(self.device)
         stages = layer_stages(config, pp)
         offset = stages.index(self.pp_rank)
         self._params = {global_name(n, offset): p for n, p in self.model.named_parameters()}
