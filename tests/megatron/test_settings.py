@@ -85,10 +85,10 @@ def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_mo
     assert problems(train_backend="fsdp", megatron_expert_parallel_size=2) == []  # ignored by FSDP
 
 
-def test_memory_options_without_effect_yet_are_named() -> None:
+def test_overlap_options_without_effect_yet_are_named() -> None:
     from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
-    assert inactive_settings(MegatronSettings(), data_parallel_size=1) == []
-    assert inactive_settings(MegatronSettings(megatron_tensor_parallel_size=2), data_parallel_size=2) == [
-        "megatron_use_distributed_optimizer"
-    ]
+    overlap = MegatronSettings(megatron_overlap_grad_reduce=True)
+    assert inactive_settings(overlap, data_parallel_size=1) == []
+    assert inactive_settings(overlap, data_parallel_size=2) == ["megatron_overlap_grad_reduce"]
+    assert inactive_settings(MegatronSettings(), data_parallel_size=2) == []  # the distributed optimizer is built

@@ -222,3 +222,31 @@ def test_context_parallel_cp2_equals_fsdp(tiny_model: Path, tmp_path: Path) -> N
     spawn_ranks(cp2_worker, 2, models, str(tmp_path / "cp2.pt"))
     for (family, _), step in zip(CP2_RUNS, torch.load(tmp_path / "cp2.pt", weights_only=False), strict=True):
         assert_same_step(step, one_step(models[family], "fsdp"))
+
+
+#: Context parallelism with the other model parallelisms, four ranks each: TP 2 x CP 2 (sequence parallel and
+#: recomputation, the defaults: each CP rank's tokens split again over TP), and PP 2 x CP 2 (the stages exchange
+#: each CP rank's chunks; the tied embedding's copies on the first and last stage).
+CP_COMBINED_RUNS: list[dict[str, Any]] = [
+    {"megatron_tensor_parallel_size": 2, "megatron_context_parallel_size": 2},
+    {"megatron_pipeline_parallel_size": 2, "megatron_context_parallel_size": 2},
+]
+
+
+def cp_combined_worker(rank: int, world_size: int, model: str, out: str) -> None:
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    steps = [one_step(model, "megatron", rank, world_size, trainer_num_workers=world_size, **run)
+             for run in CP_COMBINED_RUNS]  # fmt: skip
+    torch.save(steps, Path(out) / f"rank{rank}.pt")
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_context_parallel_with_tp2_and_with_pp2_equals_fsdp(tiny_model: Path, tmp_path: Path) -> None:
+    spawn_ranks(cp_combined_worker, 4, str(tiny_model), str(tmp_path))
+    fsdp = one_step(str(tiny_model), "fsdp")
+    for rank in range(4):  # every rank reports the same metrics and gathers the same weights
+        for step in torch.load(tmp_path / f"rank{rank}.pt", weights_only=False):
+            assert_same_step(step, fsdp)

@@ -6,7 +6,9 @@ with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; 
 remaining ranks are data parallel),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
-(:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
+(:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
+data-parallel ranks with ``megatron_use_distributed_optimizer``:
+:mod:`telescope_megatron.optimizer`) and the LR schedule.
 
 The training step is the FSDP backend's, shared through its parallelism hooks
 (:class:`~telescope.trainer.fsdp.FSDPBackend`): the same packing, dealing of
@@ -36,12 +38,13 @@ the FSDP backend's up to float32 rounding. What differs:
 - checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
   so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
-  needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
-  any layout).
+  needs the same ``world_size``, tensor- and pipeline-parallel sizes and
+  distributed-optimizer setting (weights-only resumes at any layout).
 
 Limits: no expert parallelism (context parallelism: :mod:`telescope_megatron.context`), no
-virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not
-megatron-core's distributed optimizer);
+virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards, sharded
+further over data-parallel ranks by torch's ZeRO-1 (not megatron-core's distributed optimizer, see
+:mod:`telescope_megatron.optimizer`);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
@@ -52,6 +55,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +74,7 @@ from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
+from telescope_megatron.optimizer import build_optimizer, is_sharded, load_rank_state_dict, rank_state_dict
 from telescope_megatron.pipeline import (
     gather_stages,
     global_name,
@@ -86,6 +91,24 @@ if TYPE_CHECKING:
     from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Undo the environment variables set inside the block.
+
+    megatron-core's ``GPTModel`` writes ``NVTE_FLASH_ATTN``/``NVTE_FUSED_ATTN``/``NVTE_UNFUSED_ATTN``
+    into ``os.environ`` (its Transformer Engine attention choice); the local layer spec never
+    reads them, and left set they reach every process started afterwards (a later backend
+    in the same process, ranks spawned by tests).
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
 
 
 class MegatronBackend(FSDPBackend):
@@ -108,7 +131,7 @@ class MegatronBackend(FSDPBackend):
     # ------------------------------------------------------------------ setup
 
     def setup(self, rank: int = 0, world_size: int = 1, device: str | None = None) -> None:
-        """Join the process group, build the tensor-parallel model from the HF weights, AdamW, the schedule."""
+        """Join the process group, build the model-parallel model from the HF weights, AdamW, the schedule."""
         from megatron.core import parallel_state
         from transformers import AutoConfig
 
@@ -153,7 +176,8 @@ class MegatronBackend(FSDPBackend):
             params_dtype=DTYPES[self.context.model_dtype],
             use_cpu_initialization=self.device.type == "cpu",
         )
-        self.model = build_model(self.hf_config, config).to(self.device)
+        with _environment_kept():  # megatron-core's GPTModel sets NVTE_* (Transformer Engine's attention choice)
+            self.model = build_model(self.hf_config, config).to(self.device)
         stages = layer_stages(config, pp)
         offset = stages.index(self.pp_rank)
         self._params = {global_name(n, offset): p for n, p in self.model.named_parameters()}
@@ -164,9 +188,7 @@ class MegatronBackend(FSDPBackend):
         self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
         self._load_hf_state(self._read_hf_state(self.model_path))
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.context.learning_rate, weight_decay=self.context.weight_decay, foreach=True
-        )
+        self.optimizer = self._build_optimizer(self.context.learning_rate, self.context.weight_decay)
         self.scheduler = build_lr_scheduler(
             self.optimizer,
             self.context.lr_scheduler,
@@ -176,6 +198,15 @@ class MegatronBackend(FSDPBackend):
         )
         pad = self.hf_config.pad_token_id if self.hf_config.pad_token_id is not None else self.hf_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
+
+    def _build_optimizer(self, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        """AdamW, its states sharded over the data- (and context-) parallel ranks with the distributed optimizer."""
+        from megatron.core import parallel_state
+
+        group = None
+        if self.megatron.megatron_use_distributed_optimizer:
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        return build_optimizer(self.model.parameters(), lr=lr, weight_decay=weight_decay, shard_group=group)
 
     def _check_divisible(self, tp: int, pp: int) -> None:
         s = self.shape
@@ -272,12 +303,12 @@ class MegatronBackend(FSDPBackend):
         return out
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
-        """Pipeline parallel: the FSDP backend's warm-start cross-entropy, through the schedule."""
+        """The FSDP backend's warm-start cross-entropy (through the schedule, pipeline parallel)."""
+        if self._supervised_optimizer is None:  # sharded like the RL optimizer (distributed optimizer)
+            self._supervised_optimizer = self._build_optimizer(learning_rate, weight_decay=0.0)
         if self.pp_size == 1:
             with self._device_scope():
                 return super().supervised_step(examples, learning_rate)
-        if self._supervised_optimizer is None:
-            self._supervised_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
         optimizer = self._supervised_optimizer
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
@@ -436,7 +467,7 @@ class MegatronBackend(FSDPBackend):
                     (tmp / "optimizer").mkdir()
             barrier()
             if training_state:
-                torch.save(self.optimizer.state_dict(), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
+                torch.save(rank_state_dict(self.optimizer), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
                 torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
             barrier()
             if is_main:
@@ -448,6 +479,7 @@ class MegatronBackend(FSDPBackend):
                     "world_size": self.global_world_size,
                     "megatron_tensor_parallel_size": self.tp_size,
                     "megatron_pipeline_parallel_size": self.pp_size,
+                    "megatron_use_distributed_optimizer": is_sharded(self.optimizer),
                     "model": self.context.model,
                     "model_dtype": self.context.model_dtype,
                 }
@@ -466,16 +498,20 @@ class MegatronBackend(FSDPBackend):
         shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
         if meta.get("training_state") and shard_file.exists():
             layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
-                      meta.get("megatron_pipeline_parallel_size", 1))  # fmt: skip
-            if layout != (self.global_world_size, self.tp_size, self.pp_size):
+                      meta.get("megatron_pipeline_parallel_size", 1),
+                      meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
+            here = (self.global_world_size, self.tp_size, self.pp_size, is_sharded(self.optimizer))
+            if layout != here:
                 raise ValueError(
                     f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
-                    f"megatron_tensor_parallel_size {layout[1]} and megatron_pipeline_parallel_size {layout[2]}; "
-                    f"this run has {self.global_world_size}, {self.tp_size} and {self.pp_size}. Resume with the "
-                    "same layout, or resume the weights only (a checkpoint saved with "
+                    f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]} "
+                    f"and its states sharded over data-parallel ranks: {layout[3]}; this run has "
+                    f"{', '.join(map(str, here[:3]))} and {here[3]}. Resume with the same layout and "
+                    "megatron_use_distributed_optimizer, or resume the weights only (a checkpoint saved with "
                     "checkpoint_save_training_state: false)"
                 )
-            self.optimizer.load_state_dict(torch.load(shard_file, map_location=self.device, weights_only=False))
+            state = torch.load(shard_file, map_location=self.device, weights_only=False)
+            load_rank_state_dict(self.optimizer, state)
             self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
             ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{self.global_rank}.pt", weights_only=False))
         self.step = int(meta["step"])

@@ -1,22 +1,21 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Five are implemented: tensor, pipeline and sequence
-parallelism, activation recomputation and the float32 gradient reduction. Of the
-others (not built yet):
+config validates unchanged. Seven are implemented: tensor, pipeline, sequence and
+context parallelism, activation recomputation, the float32 gradient reduction and
+the distributed optimizer (AdamW states sharded over the data-parallel ranks,
+:mod:`telescope_megatron.optimizer`). Of the others (not built yet):
 
-- those that would change what is computed or where (context and expert
-  parallelism, a global batch size of its own, optimizer offload and its options,
-  the unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer
-  Engine, FP8) are accepted at the value this backend implements (the upstream
-  default) and any other value is a validation error naming the field
-  (:data:`REFUSED_UNLESS`);
-- those that only save memory or overlap communication (the distributed optimizer,
-  gradient-reduce overlap) are accepted and have no effect yet; the backend logs
-  one warning naming those that are on where they would matter
+- those that would change what is computed or where (expert parallelism, a global
+  batch size of its own, optimizer offload and its options, the unified-memory
+  JIT, the precision-aware optimizer and its dtypes, Transformer Engine, FP8) are
+  accepted at the value this backend implements (the upstream default) and any
+  other value is a validation error naming the field (:data:`REFUSED_UNLESS`);
+- gradient-reduce overlap, which only overlaps communication, is accepted and has
+  no effect yet; the backend logs one warning when it is on where it would matter
   (:func:`inactive_settings`).
 
-Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP.
+Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP x CP.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ class MegatronSettings(PluginSettings):
         True, description="Split each sequence over the tensor-parallel ranks outside attention/MLP (TP > 1)"
     )
     megatron_use_distributed_optimizer: bool = Field(
-        True, description="Shard optimizer states across data-parallel ranks (no effect yet)"
+        True, description="Shard AdamW's states across data-parallel ranks (ZeRO-1; DP x CP > 1 to help)"
     )
     megatron_overlap_grad_reduce: bool = Field(
         False, description="Overlap the gradient all-reduce with the backward pass (no effect yet)"
@@ -139,10 +138,8 @@ REFUSED_UNLESS: dict[str, object] = {
 
 
 def inactive_settings(settings: MegatronSettings, data_parallel_size: int) -> list[str]:
-    """The memory/overlap options that are on where they would matter, and have no effect yet."""
+    """The overlap options that are on where they would matter, and have no effect yet."""
     inactive = []
-    if settings.megatron_use_distributed_optimizer and data_parallel_size > 1:
-        inactive.append("megatron_use_distributed_optimizer")
     if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:
         inactive.append("megatron_overlap_grad_reduce")
     return inactive

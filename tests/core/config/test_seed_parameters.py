@@ -33,12 +33,6 @@ DEVIATIONS = {
     "wandb_code_exclude_patterns",
 }
 
-#: Documented Megatron parameters that telescope-megatron does not build yet (issue 13 built
-#: tensor parallelism, recomputation and the float32 gradient reduce; the rest needs pipeline,
-#: context and expert parallelism, sequence parallelism with Transformer Engine norms, and
-#: megatron-core's distributed optimizer, none of which exists in the package yet). A field
-#: comes with the code that reads it; take a name out of this set when it is built.
-
 
 def _megatron_installed() -> bool:
     import importlib.metadata

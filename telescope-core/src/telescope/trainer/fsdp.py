@@ -177,7 +177,7 @@ class FSDPBackend(TrainerBackend):
             fully_shard(layer, mp_policy=policy)
         fully_shard(self.model, mp_policy=policy)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(  # a subclass may shard it (telescope-megatron)
             self.model.parameters(),
             lr=self.context.learning_rate,
             weight_decay=self.context.weight_decay,
