@@ -91,7 +91,67 @@ def apply_cpu_patches() -> None:
             yield
 
     mcore_random.CudaRNGStatesTracker.fork = fork
+    _patch_moe()
     _APPLIED = True
+
+
+def _patch_moe() -> None:
+    """The MoE layer's CUDA-only helpers (router weight placement, the all-to-all dispatcher's side stream)."""
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.router import Router
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    # Why: the router's gating (RouterGatingLinearFunction) tests ``te_general_gemm is not None``
+    # to choose Transformer Engine's GEMM, but megatron-core 0.16 binds that name only when
+    # Transformer Engine imports, so without it the test raises NameError (CPU or GPU alike).
+    # Bound to None it takes its own torch.mm branch, as intended.
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+    # Why: Router.gating moves a router weight that is on the CPU to
+    # torch.cuda.current_device() before every forward (megatron-core builds it on the CPU
+    # and expects a GPU). On the CPU there is nowhere to move it: run the gating as is.
+    original_gating = Router.gating
+
+    @functools.wraps(original_gating)
+    def gating(self: Any, input: torch.Tensor) -> torch.Tensor:
+        if torch.cuda.is_available():
+            return original_gating(self, input)
+        with cuda_free():  # .to(device=current_device()) is then .to("cpu"): the weight stays
+            return original_gating(self, input)
+
+    Router.gating = gating
+
+    # Why: MoEAlltoAllTokenDispatcher creates a torch.cuda.Stream in its constructor (once,
+    # as a class attribute) and copies the per-rank split sizes device-to-host on it,
+    # synchronising on a CUDA event. On the CPU the sizes are already on the host: no stream
+    # is made, and the copies are the plain conversions the original makes (numpy split sizes).
+    original_init = MoEAlltoAllTokenDispatcher.__init__
+    original_dtoh = MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize
+
+    @functools.wraps(original_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not torch.cuda.is_available() and MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+            MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _NO_STREAM
+        original_init(self, *args, **kwargs)
+
+    @functools.wraps(original_dtoh)
+    def dtoh(self: Any, point: str, tokens_per_expert: torch.Tensor | None = None) -> torch.Tensor | None:
+        if torch.cuda.is_available():
+            return original_dtoh(self, point, tokens_per_expert)
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            for name in ("input_splits", "output_splits", "output_splits_tp"):
+                value = getattr(self, name)
+                if torch.is_tensor(value):
+                    setattr(self, name, value.numpy())
+        return tokens_per_expert
+
+    MoEAlltoAllTokenDispatcher.__init__ = init
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = dtoh
+
+
+#: Stands in for the all-to-all dispatcher's CUDA side stream on the CPU (never used there).
+_NO_STREAM = object()
 
 
 class _CudaToCpu(TorchFunctionMode):

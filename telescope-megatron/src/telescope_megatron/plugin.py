@@ -21,6 +21,7 @@ Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -54,7 +55,10 @@ class MegatronSettings(PluginSettings):
         1, ge=1, description="Context parallelism degree: each sequence split over CP ranks, load-balanced"
     )
     megatron_expert_parallel_size: int = Field(
-        1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
+        1,
+        ge=1,
+        description="Expert parallelism degree, MoE models: each rank holds num_experts / EP experts "
+        "(trainer_num_workers must be a multiple of TP x PP x EP)",
     )
     megatron_global_batch_size: int | None = Field(
         None, ge=1, description="Global batch size; null = prompts_batch_size_for_trainer (null only, for now)"
@@ -95,10 +99,12 @@ class MegatronSettings(PluginSettings):
         settings = config.settings(cls)
         problems: list[str] = []
         tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
-        cp = settings.megatron_context_parallel_size
-        if config.trainer_num_workers % (tp * pp * cp):
+        # the dense layout (TP x CP x DP x PP) and megatron-core's expert layout (TP x EP x expert DP x PP)
+        for third in ("megatron_context_parallel_size", "megatron_expert_parallel_size"):
             sizes = {"megatron_tensor_parallel_size": tp, "megatron_pipeline_parallel_size": pp,
-                     "megatron_context_parallel_size": cp}  # fmt: skip
+                     third: getattr(settings, third)}  # fmt: skip
+            if config.trainer_num_workers % math.prod(sizes.values()) == 0 or (problems and sizes[third] == 1):
+                continue  # EP 1: the expert layout asks nothing the dense one has not (reported once)
             named = [name for name, size in sizes.items() if size > 1 or name == "megatron_tensor_parallel_size"]
             problems.append(
                 SettingsProblem(
@@ -122,7 +128,6 @@ class MegatronSettings(PluginSettings):
 
 #: Fields that would change what is computed, with the only value built so far.
 REFUSED_UNLESS: dict[str, object] = {
-    "megatron_expert_parallel_size": 1,
     "megatron_global_batch_size": None,
     "megatron_optimizer_cpu_offload": False,
     "megatron_optimizer_offload_fraction": 1.0,  # offload is not built: its options keep their defaults
