@@ -148,6 +148,52 @@ def _patch_moe() -> None:
 
     MoEAlltoAllTokenDispatcher.__init__ = init
     MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = dtoh
+    _patch_uneven_collectives()
+
+
+def _patch_uneven_collectives() -> None:
+    """Uneven all-gather and reduce-scatter over gloo (the MoE dispatcher under tensor parallelism)."""
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    # Why: under tensor x expert parallelism the all-to-all dispatcher gathers the tokens each
+    # tensor-parallel rank received (a different count on each) with the list form of
+    # all_gather, and scatters the expert outputs back with the list form of reduce_scatter,
+    # both with per-rank sizes. NCCL takes uneven sizes; gloo's allgather needs equal ones and
+    # gloo has no list reduce_scatter. On a gloo group with split sizes: all-gather rows
+    # padded to the longest and cut back; all-reduce the whole tensor and keep this rank's
+    # rows (the same sums). Equal splits, and NCCL groups, take megatron-core's own path.
+    original_gather = mappings._gather_along_first_dim
+    original_scatter = mappings._reduce_scatter_along_first_dim
+
+    def uneven(group: Any, sizes: Any) -> bool:
+        return sizes is not None and group.size() > 1 and dist.get_backend(group) == "gloo"
+
+    @functools.wraps(original_gather)
+    def gather(input_: torch.Tensor, group: Any, output_split_sizes: Any = None, use_global_buffer: bool = False) -> Any:
+        if not uneven(group, output_split_sizes):
+            return original_gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        if not max(sizes):
+            return input_.new_empty((0, *input_.shape[1:]))
+        padded = input_.new_zeros((max(sizes), *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes, strict=True)])
+
+    @functools.wraps(original_scatter)
+    def reduce_scatter(
+        input_: torch.Tensor, group: Any, input_split_sizes: Any = None, use_global_buffer: bool = False
+    ) -> Any:
+        if not uneven(group, input_split_sizes):
+            return original_scatter(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return torch.split(total, [int(n) for n in input_split_sizes])[group.rank()].clone()
+
+    mappings._gather_along_first_dim = gather
+    mappings._reduce_scatter_along_first_dim = reduce_scatter
 
 
 #: Stands in for the all-to-all dispatcher's CUDA side stream on the CPU (never used there).
