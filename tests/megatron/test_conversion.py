@@ -102,7 +102,9 @@ def test_expert_shards_reassemble_exactly(moe_model: Path, tp: int, ep: int) -> 
     gate_up = hf["model.layers.0.mlp.experts.gate_up_proj"][last]
     half = gate_up.shape[0] // 2
     part = shard(f"decoder.layers.0.mlp.experts.local_experts.{last}.linear_fc1.weight", gate_up, 0, 2)
-    assert torch.equal(part[: half // 2], gate_up[: half // 2]) and torch.equal(part[half // 2 :], gate_up[half:][: half // 2])
+    assert torch.equal(part[: half // 2], gate_up[: half // 2]) and torch.equal(
+        part[half // 2 :], gate_up[half:][: half // 2]
+    )
     assert partition_dim("decoder.layers.0.mlp.router.weight") is None  # replicated
     assert torch.equal(full["decoder.layers.0.mlp.router.weight"], hf["model.layers.0.mlp.gate.weight"])
 

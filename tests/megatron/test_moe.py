@@ -54,7 +54,10 @@ def assert_same_moe_step(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 def moe_models(base: Path) -> dict[str, str]:
-    return {family: str(build_family_model(base / f"megatron-{family}", family)) for family in ("qwen3_moe", "qwen3_moe_mixed")}
+    return {
+        family: str(build_family_model(base / f"megatron-{family}", family))
+        for family in ("qwen3_moe", "qwen3_moe_mixed")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,9 @@ EP2_RUNS: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.mark.slow
-def test_expert_parallel_ep2_equals_fsdp(models: dict[str, str], fsdp: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+def test_expert_parallel_ep2_equals_fsdp(
+    models: dict[str, str], fsdp: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
     spawn_ranks(runs_worker, 2, models, EP2_RUNS, str(tmp_path / "ep2.pt"))
     check_runs(EP2_RUNS, torch.load(tmp_path / "ep2.pt", weights_only=False), models, fsdp)
 

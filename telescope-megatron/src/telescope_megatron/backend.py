@@ -121,10 +121,6 @@ class MegatronBackend(FSDPBackend):
         pp = self.megatron.megatron_pipeline_parallel_size
         cp = self.megatron.megatron_context_parallel_size
         ep = self.megatron.megatron_expert_parallel_size
-        self.model_path = resolve_model_path(self.context.model)
-        self.hf_config = AutoConfig.from_pretrained(self.model_path)
-        self.shape = ModelShape.from_hf(self.hf_config)
-        self._check_divisible(tp, pp, ep)
         if world_size % (tp * pp * cp):
             raise ValueError(
                 f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
@@ -135,6 +131,10 @@ class MegatronBackend(FSDPBackend):
                 f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
                 f"x megatron_pipeline_parallel_size ({pp}) x megatron_expert_parallel_size ({ep})"
             )
+        self.model_path = resolve_model_path(self.context.model)
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.shape = ModelShape.from_hf(self.hf_config)
+        self._check_divisible(tp, pp, ep)
         self.global_rank, self.global_world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
@@ -401,7 +401,7 @@ class MegatronBackend(FSDPBackend):
         return norm
 
     def _average_grads(self, params: list[torch.nn.Parameter], group: Any) -> None:
-        """Sum each gradient over ``group`` (in float32 with ``megatron_grad_reduce_in_fp32``), divide by the DP size."""
+        """Sum each gradient over ``group`` (float32 with ``megatron_grad_reduce_in_fp32``); divide by the DP size."""
         size = dist.get_world_size(group)
         if size == 1 and self.world_size == 1:
             return
@@ -557,7 +557,8 @@ class MegatronBackend(FSDPBackend):
         shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
         if meta.get("training_state") and shard_file.exists():
             layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
-                      meta.get("megatron_pipeline_parallel_size", 1), meta.get("megatron_expert_parallel_size", 1))  # fmt: skip
+                      meta.get("megatron_pipeline_parallel_size", 1),
+                      meta.get("megatron_expert_parallel_size", 1))  # fmt: skip
             if layout != (self.global_world_size, self.tp_size, self.pp_size, self.ep_size):
                 raise ValueError(
                     f"{folder}: its optimizer state was saved with world_size {layout[0]}, "

@@ -1,4 +1,4 @@
-"""Weight conversion Hugging Face <-> megatron-core (``GPTModel``, local layer spec), with tensor-parallel shards.
+r"""Weight conversion Hugging Face <-> megatron-core (``GPTModel``, local layer spec), with tensor-parallel shards.
 
 Why a small mapping of our own rather than Megatron-Bridge: Megatron-Bridge is a
 large package (it pulls Transformer Engine, ModelOpt and its own model providers),

@@ -170,7 +170,9 @@ def _patch_uneven_collectives() -> None:
         return sizes is not None and group.size() > 1 and dist.get_backend(group) == "gloo"
 
     @functools.wraps(original_gather)
-    def gather(input_: torch.Tensor, group: Any, output_split_sizes: Any = None, use_global_buffer: bool = False) -> Any:
+    def gather(
+        input_: torch.Tensor, group: Any, output_split_sizes: Any = None, use_global_buffer: bool = False
+    ) -> Any:
         if not uneven(group, output_split_sizes):
             return original_gather(input_, group, output_split_sizes, use_global_buffer)
         sizes = [int(n) for n in output_split_sizes]
