@@ -1,9 +1,11 @@
-"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x data parallel.
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x context x expert x data parallel.
 
 One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
 CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
-with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; the
-remaining ranks are data parallel),
+with ``megatron_tensor_parallel_size``, ``megatron_pipeline_parallel_size``,
+``megatron_context_parallel_size`` and ``megatron_expert_parallel_size``; the
+remaining ranks are data parallel, and expert parallelism is carved out of the
+data- and context-parallel ranks, as megatron-core does),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
 (:mod:`telescope_megatron.convert`) and builds AdamW and the LR schedule.
@@ -30,16 +32,22 @@ the FSDP backend's up to float32 rounding. What differs:
   tensor-parallel ranks outside attention and the MLP; the norms' gradients (and
   the q/k norms' always, each rank holding some heads) are summed over the
   tensor-parallel ranks before clipping, as megatron-core's ``finalize_model_grads`` does;
-- ``named_weights`` gathers one weight at a time over the tensor-parallel group and
-  yields Hugging Face names in the Hugging Face model's order (a layer at most is
-  held back), so the weight transport sees exactly what the FSDP backend sends;
+- MoE models (:mod:`telescope_megatron.moe`): with ``megatron_expert_parallel_size`` each
+  rank holds some of each layer's experts; an expert's gradient is summed over the
+  ranks holding the same experts (the expert-data-parallel group) and divided by the
+  data-parallel size, and counts once in the gradient norm (see :meth:`MegatronBackend._clip_and_step`);
+- ``named_weights`` gathers one weight at a time over the tensor-parallel group (a
+  layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
+  names in the Hugging Face model's order (a layer at most is held back), so the weight
+  transport sees exactly what the FSDP backend sends;
 - checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
   so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
-  needs the same ``world_size`` and tensor-parallel size (weights-only resumes at
-  any layout).
+  needs the same ``world_size`` and tensor-, pipeline- and expert-parallel sizes
+  (weights-only resumes at any layout).
 
-Limits: no expert parallelism (context parallelism: :mod:`telescope_megatron.context`), no
+Limits: MoE for Qwen3-MoE only, without a load-balancing loss (:mod:`telescope_megatron.moe`);
+expert parallelism is not tested with context parallelism; no
 virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not
 megatron-core's distributed optimizer);
 every rank loads the full Hugging Face model once at set-up before keeping its
@@ -70,7 +78,7 @@ from telescope.trainer.schedule import build_lr_scheduler
 from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
-from telescope_megatron.moe import global_expert_name, is_expert_parameter
+from telescope_megatron.moe import expert_gradient_squares, gather_experts, global_expert_name, is_expert_parameter
 from telescope_megatron.pipeline import (
     gather_stages,
     global_name,
@@ -90,7 +98,7 @@ log = logging.getLogger(__name__)
 
 
 class MegatronBackend(FSDPBackend):
-    """megatron-core GPT model, tensor parallel x data parallel, CPU (gloo) or CUDA (NCCL)."""
+    """megatron-core GPT model, tensor x pipeline x context x expert x data parallel, CPU (gloo) or CUDA (NCCL)."""
 
     name = "megatron"
 
@@ -383,12 +391,8 @@ class MegatronBackend(FSDPBackend):
                 squares += param.grad.detach().float().pow(2).sum()
         if self.tp_size * self.pp_size > 1:
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
-        if experts:  # every rank holds other expert shards (or other stages' experts)
-            expert_squares = sum((p.grad.detach().float().pow(2).sum() for p in experts if p.grad is not None),
-                                 torch.zeros((), dtype=torch.float32, device=self.device))  # fmt: skip
-            if self.tp_size * self.ep_size * self.pp_size > 1:
-                dist.all_reduce(expert_squares, group=parallel_state.get_expert_tensor_model_pipeline_parallel_group())
-            squares = squares + expert_squares
+        if experts:
+            squares = squares + expert_gradient_squares(experts)
         total = squares.sqrt()
         coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
         for _, param in named:
@@ -470,14 +474,7 @@ class MegatronBackend(FSDPBackend):
         members = self._expert_members.get(name)
         if members is None:
             return self._tensor_parallel_full(name, local_of(name))
-        local = torch.stack([self._tensor_parallel_full(m, local_of(m)) for m in members])
-        if self.ep_size == 1:
-            return local
-        from megatron.core import parallel_state
-
-        parts = [torch.empty_like(local) for _ in range(self.ep_size)]
-        dist.all_gather(parts, local.contiguous(), group=parallel_state.get_expert_model_parallel_group())
-        return torch.cat(parts)
+        return gather_experts(torch.stack([self._tensor_parallel_full(m, local_of(m)) for m in members]))
 
     def _tensor_parallel_full(self, name: str, local: torch.Tensor) -> torch.Tensor:
         """One parameter's full tensor from this rank's shard (all-gathered over the tensor-parallel group if split)."""

@@ -2,7 +2,11 @@
 
 megatron-core assumes CUDA in a few helpers that the CPU path reaches. Each patch
 below replaces one helper with a version that does the same thing on the CPU and
-calls the original whenever CUDA is available, so on a GPU nothing changes.
+calls the original whenever CUDA is available, so on a GPU nothing changes. Two MoE
+patches differ (:func:`_patch_moe`): ``te_general_gemm`` is bound to None when
+Transformer Engine is absent (a megatron-core NameError on any device), and the
+uneven all-gather / reduce-scatter fallback applies to gloo groups (NCCL takes
+uneven sizes itself).
 :func:`apply_cpu_patches` is idempotent and is called by :func:`telescope_megatron.model.build_model`
 before any model exists. Nothing else in the package touches megatron-core internals.
 

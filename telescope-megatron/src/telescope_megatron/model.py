@@ -2,13 +2,16 @@
 
 Supported families: the dense decoder-only models the project uses, Llama
 (``llama``), Qwen2/Qwen2.5 (``qwen2``, also the tiny models of
-:mod:`telescope.models.tiny`) and Qwen3 (``qwen3``). :func:`transformer_config`
+:mod:`telescope.models.tiny`) and Qwen3 (``qwen3``), and the MoE Qwen3-MoE
+(``qwen3_moe``: routed-experts layers from megatron-core's MoE spec, see
+:mod:`telescope_megatron.moe`). :func:`transformer_config`
 maps their config onto a megatron-core :class:`TransformerConfig`: RMSNorm, SwiGLU
 (``gated_linear_unit`` + SiLU), grouped-query attention (``num_query_groups``), RoPE
 with the model's base, bias on q/k/v for Qwen2 (and Llama's ``attention_bias``),
 q/k RMSNorm for Qwen3, explicit ``head_dim`` (``kv_channels``), tied embeddings.
-Anything the mapping cannot represent exactly (sliding-window attention, MoE, RoPE
-scaling other than none) is refused with an error naming the field.
+Anything the mapping cannot represent exactly (sliding-window attention, RoPE
+scaling other than none, other MoE families, top-1 routing with ``norm_topk_prob``)
+is refused with an error naming the field.
 
 The layers come from megatron-core's *local* layer spec (no Transformer Engine), so
 the same model runs on the CPU (with :mod:`telescope_megatron.cpu_patches`) and on a

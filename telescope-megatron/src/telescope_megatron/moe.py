@@ -30,7 +30,10 @@ rows of different lengths on different ranks (the allgather dispatcher does not)
 Expert tensor parallelism equals ``megatron_tensor_parallel_size`` (megatron-core's
 default): each expert's ``linear_fc1``/``linear_fc2`` is split as the dense MLP's.
 :func:`global_expert_name` turns a local expert index into the model-wide one that
-the weight conversion (:mod:`telescope_megatron.convert`) uses.
+the weight conversion (:mod:`telescope_megatron.convert`) uses; :func:`gather_experts`
+puts a layer's experts back together from the expert-parallel ranks (the weight
+stream), and :func:`expert_gradient_squares` is the experts' share of the gradient
+norm (the backend sums the expert gradients over the expert-data-parallel group first).
 
 Limits: the Qwen3-MoE family only (no shared experts; other MoE families are refused
 by model type); top-1 routing with ``norm_topk_prob`` is refused (megatron-core
@@ -42,6 +45,9 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 #: megatron-core's name of one local expert's parameter (after the model-wide layer prefix).
 _LOCAL_EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..+)$")
@@ -114,3 +120,39 @@ def global_expert_name(name: str, ep_rank: int, num_local_experts: int) -> str:
     if match is None or ep_rank == 0:
         return name
     return f"{match.group(1)}{int(match.group(2)) + ep_rank * num_local_experts}{match.group(3)}"
+
+
+def gather_experts(local: torch.Tensor) -> torch.Tensor:
+    """A layer's experts ``[E, ...]`` from this rank's ``[E / EP, ...]`` (all-gathered over the expert-parallel group).
+
+    Expert-parallel rank ``r`` holds the ``r``-th run of consecutive experts, so the
+    ranks' stacks in rank order are the experts in order. Collective.
+    """
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_expert_model_parallel_group()
+    size = dist.get_world_size(group)
+    if size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def expert_gradient_squares(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The squared norm of every expert gradient of the model: each rank's shards, each counted once. Collective.
+
+    The ranks of an expert tensor x expert x pipeline-parallel group hold different
+    shards of different experts (of different stages), so their sums add up; the
+    expert-data-parallel copies are equal and are not summed again.
+    """
+    from megatron.core import parallel_state
+
+    squares = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    for param in params:
+        assert param.grad is not None
+        squares += param.grad.detach().float().pow(2).sum()
+    group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(squares, group=group)
+    return squares

@@ -1,12 +1,12 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Five are implemented: tensor, pipeline and sequence
-parallelism, activation recomputation and the float32 gradient reduction. Of the
-others (not built yet):
+config validates unchanged. Seven are implemented: tensor, pipeline, context,
+expert (MoE models) and sequence parallelism, activation recomputation and the
+float32 gradient reduction. Of the others (not built yet):
 
-- those that would change what is computed or where (context and expert
-  parallelism, a global batch size of its own, optimizer offload and its options,
+- those that would change what is computed or where (a global batch size of its own,
+  optimizer offload and its options,
   the unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer
   Engine, FP8) are accepted at the value this backend implements (the upstream
   default) and any other value is a validation error naming the field
@@ -16,7 +16,10 @@ others (not built yet):
   one warning naming those that are on where they would matter
   (:func:`inactive_settings`).
 
-Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP.
+Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP x CP (the
+dense layout) and of TP x PP x EP (megatron-core's expert layout: expert TP = TP, EP,
+expert data parallel, PP). That EP divides the model's ``num_experts`` is checked
+when the backend is set up (the model is not read at load time).
 """
 
 from __future__ import annotations
