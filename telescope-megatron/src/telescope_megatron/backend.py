@@ -46,8 +46,7 @@ the FSDP backend's up to float32 rounding. What differs:
   needs the same ``world_size`` and tensor-, pipeline- and expert-parallel sizes
   (weights-only resumes at any layout).
 
-Limits: MoE for Qwen3-MoE only, without a load-balancing loss (:mod:`telescope_megatron.moe`);
-expert parallelism is not tested with context parallelism; no
+Limits: MoE for Qwen3-MoE only, without a load-balancing loss (:mod:`telescope_megatron.moe`); no
 virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards (not
 megatron-core's distributed optimizer);
 every rank loads the full Hugging Face model once at set-up before keeping its
