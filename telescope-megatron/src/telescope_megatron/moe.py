@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Qwen3-MoE) and expert parallelism: the config mapping and the expert names.
+"""Mixture-of-experts models (Qwen3-MoE) and expert parallelism: config mapping, expert names, gathers, norm.
 
 Design. A Qwen3-MoE decoder layer's MLP is either the sparse block (a router and
 ``num_experts`` SwiGLU experts of ``moe_intermediate_size``) or, for the layers in
