@@ -63,15 +63,45 @@ def test_a_world_size_that_tensor_parallelism_does_not_divide_is_refused(tiny_mo
         backend.setup(0, 1, "cpu")
 
 
+@pytest.mark.parametrize(
+    ("family", "expert_parallel", "message"),
+    [
+        ("qwen3_moe", 3, r"num_experts \(4\) not divisible by megatron_expert_parallel_size \(3\)"),
+        ("qwen3", 2, r"megatron_expert_parallel_size \(2\) needs an MoE model"),
+    ],
+)
+def test_an_expert_parallel_size_the_model_cannot_take_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, family: str, expert_parallel: int, message: str
+) -> None:
+    """Refused when the backend is set up, before any process group: the model's experts must split evenly."""
+    from telescope_megatron.backend import MegatronBackend
+    from telescope_megatron.plugin import MegatronSettings
+    from tests.megatron.conftest import build_family_model
+
+    from telescope.api.context import TrainerContext
+
+    model = build_family_model(tmp_path_factory.getbasetemp() / f"megatron-{family}", family)
+    settings = MegatronSettings(megatron_expert_parallel_size=expert_parallel)
+    backend = MegatronBackend(TrainerContext(model=str(model)), None, settings)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        backend.setup(0, expert_parallel, "cpu")
+
+
 def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_model: Path) -> None:
     def problems(**overrides: object) -> list[str]:
         config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
         return [message for message, _ in composed_schema().settings_problems(config)]
 
     assert problems() == []  # the upstream defaults validate
-    assert problems(megatron_expert_parallel_size=2) == [
-        "megatron_expert_parallel_size=2: telescope-megatron does not build this yet; set it to 1 (or leave it out)"
+    assert problems(megatron_expert_parallel_size=2, trainer_num_workers=3) == [  # built: megatron-core's layout
+        "trainer_num_workers (3) must be a multiple of megatron_tensor_parallel_size (1) x "
+        "megatron_expert_parallel_size (2)"
     ]
+    assert problems(megatron_expert_parallel_size=2, megatron_tensor_parallel_size=2, trainer_num_workers=6) == [
+        "trainer_num_workers (6) must be a multiple of megatron_tensor_parallel_size (2) x "
+        "megatron_expert_parallel_size (2)"
+    ]
+    assert problems(megatron_expert_parallel_size=2, trainer_num_workers=2) == []
     assert problems(megatron_context_parallel_size=2, trainer_num_workers=3) == [  # built: the workers must fit
         "trainer_num_workers (3) must be a multiple of megatron_tensor_parallel_size (1) x "
         "megatron_context_parallel_size (2)"
@@ -92,3 +122,7 @@ def test_overlap_options_without_effect_yet_are_named() -> None:
     assert inactive_settings(overlap, data_parallel_size=1) == []
     assert inactive_settings(overlap, data_parallel_size=2) == ["megatron_overlap_grad_reduce"]
     assert inactive_settings(MegatronSettings(), data_parallel_size=2) == []  # the distributed optimizer is built
+    # ... but not applied with expert parallelism (its ZeRO broadcast would mix different experts)
+    assert inactive_settings(MegatronSettings(), data_parallel_size=2, expert_parallel_size=2) == [
+        "megatron_use_distributed_optimizer (with megatron_expert_parallel_size > 1)"
+    ]

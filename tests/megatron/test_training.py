@@ -31,14 +31,27 @@ def make_backend(model: str, backend: str, **overrides: Any) -> TrainerBackend:
     return plugins.create_trainer_backend(config, plugins.create_algorithm(config))
 
 
-def one_step(model: str, backend_name: str, rank: int = 0, world_size: int = 1, **overrides: Any) -> dict[str, Any]:
+def one_step(
+    model: str, backend_name: str, rank: int = 0, world_size: int = 1, *, gradients: bool = False, **overrides: Any
+) -> dict[str, Any]:
+    """One train step; ``gradients``: also the full gradients the optimizer applied (reduced and clipped)."""
     backend = make_backend(model, backend_name, **overrides)
     backend.setup(rank, world_size, "cpu")
     before = weights_snapshot(backend)
+    applied: dict[str, torch.Tensor] = {}
+    if gradients:
+        optimizer = backend.optimizer  # type: ignore[attr-defined]
+        step = optimizer.step
+
+        def recording_step(*args: Any, **kwargs: Any) -> Any:
+            applied.update(backend.full_gradients())  # type: ignore[attr-defined]  # collective: every rank steps
+            return step(*args, **kwargs)
+
+        optimizer.step = recording_step
     metrics = backend.train_step(synthetic_batch(completion_lengths=LENGTHS, num_groups=2))
     after = weights_snapshot(backend)
     backend.close()
-    return {"metrics": metrics, "before": before, "after": after}
+    return {"metrics": metrics, "before": before, "after": after, "gradients": applied}
 
 
 def assert_same_step(got: dict[str, Any], want: dict[str, Any]) -> None:

@@ -166,3 +166,63 @@ def test_pp2_sends_what_fsdp_sends_and_its_checkpoint_resumes_and_converts(tiny_
     )
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits[0], ours, atol=1e-5, rtol=0)
+
+
+def ep2_worker(rank: int, world_size: int, model: str, out: str) -> None:
+    """EP 2 (two experts per rank): rank 0 receives the weights, then a trained checkpoint is saved and resumed."""
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    settings = {"megatron_expert_parallel_size": 2, "trainer_num_workers": 2, **OVERRIDES}
+    backend = make_backend(model, "megatron", **settings)
+    backend.setup(rank, world_size, "cpu")
+    weights = backend.named_weights()
+    if rank == 0:
+        torch.save(received(weights, Path(out) / "transport"), Path(out) / "received.pt")
+    else:
+        for _ in weights:  # the expert gathers are collective
+            pass
+    backend.train_step(synthetic_batch())
+    backend.save_checkpoint(Path(out) / "ckpt", training_state=True)
+    trained = [(n, t.clone()) for n, t in backend.named_weights()]
+    backend.close()
+    resumed = make_backend(model, "megatron", **settings)  # same layout: weights and optimizer state
+    resumed.setup(rank, world_size, "cpu")
+    meta = resumed.load_checkpoint(Path(out) / "ckpt")
+    same = all(torch.equal(t, u) for (_, t), (_, u) in zip(trained, resumed.named_weights(), strict=True))
+    resumed.close()
+    if rank == 0:
+        torch.save({"step": meta["step"], "same": same}, Path(out) / "resumed.pt")
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_moe_ep2_sends_what_fsdp_sends_and_its_checkpoint_resumes_and_converts(moe_model: Path, tmp_path: Path) -> None:
+    """The Qwen3-MoE weights (router, 3-D expert tensors) gathered over EP ranks: exactly FSDP's, in its order."""
+    from telescope_megatron.model import packed_logits
+    from transformers import AutoModelForCausalLM
+
+    from telescope.trainer.convert import convert_checkpoint
+
+    spawn_ranks(ep2_worker, 2, str(moe_model), str(tmp_path))
+    got = torch.load(tmp_path / "received.pt")
+    assert_same_tensors(got, fsdp_received(moe_model, tmp_path / "fsdp"))
+    assert ("model.layers.0.mlp.experts.gate_up_proj", "torch.float32", (4, 96, 64)) in [g[:3] for g in got]
+    assert torch.load(tmp_path / "resumed.pt") == {"step": 1, "same": True}
+
+    backend = make_backend(str(moe_model), "megatron", **OVERRIDES)  # EP 1: weights resume, training state refused
+    backend.setup(0, 1, "cpu")
+    with pytest.raises(ValueError, match="megatron_expert_parallel_size 2"):
+        backend.load_checkpoint(tmp_path / "ckpt")
+    ids = torch.tensor([[1, 5, 9, 30, 2, 7]])
+    with torch.no_grad():
+        ours = packed_logits(backend.model, ids, torch.arange(6)[None])
+    backend.close()
+    hf = AutoModelForCausalLM.from_pretrained(
+        convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf"), dtype=torch.float32
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits[0], ours, atol=1e-5, rtol=0)
+    untrained = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32)
+    with torch.no_grad():
+        assert not torch.allclose(untrained(input_ids=ids).logits[0], ours), "the checkpoint holds no training"

@@ -1,9 +1,11 @@
-"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x data parallel.
+"""The ``megatron`` trainer backend: a megatron-core ``GPTModel``, tensor x pipeline x context x expert x data parallel.
 
 One instance per rank. ``setup`` joins the process group (gloo on the CPU, NCCL on
 CUDA), lays out megatron-core's groups (``parallel_state.initialize_model_parallel``
-with ``megatron_tensor_parallel_size`` and ``megatron_pipeline_parallel_size``; the
-remaining ranks are data parallel),
+with ``megatron_tensor_parallel_size``, ``megatron_pipeline_parallel_size``,
+``megatron_context_parallel_size`` and ``megatron_expert_parallel_size``; the
+remaining ranks are data parallel, and expert parallelism is carved out of the
+data- and context-parallel ranks, as megatron-core does),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
 loads the Hugging Face weights into this rank's shards
 (:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
@@ -32,19 +34,25 @@ the FSDP backend's up to float32 rounding. What differs:
   tensor-parallel ranks outside attention and the MLP; the norms' gradients (and
   the q/k norms' always, each rank holding some heads) are summed over the
   tensor-parallel ranks before clipping, as megatron-core's ``finalize_model_grads`` does;
-- ``named_weights`` gathers one weight at a time over the tensor-parallel group and
-  yields Hugging Face names in the Hugging Face model's order (a layer at most is
-  held back), so the weight transport sees exactly what the FSDP backend sends;
+- MoE models (:mod:`telescope_megatron.moe`): with ``megatron_expert_parallel_size`` each
+  rank holds some of each layer's experts; an expert's gradient is summed over the
+  ranks holding the same experts (the expert-data-parallel group) and divided by the
+  data-parallel size, and counts once in the gradient norm (see :meth:`MegatronBackend._clip_and_step`);
+- ``named_weights`` gathers one weight at a time over the tensor-parallel group (a
+  layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
+  names in the Hugging Face model's order (a layer at most is held back), so the weight
+  transport sees exactly what the FSDP backend sends;
 - checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
   so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
-  needs the same ``world_size``, tensor- and pipeline-parallel sizes and
+  needs the same ``world_size``, tensor-, pipeline- and expert-parallel sizes and
   distributed-optimizer setting (weights-only resumes at any layout).
 
-Limits: no expert parallelism (context parallelism: :mod:`telescope_megatron.context`), no
+Limits: MoE for Qwen3-MoE only, without a load-balancing loss (:mod:`telescope_megatron.moe`); no
 virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shards, sharded
 further over data-parallel ranks by torch's ZeRO-1 (not megatron-core's distributed optimizer, see
-:mod:`telescope_megatron.optimizer`);
+:mod:`telescope_megatron.optimizer`), and not sharded with expert parallelism (an expert's
+data-parallel ranks are not the dense weights' ones);
 every rank loads the full Hugging Face model once at set-up before keeping its
 shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
@@ -71,9 +79,10 @@ from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import PackedSequence
 from telescope.trainer.schedule import build_lr_scheduler
-from telescope_megatron.convert import hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
+from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
+from telescope_megatron.moe import expert_gradient_squares, gather_experts, global_expert_name, is_expert_parameter
 from telescope_megatron.optimizer import build_optimizer, is_sharded, load_rank_state_dict, rank_state_dict
 from telescope_megatron.pipeline import (
     gather_stages,
@@ -112,7 +121,7 @@ def _environment_kept() -> Iterator[None]:
 
 
 class MegatronBackend(FSDPBackend):
-    """megatron-core GPT model, tensor parallel x data parallel, CPU (gloo) or CUDA (NCCL)."""
+    """megatron-core GPT model, tensor x pipeline x context x expert x data parallel, CPU (gloo) or CUDA (NCCL)."""
 
     name = "megatron"
 
@@ -127,6 +136,8 @@ class MegatronBackend(FSDPBackend):
         self.pp_rank = 0
         self.pp_size = 1
         self.cp_size = 1
+        self.ep_rank = 0
+        self.ep_size = 1
 
     # ------------------------------------------------------------------ setup
 
@@ -140,37 +151,48 @@ class MegatronBackend(FSDPBackend):
         tp = self.megatron.megatron_tensor_parallel_size
         pp = self.megatron.megatron_pipeline_parallel_size
         cp = self.megatron.megatron_context_parallel_size
+        ep = self.megatron.megatron_expert_parallel_size
         if world_size % (tp * pp * cp):
             raise ValueError(
                 f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
                 f"x megatron_pipeline_parallel_size ({pp}) x megatron_context_parallel_size ({cp})"
             )
+        if world_size % (tp * pp * ep):  # megatron-core's expert layout: expert TP (= TP) x EP x expert DP x PP
+            raise ValueError(
+                f"world size {world_size} is not a multiple of megatron_tensor_parallel_size ({tp}) "
+                f"x megatron_pipeline_parallel_size ({pp}) x megatron_expert_parallel_size ({ep})"
+            )
+        self.model_path = resolve_model_path(self.context.model)
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.shape = ModelShape.from_hf(self.hf_config)
+        self._check_divisible(tp, pp, ep)
         self.global_rank, self.global_world_size = rank, world_size
         self.device = resolve_device(device, rank)
         self._owns_process_group = init_process_group(rank, world_size, self.device)
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            expert_model_parallel_size=ep,
         )
+        self.ep_rank, self.ep_size = parallel_state.get_expert_model_parallel_rank(), ep
         self.cp_group, self.cp_size = parallel_state.get_context_parallel_group(), cp
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.tp_rank, self.tp_size = dist.get_rank(self.tp_group), tp
         self.pp_rank, self.pp_size = parallel_state.get_pipeline_model_parallel_rank(), pp
         self.rank, self.world_size = dist.get_rank(self.dp_group), dist.get_world_size(self.dp_group)
-        inactive = inactive_settings(self.megatron, self.world_size)
+        inactive = inactive_settings(self.megatron, self.world_size, self.ep_size)
         if inactive and self.global_rank == 0:
             log.warning("%s: on, but not built yet in telescope-megatron (no effect)", ", ".join(inactive))
         torch.manual_seed(self.context.seed)
 
-        self.model_path = resolve_model_path(self.context.model)
-        self.hf_config = AutoConfig.from_pretrained(self.model_path)
-        self.shape = ModelShape.from_hf(self.hf_config)
-        self._check_divisible(tp, pp)
         config = transformer_config(
             self.hf_config,
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
             context_parallel_size=cp,
+            expert_parallel_size=ep,
             sequence_parallel=self.megatron.megatron_sequence_parallel,
             recompute=self.megatron.megatron_gradient_checkpointing,
             params_dtype=DTYPES[self.context.model_dtype],
@@ -180,7 +202,17 @@ class MegatronBackend(FSDPBackend):
             self.model = build_model(self.hf_config, config).to(self.device)
         stages = layer_stages(config, pp)
         offset = stages.index(self.pp_rank)
-        self._params = {global_name(n, offset): p for n, p in self.model.named_parameters()}
+        local_experts = self.shape.num_experts // ep
+        self._params = {
+            global_expert_name(global_name(n, offset), self.ep_rank, local_experts): p
+            for n, p in self.model.named_parameters()
+        }
+        # MoE: each layer's stacked experts (the conversion's unit) -> this rank's experts' parameters, in order
+        self._expert_members: dict[str, list[str]] = {}
+        for name in self._params:
+            expert = expert_of(name)
+            if expert is not None:
+                self._expert_members.setdefault(expert[0], []).append(name)
         # The last stage's copy of a tied embedding (pipeline parallel only): not streamed, counted once.
         self._tied_copy = "output_layer.weight" if self.shape.tied_embeddings and pp > 1 and self.pp_rank > 0 else None
         self.hf_shapes = self._hf_parameter_shapes()
@@ -204,14 +236,26 @@ class MegatronBackend(FSDPBackend):
         from megatron.core import parallel_state
 
         group = None
-        if self.megatron.megatron_use_distributed_optimizer:
+        if self.megatron.megatron_use_distributed_optimizer and self.ep_size == 1:
             group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         return build_optimizer(self.model.parameters(), lr=lr, weight_decay=weight_decay, shard_group=group)
 
-    def _check_divisible(self, tp: int, pp: int) -> None:
+    def _check_divisible(self, tp: int, pp: int, ep: int) -> None:
         s = self.shape
         sizes = {"num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_query_groups,
                  "vocab_size": s.vocab_size}  # fmt: skip
+        if s.num_experts:  # each expert's MLP is split over the tensor-parallel ranks as the dense one
+            sizes["moe_intermediate_size"] = int(self.hf_config.moe_intermediate_size)
+        if ep > 1 and not s.num_experts:
+            raise ValueError(
+                f"{self.model_path}: megatron_expert_parallel_size ({ep}) needs an MoE model and this one has no "
+                "experts; set it to 1"
+            )
+        if s.num_experts % ep:
+            raise ValueError(
+                f"{self.model_path}: num_experts ({s.num_experts}) not divisible by megatron_expert_parallel_size "
+                f"({ep}); choose an expert-parallel size that divides it"
+            )
         bad = [f"{k} ({v})" for k, v in sizes.items() if v % tp]
         if bad:
             raise ValueError(
@@ -244,7 +288,9 @@ class MegatronBackend(FSDPBackend):
         full = hf_to_megatron(hf_state, self.shape)
         for name, param in self._params.items():
             source = "embedding.word_embeddings.weight" if name == self._tied_copy else name
-            param.copy_(shard(name, full[source], self.tp_rank, self.tp_size))
+            expert = expert_of(name)  # one expert: its row of the layer's stacked experts
+            tensor = full[expert[0]][expert[1]] if expert else full[source]
+            param.copy_(shard(name, tensor, self.tp_rank, self.tp_size))
 
     # ------------------------------------------------------ parallelism hooks
 
@@ -344,31 +390,40 @@ class MegatronBackend(FSDPBackend):
         return tensor.tolist()
 
     def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
-        """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite."""
+        """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite.
+
+        MoE: an expert's weights live on one expert-parallel rank of each expert-data-parallel
+        group, and their gradient already holds the tokens that every expert-parallel rank sent
+        them; it is summed over the expert-data-parallel group (the ranks holding the same
+        experts, context-parallel ranks included) and divided by the same data-parallel size as
+        the other weights. In the norm each expert shard counts once: its squares are summed
+        over the expert tensor x expert x pipeline-parallel group.
+        """
+        from megatron.core import parallel_state
+
         named = [(n, p) for n, p in self._params.items() if p.grad is not None]
+        dense = [(n, p) for n, p in named if not is_expert_parameter(n)]
+        experts = [p for n, p in named if is_expert_parameter(n)]
         if self.cp_size > 1:  # each context-parallel rank's gradients come from its own tokens
-            for _, param in named:
+            for _, param in dense:
                 assert param.grad is not None
                 dist.all_reduce(param.grad, group=self.cp_group)
-        self._sum_tensor_parallel_partial_grads(named)
+        self._sum_tensor_parallel_partial_grads(dense)
         if self.world_size > 1:
-            for _, param in named:
-                assert param.grad is not None
-                grad = param.grad
-                wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
-                dist.all_reduce(wide, group=self.dp_group)
-                grad.copy_(wide / self.world_size)
+            self._average_grads([param for _, param in dense], self.dp_group)
+        if experts:
+            self._average_grads(experts, parallel_state.get_expert_data_parallel_group())
         self._sum_tied_embedding_grads()
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for name, param in named:
+        for name, param in dense:
             # replicated weights (the norms) counted on one tensor-parallel rank, a tied embedding on one stage
             if (partition_dim(name) is not None or self.tp_rank == 0) and name != self._tied_copy:
                 assert param.grad is not None
                 squares += param.grad.detach().float().pow(2).sum()
         if self.tp_size * self.pp_size > 1:
-            from megatron.core import parallel_state
-
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+        if experts:
+            squares = squares + expert_gradient_squares(experts)
         total = squares.sqrt()
         coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
         for _, param in named:
@@ -379,6 +434,19 @@ class MegatronBackend(FSDPBackend):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _average_grads(self, params: list[torch.nn.Parameter], group: Any) -> None:
+        """Sum each gradient over ``group`` (float32 with ``megatron_grad_reduce_in_fp32``); divide by the DP size."""
+        size = dist.get_world_size(group)
+        if size == 1 and self.world_size == 1:
+            return
+        for param in params:
+            assert param.grad is not None
+            grad = param.grad
+            wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
+            if size > 1:
+                dist.all_reduce(wide, group=group)
+            grad.copy_(wide / self.world_size)
 
     def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
         """Sum over the tensor-parallel ranks the gradients of replicated weights that each rank sees in part.
@@ -405,8 +473,8 @@ class MegatronBackend(FSDPBackend):
             return super().accumulate_gradients(samples)
 
     def _device_scope(self) -> contextlib.AbstractContextManager[None]:
-        """Sequence parallel on the CPU: megatron-core's sequence gathers allocate on CUDA (see cpu_patches)."""
-        if self.device.type == "cpu" and (self.model.config.sequence_parallel or self.cp_size > 1):
+        """Sequence/context/expert parallel on the CPU: megatron-core's gathers and all-to-all allocate on CUDA."""
+        if self.device.type == "cpu" and (self.model.config.sequence_parallel or self.cp_size > 1 or self.ep_size > 1):
             return cuda_free()
         return contextlib.nullcontext()
 
@@ -424,8 +492,23 @@ class MegatronBackend(FSDPBackend):
     # --------------------------------------------------------------- weights
 
     def _full_tensor(self, name: str) -> torch.Tensor:
-        """The full megatron tensor ``name`` (all-gathered over the tensor-parallel group when split)."""
-        local = self._params[name].detach()
+        """The full megatron tensor ``name`` (gathered over the tensor- and expert-parallel groups). Collective."""
+        return self._gathered(name, lambda param: self._params[param].detach())
+
+    def _gathered(self, name: str, local_of: Callable[[str], torch.Tensor]) -> torch.Tensor:
+        """The full tensor ``name`` from each rank's ``local_of(parameter)``; a layer's stacked experts: every rank's.
+
+        Stacked experts (:func:`~telescope_megatron.convert.expert_of`): this rank's experts,
+        each gathered over the tensor-parallel group, stacked, then all-gathered over the
+        expert-parallel group (rank ``r`` holds the ``r``-th run of consecutive experts).
+        """
+        members = self._expert_members.get(name)
+        if members is None:
+            return self._tensor_parallel_full(name, local_of(name))
+        return gather_experts(torch.stack([self._tensor_parallel_full(m, local_of(m)) for m in members]))
+
+    def _tensor_parallel_full(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        """One parameter's full tensor from this rank's shard (all-gathered over the tensor-parallel group if split)."""
         if self.tp_size == 1 or partition_dim(name) is None:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]
@@ -438,9 +521,13 @@ class MegatronBackend(FSDPBackend):
 
     def _hf_stream(self, full_tensor: Callable[[str], torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """Every Hugging Face tensor in order from ``full_tensor(megatron name)`` (each stage's, then all stages')."""
-        own = [name for name in self._params if name != self._tied_copy]
+        own: dict[str, None] = {}  # this stage's megatron tensors in order, one stacked name for a layer's experts
+        for name in self._params:
+            expert = expert_of(name)
+            if name != self._tied_copy:
+                own[expert[0] if expert else name] = None
         mine = [name for name in self.hf_order if self.hf_owners[name] == self.pp_rank]
-        local = stream_hf_weights(own, full_tensor, self.shape, mine)
+        local = stream_hf_weights(list(own), full_tensor, self.shape, mine)
         if self.pp_size == 1:
             yield from local
             return
@@ -480,6 +567,7 @@ class MegatronBackend(FSDPBackend):
                     "megatron_tensor_parallel_size": self.tp_size,
                     "megatron_pipeline_parallel_size": self.pp_size,
                     "megatron_use_distributed_optimizer": is_sharded(self.optimizer),
+                    "megatron_expert_parallel_size": self.ep_size,
                     "model": self.context.model,
                     "model_dtype": self.context.model_dtype,
                 }
@@ -499,16 +587,17 @@ class MegatronBackend(FSDPBackend):
         if meta.get("training_state") and shard_file.exists():
             layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
                       meta.get("megatron_pipeline_parallel_size", 1),
+                      meta.get("megatron_expert_parallel_size", 1),
                       meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
-            here = (self.global_world_size, self.tp_size, self.pp_size, is_sharded(self.optimizer))
+            here = (self.global_world_size, self.tp_size, self.pp_size, self.ep_size, is_sharded(self.optimizer))
             if layout != here:
                 raise ValueError(
                     f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
-                    f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]} "
-                    f"and its states sharded over data-parallel ranks: {layout[3]}; this run has "
-                    f"{', '.join(map(str, here[:3]))} and {here[3]}. Resume with the same layout and "
-                    "megatron_use_distributed_optimizer, or resume the weights only (a checkpoint saved with "
-                    "checkpoint_save_training_state: false)"
+                    f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]}, "
+                    f"megatron_expert_parallel_size {layout[3]} and its states sharded over data-parallel ranks: "
+                    f"{layout[4]}; this run has {', '.join(map(str, here[:4]))} and {here[4]}. Resume with the "
+                    "same layout and megatron_use_distributed_optimizer, or resume the weights only (a checkpoint "
+                    "saved with checkpoint_save_training_state: false)"
                 )
             state = torch.load(shard_file, map_location=self.device, weights_only=False)
             load_rank_state_dict(self.optimizer, state)
@@ -525,12 +614,7 @@ class MegatronBackend(FSDPBackend):
             grads[name] = param.grad.detach() if param.grad is not None else torch.zeros_like(param)
 
         def full(name: str) -> torch.Tensor:
-            local = grads[name]
-            if self.tp_size == 1 or partition_dim(name) is None:
-                return local
-            parts = [torch.empty_like(local) for _ in range(self.tp_size)]
-            dist.all_gather(parts, local.contiguous(), group=self.tp_group)
-            return unshard(name, parts)
+            return self._gathered(name, grads.__getitem__)
 
         return {n: t.float().cpu().clone() for n, t in self._hf_stream(full)}
 

@@ -1,9 +1,9 @@
-"""Weight conversion Hugging Face <-> megatron-core (``GPTModel``, local layer spec), with tensor-parallel shards.
+r"""Weight conversion Hugging Face <-> megatron-core (``GPTModel``, local layer spec), with tensor-parallel shards.
 
 Why a small mapping of our own rather than Megatron-Bridge: Megatron-Bridge is a
 large package (it pulls Transformer Engine, ModelOpt and its own model providers),
 is not installable next to a CPU torch without them, and converts whole models at
-once; the dense families we support need eleven name rules and two layout rules,
+once; the families we support need a dozen name rules and three layout rules,
 which fit in this module, run on the CPU, convert one layer at a time (so the
 weight stream never holds the whole model), and are tested to round-trip exactly.
 
@@ -20,17 +20,33 @@ decoder.layers.L.self_attention.linear_proj.weight  model.layers.L.self_attn.o_p
 decoder.layers.L.pre_mlp_layernorm.weight           model.layers.L.post_attention_layernorm.weight
 decoder.layers.L.mlp.linear_fc1.weight              model.layers.L.mlp.{gate,up}_proj.weight
 decoder.layers.L.mlp.linear_fc2.weight              model.layers.L.mlp.down_proj.weight
+decoder.layers.L.mlp.router.weight (MoE)            model.layers.L.mlp.gate.weight
+decoder.layers.L.mlp.experts.linear_fc1.weight *    model.layers.L.mlp.experts.gate_up_proj
+decoder.layers.L.mlp.experts.linear_fc2.weight *    model.layers.L.mlp.experts.down_proj
 decoder.final_layernorm.weight                      model.norm.weight
 output_layer.weight (untied models only)            lm_head.weight
 ==================================================  =============================================
 
+\* Experts (MoE layers, :mod:`telescope_megatron.moe`): transformers 5 keeps each
+layer's experts as two 3-D tensors, ``gate_up_proj [E, 2 I, H]`` (each expert's
+``[gate; up]``) and ``down_proj [E, H, I]``. The *stacked* megatron names above
+stand for megatron-core's per-expert parameters
+``mlp.experts.local_experts.<e>.linear_fc{1,2}.weight`` stacked along a first
+expert dimension (``e`` model-wide, see :func:`expert_of`); expert ``e``'s
+``linear_fc1`` is exactly ``gate_up_proj[e]`` and its ``linear_fc2`` ``down_proj[e]``.
+The conversion works on the stacks; the backend loads expert ``e`` from row ``e``
+and, to stream, stacks its local experts and gathers the other expert-parallel
+ranks' (each rank holds ``E / EP`` consecutive experts).
+
 Layouts: ``linear_qkv`` holds, for each key/value group, that group's query heads,
 then its key head, then its value head (so a contiguous split over tensor-parallel
-ranks gives each rank whole groups); ``linear_fc1`` holds ``[gate; up]`` on *each*
-rank, so its full tensor is the ranks' gate shards then their up shards.
+ranks gives each rank whole groups); ``linear_fc1`` (dense or one expert's) holds
+``[gate; up]`` on *each* rank, so its full tensor is the ranks' gate shards then
+their up shards.
 
 Tensor parallelism: :data:`PARTITION_DIMS` says which weights are split and along
-which dimension; everything else (the norms) is replicated.
+which dimension (an expert's ``linear_fc1``/``linear_fc2`` as the dense MLP's);
+everything else (the norms, the router) is replicated.
 """
 
 from __future__ import annotations
@@ -43,6 +59,7 @@ import torch
 from telescope_megatron.model import ModelShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
 
 #: megatron-core name suffix -> the dimension tensor parallelism splits (absent: replicated).
 PARTITION_DIMS: dict[str, int] = {
@@ -53,6 +70,8 @@ PARTITION_DIMS: dict[str, int] = {
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc1.weight": 0,
     "mlp.linear_fc2.weight": 1,
+    "mlp.experts.local_experts.*.linear_fc1.weight": 0,
+    "mlp.experts.local_experts.*.linear_fc2.weight": 1,
 }
 
 _LAYER_PLAIN = {
@@ -62,6 +81,9 @@ _LAYER_PLAIN = {
     "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
     "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    "mlp.router.weight": "mlp.gate.weight",
+    "mlp.experts.linear_fc1.weight": "mlp.experts.gate_up_proj",  # stacked experts
+    "mlp.experts.linear_fc2.weight": "mlp.experts.down_proj",
 }
 _GLOBAL_PLAIN = {
     "embedding.word_embeddings.weight": "model.embed_tokens.weight",
@@ -73,7 +95,14 @@ _GLOBAL_PLAIN = {
 def partition_dim(name: str) -> int | None:
     """The dimension along which tensor parallelism splits megatron parameter ``name`` (None: replicated)."""
     match = _LAYER.match(name)
-    return PARTITION_DIMS.get(match.group(2) if match else name)
+    suffix = match.group(2) if match else name
+    return PARTITION_DIMS.get(re.sub(r"local_experts\.\d+\.", "local_experts.*.", suffix))
+
+
+def expert_of(name: str) -> tuple[str, int] | None:
+    """For one expert's parameter (model-wide expert index): its stacked name and its row; else None."""
+    match = _EXPERT.match(name)
+    return None if match is None else (match.group(1) + match.group(3), int(match.group(2)))
 
 
 # ------------------------------------------------------------------ full tensors
@@ -114,9 +143,10 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, 
             out[dst + "self_attention.linear_qkv.bias"] = _merge_qkv(
                 hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], shape
             )
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
-            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0
-        )
+        if not shape.is_sparse(layer):
+            out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+                [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]], dim=0
+            )
     return out
 
 
@@ -150,7 +180,7 @@ def shard(name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
         return full
     if full.shape[dim] % size:
         raise ValueError(f"{name}: dimension {dim} ({full.shape[dim]}) is not divisible by the TP size {size}")
-    if name.endswith("mlp.linear_fc1.weight"):
+    if name.endswith("linear_fc1.weight"):  # dense or one expert's: [gate; up] on each rank
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
     return full.chunk(size, dim=dim)[rank]
@@ -161,7 +191,7 @@ def unshard(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
     dim = partition_dim(name)
     if dim is None or len(parts) == 1:
         return parts[0]
-    if name.endswith("mlp.linear_fc1.weight"):
+    if name.endswith("linear_fc1.weight"):  # dense or one expert's: [gate; up] on each rank
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
     return torch.cat(parts, dim=dim)

@@ -2,13 +2,16 @@
 
 Supported families: the dense decoder-only models the project uses, Llama
 (``llama``), Qwen2/Qwen2.5 (``qwen2``, also the tiny models of
-:mod:`telescope.models.tiny`) and Qwen3 (``qwen3``). :func:`transformer_config`
+:mod:`telescope.models.tiny`) and Qwen3 (``qwen3``), and the MoE Qwen3-MoE
+(``qwen3_moe``: routed-experts layers from megatron-core's MoE spec, see
+:mod:`telescope_megatron.moe`). :func:`transformer_config`
 maps their config onto a megatron-core :class:`TransformerConfig`: RMSNorm, SwiGLU
 (``gated_linear_unit`` + SiLU), grouped-query attention (``num_query_groups``), RoPE
 with the model's base, bias on q/k/v for Qwen2 (and Llama's ``attention_bias``),
 q/k RMSNorm for Qwen3, explicit ``head_dim`` (``kv_channels``), tied embeddings.
-Anything the mapping cannot represent exactly (sliding-window attention, MoE, RoPE
-scaling other than none) is refused with an error naming the field.
+Anything the mapping cannot represent exactly (sliding-window attention, RoPE
+scaling other than none, other MoE families, top-1 routing with ``norm_topk_prob``)
+is refused with an error naming the field.
 
 The layers come from megatron-core's *local* layer spec (no Transformer Engine), so
 the same model runs on the CPU (with :mod:`telescope_megatron.cpu_patches`) and on a
@@ -39,11 +42,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from telescope_megatron.moe import moe_config_fields, moe_problem, num_experts, sparse_layers
+
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+#: Families whose attention has q/k RMSNorm.
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 
 
 class UnsupportedModelError(ValueError):
@@ -65,6 +72,10 @@ class ModelShape:
     tied_embeddings: bool
     #: the HF embedding's ``padding_idx`` (``pad_token_id``): its row gets no gradient from the lookup
     padding_idx: int | None = None
+    #: MoE models: the number of routed experts (0: a dense model)
+    num_experts: int = 0
+    #: MoE models: the model-wide indices of the layers whose MLP is the sparse (routed) block
+    sparse_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> ModelShape:
@@ -80,10 +91,16 @@ class ModelShape:
             head_dim=int(head_dim),
             vocab_size=int(hf_config.vocab_size),
             qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in _QK_NORM_TYPES,
             tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             padding_idx=getattr(hf_config, "pad_token_id", None),
+            num_experts=num_experts(hf_config),
+            sparse_layers=sparse_layers(hf_config),
         )
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether model-wide layer ``layer`` has the routed-experts MLP."""
+        return layer in self.sparse_layers
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -111,6 +128,9 @@ def check_supported(hf_config: Any) -> None:
         raise UnsupportedModelError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if getattr(hf_config, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=true is not supported")
+    problem = moe_problem(hf_config)
+    if problem:
+        raise UnsupportedModelError(problem)
 
 
 def transformer_config(
@@ -119,6 +139,7 @@ def transformer_config(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     context_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
     sequence_parallel: bool = False,
     recompute: bool = False,
     params_dtype: torch.dtype = torch.float32,
@@ -129,6 +150,16 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     shape = ModelShape.from_hf(hf_config)
+    moe = moe_config_fields(hf_config, expert_parallel_size=expert_parallel_size, num_layers=shape.num_layers)
+    if moe and tensor_parallel_size > 1 and not sequence_parallel:
+        raise UnsupportedModelError(
+            "an MoE model at megatron_tensor_parallel_size > 1 needs megatron_sequence_parallel: true "
+            "(megatron-core trains MoE layers under tensor parallelism only with sequence parallelism)"
+        )
+    if expert_parallel_size > 1 and not moe:
+        raise UnsupportedModelError(
+            f"megatron_expert_parallel_size={expert_parallel_size} needs an MoE model (this one has no experts)"
+        )
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -157,7 +188,7 @@ def transformer_config(
         sequence_parallel=sequence_parallel and tensor_parallel_size > 1,
         pipeline_dtype=params_dtype,
         variable_seq_lengths=pipeline_parallel_size > 1,  # packed rows differ in length: stages exchange shapes
-        moe_token_dispatcher_type="alltoall",  # dense models; the default ("allgather") refuses variable lengths
+        moe_token_dispatcher_type="alltoall",  # the default ("allgather") needs equal token counts on every rank
         calculate_per_token_loss=True,  # the schedule leaves the loss as computed (global denominator)
         recompute_granularity="full" if recompute else None,
         recompute_method="uniform" if recompute else None,
@@ -167,6 +198,7 @@ def transformer_config(
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization,
         perform_initialization=False,  # the weights are loaded from the Hugging Face model
+        **moe,
     )
 
 
@@ -174,20 +206,18 @@ def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
     """A ``GPTModel`` (local layer spec, RoPE, full-vocabulary logits) for ``hf_config``."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from telescope_megatron.cpu_patches import apply_cpu_patches, cuda_free
 
     apply_cpu_patches()
     shape = ModelShape.from_hf(hf_config)
-    layer = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
-    attention = layer.submodules.self_attention.submodules
-    attention.core_attention = _sdpa_attention_class()
-    if shape.qk_norm:
-        attention.q_layernorm = attention.k_layernorm = RMSNorm
-    spec = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+    dense = _layer_spec(shape, None)
+    sparse = _layer_spec(shape, shape.num_experts) if shape.num_experts else dense
+    first = get_transformer_layer_offset(config)  # this pipeline stage's first layer, model-wide
+    layers = [sparse if shape.is_sparse(first + i) else dense for i in range(get_num_layers_to_build(config))]
+    spec = TransformerBlockSubmodules(layer_specs=layers, layer_norm=RMSNorm)
     with cuda_free():  # the last stage's tied output weight is moved with .cuda() (see cpu_patches)
         return GPTModel(
             config=config,
@@ -201,6 +231,21 @@ def build_model(hf_config: Any, config: TransformerConfig) -> GPTModel:
             position_embedding_type="rope",
             rotary_base=int(rope_theta(hf_config)),
         )
+
+
+def _layer_spec(shape: ModelShape, experts: int | None) -> Any:
+    """The local spec of one decoder layer: a dense MLP (``experts`` None) or megatron-core's MoE with SequentialMLP."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer = get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=False, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
+    )
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    attention = layer.submodules.self_attention.submodules
+    attention.core_attention = _sdpa_attention_class()
+    if shape.qk_norm:
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
+    return layer
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -340,8 +385,9 @@ def packed_logits(
         order = gathered_order(padded, cp, input_ids.device)
         mask = mask[:, :, mine][:, :, :, order]
         input_ids, position_ids = input_ids[:, mine], position_ids[:, mine]
-    # megatron-core's sequence gathers allocate on CUDA (see cpu_patches); the backward is in the backend's scope
-    gathers = sequence_parallel or cp > 1
+    # megatron-core's sequence gathers and the MoE all-to-all allocate on CUDA (see cpu_patches); the backward
+    # is in the backend's scope
+    gathers = sequence_parallel or cp > 1 or parallel_state.get_expert_model_parallel_world_size() > 1
     scope = cuda_free() if gathers and input_ids.device.type == "cpu" else contextlib.nullcontext()
     with scope:
         embedded = None

@@ -1,25 +1,30 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Seven are implemented: tensor, pipeline, sequence and
-context parallelism, activation recomputation, the float32 gradient reduction and
-the distributed optimizer (AdamW states sharded over the data-parallel ranks,
-:mod:`telescope_megatron.optimizer`). Of the others (not built yet):
+config validates unchanged. Eight are implemented: tensor, pipeline, context,
+expert (MoE models) and sequence parallelism, activation recomputation, the float32
+gradient reduction and the distributed optimizer (AdamW states sharded over the
+data-parallel ranks, :mod:`telescope_megatron.optimizer`; with expert parallelism
+it is not applied yet, see :func:`inactive_settings`). Of the others (not built yet):
 
-- those that would change what is computed or where (expert parallelism, a global
-  batch size of its own, optimizer offload and its options, the unified-memory
-  JIT, the precision-aware optimizer and its dtypes, Transformer Engine, FP8) are
-  accepted at the value this backend implements (the upstream default) and any
-  other value is a validation error naming the field (:data:`REFUSED_UNLESS`);
+- those that would change what is computed or where (a global batch size of its own,
+  optimizer offload and its options, the unified-memory JIT, the precision-aware
+  optimizer and its dtypes, Transformer Engine, FP8) are accepted at the value this
+  backend implements (the upstream default) and any other value is a validation
+  error naming the field (:data:`REFUSED_UNLESS`);
 - gradient-reduce overlap, which only overlaps communication, is accepted and has
-  no effect yet; the backend logs one warning when it is on where it would matter
-  (:func:`inactive_settings`).
+  no effect yet; the backend logs one warning naming the settings that are on where
+  they would matter and have no effect (:func:`inactive_settings`).
 
-Load-time rule: ``trainer_num_workers`` must be a multiple of TP x PP x CP.
+Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP x CP (the
+dense layout) and of TP x PP x EP (megatron-core's expert layout: expert TP = TP, EP,
+expert data parallel, PP). That EP divides the model's ``num_experts`` is checked
+when the backend is set up (the model is not read at load time).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pydantic import Field
@@ -53,7 +58,10 @@ class MegatronSettings(PluginSettings):
         1, ge=1, description="Context parallelism degree: each sequence split over CP ranks, load-balanced"
     )
     megatron_expert_parallel_size: int = Field(
-        1, ge=1, description="Expert parallelism degree, MoE models (1 only, for now)"
+        1,
+        ge=1,
+        description="Expert parallelism degree, MoE models: each rank holds num_experts / EP experts "
+        "(trainer_num_workers must be a multiple of TP x PP x EP)",
     )
     megatron_global_batch_size: int | None = Field(
         None, ge=1, description="Global batch size; null = prompts_batch_size_for_trainer (null only, for now)"
@@ -94,10 +102,12 @@ class MegatronSettings(PluginSettings):
         settings = config.settings(cls)
         problems: list[str] = []
         tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
-        cp = settings.megatron_context_parallel_size
-        if config.trainer_num_workers % (tp * pp * cp):
+        # the dense layout (TP x CP x DP x PP) and megatron-core's expert layout (TP x EP x expert DP x PP)
+        for third in ("megatron_context_parallel_size", "megatron_expert_parallel_size"):
             sizes = {"megatron_tensor_parallel_size": tp, "megatron_pipeline_parallel_size": pp,
-                     "megatron_context_parallel_size": cp}  # fmt: skip
+                     third: getattr(settings, third)}  # fmt: skip
+            if config.trainer_num_workers % math.prod(sizes.values()) == 0 or (problems and sizes[third] == 1):
+                continue  # EP 1: the expert layout asks nothing the dense one has not (reported once)
             named = [name for name, size in sizes.items() if size > 1 or name == "megatron_tensor_parallel_size"]
             problems.append(
                 SettingsProblem(
@@ -121,7 +131,6 @@ class MegatronSettings(PluginSettings):
 
 #: Fields that would change what is computed, with the only value built so far.
 REFUSED_UNLESS: dict[str, object] = {
-    "megatron_expert_parallel_size": 1,
     "megatron_global_batch_size": None,
     "megatron_optimizer_cpu_offload": False,
     "megatron_optimizer_offload_fraction": 1.0,  # offload is not built: its options keep their defaults
@@ -137,9 +146,17 @@ REFUSED_UNLESS: dict[str, object] = {
 }
 
 
-def inactive_settings(settings: MegatronSettings, data_parallel_size: int) -> list[str]:
-    """The overlap options that are on where they would matter, and have no effect yet."""
+def inactive_settings(settings: MegatronSettings, data_parallel_size: int, expert_parallel_size: int = 1) -> list[str]:
+    """The options that are on where they would matter, and have no effect yet.
+
+    The distributed optimizer is not applied with expert parallelism: its ZeRO shards
+    broadcast each updated tensor over the data-parallel group, whose ranks hold
+    *different* experts under EP (an expert's replicas form the smaller
+    expert-data-parallel group), so AdamW stays unsharded there.
+    """
     inactive = []
+    if settings.megatron_use_distributed_optimizer and data_parallel_size > 1 and expert_parallel_size > 1:
+        inactive.append("megatron_use_distributed_optimizer (with megatron_expert_parallel_size > 1)")
     if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:
         inactive.append("megatron_overlap_grad_reduce")
     return inactive
