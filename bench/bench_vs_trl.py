@@ -122,8 +122,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
-    print(f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
-          f"max_tokens {args.max_tokens}")
+    print(
+        f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
+        f"max_tokens {args.max_tokens}"
+    )
     print(f"{'':<18}{'samples/s':>10}{'tokens/s':>10}{'train s':>9}{'wall s':>8}")
     rates = {}
     for name, r in results.items():
