@@ -136,8 +136,6 @@ async def _train(
     plugins: Plugins,
     terminated: threading.Event | None = None,
 ) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     from telescope.orchestrator.assembly import build_orchestrator
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
@@ -168,12 +166,20 @@ async def _train(
     services = RayServices(config, run_dir)
     progress = StepProgress(config.number_of_steps)
     monitor = None
+
+    def load_tokenizer() -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(config.model)
+
     try:
+        # transformers' import and the tokenizer (~2 s of CPU) load while Ray starts the workers, which waits
+        tokenizer_loading = asyncio.ensure_future(asyncio.to_thread(load_tokenizer))
         await asyncio.to_thread(services.start)
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         await services.connect_weights()
         services.supervise(on_fatal)  # dead inference servers are restarted (inference_health_check_interval_s)
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        tokenizer = await tokenizer_loading
         run = build_orchestrator(
             config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
             loggers=loggers, progress=progress,
