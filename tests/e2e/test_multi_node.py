@@ -10,9 +10,9 @@ inference server on the worker. The run attaches with ``ray_address``; the weigh
 cross nodes through the broadcast transport over gloo (``weight_transport: auto``
 picks it for this placement); evals and a checkpoint run.
 
-The run is the CPU quick start as it ships (same seed and steps; its eval on 64
-problems, see ``EVALS_AS_MEASURED``), and it must learn as the quick start does on one
-node. Measured (seed 0): the eval before
+The run is the CPU quick start (same seed; the warm start, RL steps and 64-problem eval it
+had when measured, see ``STEPS_AS_MEASURED`` and ``EVALS_AS_MEASURED``), and it must learn
+as the quick start does on one node. Measured (seed 0): the eval before
 training is 1.031 on two nodes as on one (the warm start is deterministic; its
 weights reach the other node's server), and after the 60 RL steps 1.141, 1.109 and
 >= 1.111 in three two-node runs against 1.125, 1.141 in two one-node runs; the
@@ -61,6 +61,8 @@ QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
 #: The quick start's eval as it was when the figures above were measured (64 held-out problems; the
 #: quick start now evaluates 256). The reserved eval problems are left out of the warm start and the
 #: training prompts, so their number changes the run; this keeps the measured run.
+# The quick start's warm start, RL steps and group discarding when these figures were measured.
+STEPS_AS_MEASURED = ("--warm_start_steps", "400", "--number_of_steps", "60", "--discard_group_zero_advantage", "true")
 EVALS_AS_MEASURED = (
     "[{name: countdown, num_samples: 64, separate_eval_samples: true, kwargs: {dataset_name: generated, "
     "num_samples: 2000, num_numbers: 2, max_number: 9, seed: 0, prompt_style: compact}}]"
@@ -236,7 +238,8 @@ def test_a_run_across_two_nodes_completes_and_learns(two_node_cluster: Cluster, 
                "run", str(QUICK_START), "--run_dir", str(run_dir), "--ray_address", address,
                "--ray_trainer_resources_per_worker", "{node_a: 1}",
                "--ray_inference_resources_per_worker", "{node_b: 1}", "--weight_transport", "auto",
-               "--checkpoint_every", "30", "--inference_base_port", "8251", "--evals", EVALS_AS_MEASURED]  # fmt: skip
+               "--checkpoint_every", "30", "--inference_base_port", "8251", "--evals", EVALS_AS_MEASURED,
+               *STEPS_AS_MEASURED]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=1500,
                             env={**env, "TELESCOPE_PROGRESS": "lines"})  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
