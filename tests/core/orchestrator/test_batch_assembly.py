@@ -192,3 +192,40 @@ def test_stragglers_are_cancelled_and_counted_at_the_default_settings(tmp_path: 
     assert canceled > 0 and canceled % 2 == 0  # whole groups (group_size 2), counted per rollout
     assert requests_cancelled >= 1  # the hanging requests themselves were cancelled (the client aborts them)
     assert stale_in_flight == []
+
+
+def test_groups_cancelled_while_waiting_to_be_accounted_end_with_an_event(
+    tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    """A CI run lost the end event of two groups whose rollouts finished just as the run ended.
+
+    Their tasks were waiting for the scheduler's lock to account the group when ``close()``
+    cancelled them. Every dispatched group must still end with an event (here: canceled).
+    """
+    fake = LongTailed(hang=1.0)  # every request waits for the release
+    seen: list[dict[str, Any]] = []
+    unsubscribe = events.subscribe(lambda e: seen.append(e) if e["kind"].startswith("orchestrator.group_") else None)
+
+    async def scenario() -> None:
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2)
+        scheduler.start()
+        for _ in range(200):  # until some groups are in flight
+            await asyncio.sleep(0.01)
+            if scheduler._in_flight:
+                break
+        await scheduler._changed.acquire()  # what a busy orchestrator does: the groups cannot be accounted yet
+        fake.release.set()
+        await asyncio.sleep(0.3)  # their rollouts and rewards finish; they wait for the lock
+        closing = asyncio.ensure_future(scheduler.close())
+        await asyncio.sleep(0)  # close() has cancelled every task
+        scheduler._changed.release()
+        await asyncio.wait_for(closing, 30)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        unsubscribe()
+    dispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_dispatched"}
+    ended = [e["group_id"] for e in seen if e["kind"] in (
+        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    assert dispatched and sorted(ended) == sorted(dispatched)

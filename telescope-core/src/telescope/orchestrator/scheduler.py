@@ -443,7 +443,19 @@ class RolloutScheduler:
         if failure is not None:
             await self._fail(group_id, scheduled, lanes, failure)
             return
-        await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
+        try:
+            await self._finish(group_id, scheduled, Group(sample=item.sample, rollouts=list(rollouts)), slot)
+        except asyncio.CancelledError:
+            # cancelled while _finish waited for the lock (a run's end, a stale cancel): not yet accounted
+            if self._in_flight.pop(group_id, None) is not None:
+                self.stats.discards.add_canceled(self.config.group_size)
+                scheduled.emit("group_canceled", rollouts=self.config.group_size)
+                self._settle(item)
+                if not self._closed:  # a stale cancel: its step's budget comes back (at the end nothing waits on it)
+                    async with self._changed:
+                        self._give_back(scheduled.target_step)
+                        self._changed.notify_all()
+            raise
 
     async def _fail(self, group_id: int, scheduled: ScheduledGroup, lanes: list[Lane], exc: Exception) -> None:
         """A group that failed outright: counted; too many in a row stop the run."""
