@@ -121,14 +121,17 @@ class InferenceBackendConformance:
 
         async def cancel() -> float:
             async with self._client(server) as client:
-                task = asyncio.create_task(
-                    client.complete(self.prompt, max_tokens=240, temperature=1.0, seed=1, ignore_eos=True)
-                )
-                for _ in range(600):  # cancel once the server runs it (a fixed sleep raced a fast server)
-                    if (await client.metrics()).get("vllm:num_requests_running", 0.0) >= 1:
+                for _attempt in range(5):  # a fast server can finish the request between two polls: try again
+                    task = asyncio.create_task(
+                        client.complete(self.prompt, max_tokens=240, temperature=1.0, seed=1, ignore_eos=True)
+                    )
+                    for _ in range(600):  # cancel once the server runs it (a fixed sleep raced a fast server)
+                        if (await client.metrics()).get("vllm:num_requests_running", 0.0) >= 1 or task.done():
+                            break
+                        await asyncio.sleep(0.01)
+                    if not task.done():
                         break
-                    await asyncio.sleep(0.05)
-                assert not task.done(), "the request finished before it could be cancelled"
+                assert not task.done(), "the request finished before it could be cancelled, five times"
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
