@@ -32,6 +32,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
+#: Steps for a run the test stops (signal, kill, hang): more than can finish before it acts. The metrics file is
+#: flushed in blocks, and 50-200 steps of this config finished within a block once the loop got faster.
+LONGER_THAN_THE_TEST = "5000"
 FAST = [
     "--warm_start_steps", "0", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
     "--discard_group_zero_advantage", "false", "--evals", "[]",
@@ -93,7 +96,7 @@ def status(run_dir: Path) -> dict[str, object]:
 
 def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    process = telescope(run_dir, "--number_of_steps", "200", "--inference_base_port", "8251")
+    process = telescope(run_dir, "--number_of_steps", LONGER_THAN_THE_TEST, "--inference_base_port", "8251")
     wait_for_steps(process, run_dir, 2)
     signalled = time.monotonic()
     os.killpg(process.pid, signal.SIGTERM)  # the driver, Ray's GCS, raylet and workers all get it
@@ -170,7 +173,7 @@ def _trainer_pid(run_dir: Path) -> int:
 
 def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_start_again(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    process = telescope(run_dir, "--number_of_steps", "50", "--inference_base_port", "8257")
+    process = telescope(run_dir, "--number_of_steps", LONGER_THAN_THE_TEST, "--inference_base_port", "8257")
     wait_for_steps(process, run_dir, 1)
     os.kill(_trainer_pid(run_dir), signal.SIGKILL)
     err = finish(process, timeout=120)
@@ -186,7 +189,13 @@ def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_star
 def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(
-        run_dir, "--number_of_steps", "50", "--watchdog_timeout_s", "15", "--inference_base_port", "8261"
+        run_dir,
+        "--number_of_steps",
+        LONGER_THAN_THE_TEST,
+        "--watchdog_timeout_s",
+        "15",
+        "--inference_base_port",
+        "8261",
     )
     wait_for_steps(process, run_dir, 1)
     rank = _trainer_pid(run_dir)
