@@ -176,7 +176,8 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # more steps than can finish before the signal: the metrics file is flushed in blocks, and 200 steps of
     # this config took under 40 s once the loop got faster, so the run had completed when it was signalled
-    process = telescope(run_dir, "--number_of_steps", "5000")
+    # no progress lines: stderr is read only at the end, and a line per fast step filled the pipe and blocked the run
+    process = telescope(run_dir, "--number_of_steps", "5000", env={"TELESCOPE_PROGRESS": "off"})
     metrics_file = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 480
     while not (metrics_file.exists() and metrics_file.read_text().count("\n") >= 2):
