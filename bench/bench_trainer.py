@@ -14,6 +14,14 @@ are not timed. Printed: tokens/s (real tokens, no padding), packing efficiency
 a measured bf16 matmul rate of the card (6 x parameters x tokens for forward and
 backward, plus 12 x layers x hidden x seq for attention; gradient checkpointing's
 recomputation is not counted as useful work).
+
+GPU figure (2026-11-25, one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, no flash-attn;
+``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256 --min-completion
+64 --max-completion 1024 --steps 3``): 100.5k tokens per step in 25 rows of 4,096,
+9.63 s per step, 10.4k tokens/s, MFU 0.054 of a measured 771.6 TFLOP/s, 21.2 GiB peak.
+A profile showed the step bound by the host (GPU busy 1.7 s of 8.5 s); see the
+README's GPU paragraph for the causes and the change made since, not yet measured on
+a GPU.
 """
 
 from __future__ import annotations

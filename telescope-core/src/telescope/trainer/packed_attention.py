@@ -41,6 +41,7 @@ causal attention: no sliding window, no softcap, no attention sinks
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -93,6 +94,64 @@ def documents_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.stack([starts, lengths, starts, torch.zeros_like(starts)], dim=1)
 
 
+@dataclass
+class _Bucket:
+    """One length bucket of a row's documents: what to gather, and which gathered rows are outputs."""
+
+    gather: torch.Tensor  # [documents * size]: the row index each padded position reads
+    documents: int
+    size: int
+    kept: torch.Tensor  # indices into the [documents * size] outputs that are the documents' own rows
+
+
+@dataclass
+class _Plan:
+    """How one packed row's attention runs: its buckets, and where their outputs go."""
+
+    buckets: list[_Bucket]
+    inverse: torch.Tensor | None  # row s of the output = the concatenated kept outputs' row inverse[s]
+    destinations: torch.Tensor  # the row each concatenated kept output goes to
+
+
+#: The last row's plan and what it was built from (kept referenced, so identity cannot be reused):
+#: every layer of a forward (and a checkpointed layer's recomputation) passes the same tensor.
+_last_plan: tuple[torch.Tensor, torch.device, int, _Plan] | None = None
+
+
+def _build_plan(documents: torch.Tensor, length: int, device: torch.device) -> _Plan:
+    """Index tensors for every bucket, computed once per row (the only host synchronisations)."""
+    starts, lengths, prefix_starts, prefix_lengths = documents.to(device).unbind(dim=1)
+    buckets: list[_Bucket] = []
+    destinations: list[torch.Tensor] = []
+    # A document's attention runs over its "view": its prefix's rows, then its own.
+    for size, chosen in length_buckets(prefix_lengths + lengths):
+        offsets = torch.arange(size, device=device)
+        own = offsets - prefix_lengths[chosen, None]  # [documents, size]: index within the document itself
+        in_prefix = own < 0
+        index = torch.where(in_prefix, prefix_starts[chosen, None] + offsets, starts[chosen, None] + own)
+        written = (own >= 0) & (own < lengths[chosen, None])  # the rows this document's queries produce
+        index = torch.where(in_prefix | written, index, starts[chosen, None])  # padding reads a row it never sees
+        buckets.append(_Bucket(index.flatten(), int(chosen.numel()), size, written.flatten().nonzero().flatten()))
+        destinations.append(index[written])
+    flat = torch.cat(destinations)
+    inverse = None
+    if flat.numel() == length:  # every row written once (the documents tile the row): a permutation
+        inverse = torch.empty_like(flat)
+        inverse[flat] = torch.arange(length, device=device)
+        if not bool((flat.sort().values == torch.arange(length, device=device)).all()):
+            inverse = None
+    return _Plan(buckets, inverse, flat)
+
+
+def _plan_for(key: torch.Tensor, documents: Any, length: int, device: torch.device) -> _Plan:
+    global _last_plan
+    if _last_plan is not None and _last_plan[0] is key and _last_plan[1] == device and _last_plan[2] == length:
+        return _last_plan[3]
+    plan = _build_plan(documents() if callable(documents) else documents, length, device)
+    _last_plan = (key, device, length, plan)
+    return plan
+
+
 def packed_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -104,7 +163,14 @@ def packed_attention(
     position_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention within each packed document (after its prefix, if any); ``[1, S, heads, dim]``."""
+    """Causal attention within each packed document (after its prefix, if any); ``[1, S, heads, dim]``.
+
+    The row's plan (documents, buckets, gather and scatter indices) is built once and
+    reused by every layer: each layer then runs, per bucket, three ``index_select``
+    gathers (their gradient is an ``index_add``), one SDPA and one ``index_select`` of
+    the outputs, and one permutation puts the rows back in place, with no host
+    synchronisation.
+    """
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError(f"{ATTENTION_NAME} computes plain causal attention; this layer asks for more")
     documents: torch.Tensor | None = kwargs.get(DOCUMENTS_KWARG)
@@ -116,22 +182,22 @@ def packed_attention(
     heads, length, dim = query.shape[1], query.shape[2], query.shape[3]
     groups = heads // key.shape[1]
     q, k, v = query[0], key[0], value[0]  # [heads, S, dim]
-    if documents is None:
+    if documents is not None:
+        plan = _plan_for(documents, documents, length, query.device)
+    else:
         assert position_ids is not None
-        documents = documents_from_positions(position_ids.reshape(-1)[-length:])
-    starts, lengths, prefix_starts, prefix_lengths = documents.to(query.device).unbind(dim=1)
-    output = query.new_empty(length, heads, dim)
-    # A document's attention runs over its "view": its prefix's rows, then its own.
-    for size, chosen in length_buckets(prefix_lengths + lengths):
-        offsets = torch.arange(size, device=query.device)
-        own = offsets - prefix_lengths[chosen, None]  # [documents, size]: index within the document itself
-        in_prefix = own < 0
-        index = torch.where(in_prefix, prefix_starts[chosen, None] + offsets, starts[chosen, None] + own)
-        written = (own >= 0) & (own < lengths[chosen, None])  # the rows this document's queries produce
-        index = torch.where(in_prefix | written, index, starts[chosen, None])  # padding reads a row it never sees
+        ids = position_ids
 
-        def gather(x: torch.Tensor, index: torch.Tensor = index) -> torch.Tensor:
-            return x[:, index].transpose(0, 1)  # [documents, heads, size, dim]
+        def from_positions() -> torch.Tensor:
+            return documents_from_positions(ids.reshape(-1)[-length:])
+
+        plan = _plan_for(position_ids, from_positions, length, query.device)
+    outputs = []
+    for bucket in plan.buckets:
+
+        def gather(x: torch.Tensor, bucket: _Bucket = bucket) -> torch.Tensor:
+            picked = x.index_select(1, bucket.gather).view(x.shape[0], bucket.documents, bucket.size, dim)
+            return picked.transpose(0, 1)  # [documents, heads, size, dim]
 
         out = F.scaled_dot_product_attention(
             gather(q),
@@ -142,5 +208,11 @@ def packed_attention(
             scale=scaling,
             enable_gqa=groups > 1,
         )
-        output = output.index_put((index[written],), out.transpose(1, 2)[written])  # rows back in place
+        rows = out.transpose(1, 2).reshape(bucket.documents * bucket.size, heads, dim)
+        outputs.append(rows.index_select(0, bucket.kept))
+    kept = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    if plan.inverse is not None:
+        output = kept.index_select(0, plan.inverse)  # rows back in place
+    else:  # rows no document writes stay zero
+        output = kept.new_zeros(length, heads, dim).index_put((plan.destinations,), kept)
     return output.unsqueeze(0), None

@@ -38,7 +38,8 @@ layer (no sliding window), SiLU MLP without bias, a static RoPE (``default``,
 ``linear``, ``llama3``, ``yarn``); :func:`unsupported_reason` says why another model
 is not, and the engine then falls back to the Hugging Face forward. Padded batching:
 attention reads the longest row's columns for every row (no paged, variable-length
-kernel). No CUDA graphs or ``torch.compile``.
+kernel). On CUDA the decode step runs as a captured graph (:mod:`.cuda_graphs`); no
+``torch.compile``.
 """
 
 from __future__ import annotations
@@ -191,14 +192,21 @@ class CompactDecoder:
                 self.qkv_bias.append(None if bias is None else _alias([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
                 self.gate_up.append(_alias([m.gate_proj.weight, m.up_proj.weight]))
 
-    def refresh(self) -> None:
-        """After a weight update: re-fuse if a parameter no longer aliases its fused tensor."""
+    def refresh(self) -> bool:
+        """After a weight update: re-fuse if a parameter no longer aliases its fused tensor (True: re-fused)."""
         fused = [t for group in zip(self.qkv, self.qkv_bias, self.gate_up, strict=True) for t in group if t is not None]
         for parts, whole in zip(self._fused_parts(), fused, strict=True):
             base = whole.untyped_storage().data_ptr()
             if any(p.untyped_storage().data_ptr() != base for p in parts):
                 self._fuse()
-                return
+                return True
+        return False
+
+    def weight_addresses(self) -> tuple[int, ...]:
+        """Where every tensor the forward reads lives (a captured graph reads these addresses)."""
+        tensors = [*self.qkv, *(b for b in self.qkv_bias if b is not None), *self.gate_up]
+        tensors += [p for p in self.model.parameters()]
+        return tuple(t.data_ptr() for t in tensors)
 
     def new_cache(self, rows: int, capacity: int) -> SlotCache:
         return SlotCache(self, rows, capacity)
@@ -215,26 +223,78 @@ class CompactDecoder:
         starts = cache.lengths[:rows]
         end = max(s + c for s, c in zip(starts, counts, strict=True))
         cache.reserve(rows, end)
-        device = self.device
-        start_t = torch.tensor(starts, device=device)
-        offsets = torch.arange(width, device=device)
-        positions = start_t.unsqueeze(1) + offsets  # [R, C]
-        positions = positions.clamp_(max=self.max_len)
+        start_t = torch.tensor(starts, device=self.device)
         if width == 1:
-            write_rows, write_cols = torch.arange(rows, device=device), start_t
-            valid = None
+            logits = self.decode_step(cache, tokens[:, 0], start_t, end)
         else:
-            count_t = torch.tensor(counts, device=device)
-            valid = offsets.unsqueeze(0) < count_t.unsqueeze(1)  # [R, C]
-            write_rows = torch.arange(rows, device=device).unsqueeze(1).expand(rows, width)[valid]
-            write_cols = positions[valid]
+            logits = self._prefill(cache, tokens, counts, start_t, end)
+        for r, c in enumerate(counts):
+            cache.lengths[r] += c
+        return logits
+
+    def decode_step(self, cache: SlotCache, ids: torch.Tensor, positions: torch.Tensor, columns: int) -> torch.Tensor:
+        """One token per row: ``ids[r]`` at column ``positions[r]`` of row ``r``; logits ``[R, vocab]``.
+
+        Tensors in, tensors out, with shapes fixed by ``R = len(ids)`` and ``columns`` (the
+        cache columns attended, at least every row's position + 1): no host
+        synchronisation and no reallocation, so a CUDA graph can capture it
+        (:mod:`.cuda_graphs`). ``cache.lengths`` is left to the caller. Rows past
+        the cache's live rows (a graph's padding) write at their position and are
+        otherwise ignored.
+        """
+        rows, device, d = ids.shape[0], self.device, self.head_dim
+        positions = positions.clamp(max=self.max_len)
+        hidden = torch.arange(columns, device=device).view(1, 1, 1, columns) > positions.view(rows, 1, 1, 1)
+        bias = torch.zeros(hidden.shape, dtype=self.dtype, device=device).masked_fill_(hidden, float("-inf"))
+        cos = self.cos[positions].view(rows, 1, 1, d)
+        sin = self.sin[positions].view(rows, 1, 1, d)
+        row_index = torch.arange(rows, device=device)
+        group = self.heads // self.kv_heads
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            key_store, value_store = cache.keys[i], cache.values[i]
+            key_store[row_index, :, positions] = k[:, :, 0]
+            value_store[row_index, :, positions] = v[:, :, 0]
+            keys, values = key_store[:rows, :, :columns], value_store[:rows, :, :columns]
+            # one query per row: grouped heads as a batched matmul, no head repeat
+            grouped = q.reshape(rows, self.kv_heads, group, d)
+            scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(self.scaling).add_(bias)
+            return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, 1, self.heads * d)
+
+        h = self._layers(F.embedding(ids.view(rows, 1), self.model.model.embed_tokens.weight), cos, sin, attend)
+        return self._head(h[:, 0])
+
+    def _prefill(
+        self, cache: SlotCache, tokens: torch.Tensor, counts: list[int], start_t: torch.Tensor, end: int
+    ) -> torch.Tensor:
+        """Runs of several tokens per row (right-padded), attention by SDPA under a causal mask."""
+        rows, width = tokens.shape
+        device = self.device
+        offsets = torch.arange(width, device=device)
+        positions = (start_t.unsqueeze(1) + offsets).clamp_(max=self.max_len)  # [R, C]
+        valid = offsets.unsqueeze(0) < torch.tensor(counts, device=device).unsqueeze(1)  # [R, C]
+        write_rows = torch.arange(rows, device=device).unsqueeze(1).expand(rows, width)[valid]
+        write_cols = positions[valid]
         columns = torch.arange(end, device=device)
         mask = columns.view(1, 1, 1, end) <= positions.view(rows, 1, width, 1)  # [R, 1, C, end]
-        if width == 1:  # additive, for the decode step's matmul attention
-            bias = torch.zeros(mask.shape, dtype=self.dtype, device=device).masked_fill_(~mask, float("-inf"))
+        gqa = self.heads != self.kv_heads
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            key_store, value_store = cache.keys[i], cache.values[i]
+            key_store[write_rows, :, write_cols] = k.transpose(1, 2)[valid]
+            value_store[write_rows, :, write_cols] = v.transpose(1, 2)[valid]
+            keys, values = key_store[:rows, :, :end], value_store[:rows, :, :end]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
+            return out.transpose(1, 2).reshape(rows, width, self.heads * self.head_dim)
+
         cos = self.cos[positions].unsqueeze(1)  # [R, 1, C, D]
         sin = self.sin[positions].unsqueeze(1)
-        h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # [R, C, H]
+        h = self._layers(F.embedding(tokens, self.model.model.embed_tokens.weight), cos, sin, attend)
+        return self._head(h[torch.arange(rows, device=device), torch.tensor(counts, device=device) - 1])
+
+    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Any) -> torch.Tensor:
+        """The decoder layers over ``h`` ``[R, C, H]``; ``attend(i, q, k, v)`` writes the cache and attends."""
+        rows, width = h.shape[0], h.shape[1]
         nq, nkv, d = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -251,33 +311,16 @@ class CompactDecoder:
             else:
                 qk = qkv[..., : nq + nkv].view(rows, width, self.heads + self.kv_heads, d).transpose(1, 2)
             qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k heads at once: [R, heads + kv, C, D]
-            q, k = qk[:, : self.heads], qk[:, self.heads :]
-            key_store, value_store = cache.keys[i], cache.values[i]
-            if valid is None:
-                key_store[write_rows, :, write_cols] = k[:, :, 0]
-                value_store[write_rows, :, write_cols] = v[:, :, 0]
-            else:
-                key_store[write_rows, :, write_cols] = k.transpose(1, 2)[valid]
-                value_store[write_rows, :, write_cols] = v.transpose(1, 2)[valid]
-            keys, values = key_store[:rows, :, :end], value_store[:rows, :, :end]
-            if width == 1:  # one query per row: grouped heads as a batched matmul, no head repeat
-                group = q.reshape(rows, self.kv_heads, self.heads // self.kv_heads, d)
-                scores = torch.matmul(group, keys.transpose(-1, -2)).mul_(self.scaling).add_(bias)
-                out = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, 1, nq)
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
-                )
-                out = out.transpose(1, 2).reshape(rows, width, nq)
+            out = attend(i, qk[:, : self.heads], qk[:, self.heads :], v)
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = self._norm(h, layer.post_attention_layernorm.weight)
             gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
-        for r, c in enumerate(counts):
-            cache.lengths[r] += c
-        last = h[:, 0] if width == 1 else h[torch.arange(rows, device=device), torch.tensor(counts, device=device) - 1]
-        last = self._norm(last, self.model.model.norm.weight)
-        return F.linear(last, self.model.lm_head.weight)
+        return h
+
+    def _head(self, last: torch.Tensor) -> torch.Tensor:
+        """The final norm and the LM head over each row's last hidden state ``[R, H]``."""
+        return F.linear(self._norm(last, self.model.model.norm.weight), self.model.lm_head.weight)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float | None = None) -> torch.Tensor:
         """RMSNorm as Hugging Face computes it (in float32, the weight applied in the input dtype)."""

@@ -180,7 +180,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
         self.model: Any = model.to(self.device).eval()  # type: ignore[arg-type]
-        self.runner: BatchRunner = make_runner(self.model, settings.max_model_len, settings.forward)
+        self.runner: BatchRunner = make_runner(
+            self.model, settings.max_model_len, settings.forward, settings.cuda_graphs, settings.max_num_seqs
+        )
         #: draws the sampling noise of unseeded sequences (all of a step's in one call)
         self.generator = make_generator(settings.seed, self.device)
         eos: set[int] = set()

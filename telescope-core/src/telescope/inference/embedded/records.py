@@ -36,6 +36,8 @@ class EngineSettings:
     #: the model forward: "auto" (the compact one of :mod:`.compact` where the model is supported, else
     #: Hugging Face's), "compact" (an error where unsupported) or "hf" (always Hugging Face's)
     forward: Literal["auto", "compact", "hf"] = "auto"
+    #: on CUDA, replay the compact forward's decode step as CUDA graphs (:mod:`.cuda_graphs`)
+    cuda_graphs: bool = True
 
     @classmethod
     def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from telescope.inference.embedded.compact import CompactDecoder, SlotCache, unsupported_reason
+from telescope.inference.embedded.cuda_graphs import DecodeGraphs, bucket
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,21 @@ class BatchRunner(Protocol):
     def weights_updated(self) -> None: ...
 
 
-def make_runner(model: Any, max_len: int, forward: str = "auto") -> BatchRunner:
-    """The compact runner where the model is supported (``forward="auto"``), else the Hugging Face one."""
+def make_runner(
+    model: Any, max_len: int, forward: str = "auto", cuda_graphs: bool = True, max_rows: int = 0
+) -> BatchRunner:
+    """The compact runner where the model is supported (``forward="auto"``), else the Hugging Face one.
+
+    ``cuda_graphs``: on a CUDA device, the compact runner replays its decode step as
+    CUDA graphs (:mod:`.cuda_graphs`); ``max_rows`` (the engine's ``max_num_seqs``)
+    is then reserved in its cache up front so the graphs are not re-captured as the
+    batch grows.
+    """
     if forward == "hf":
         return HFRunner(model)
     reason = unsupported_reason(model)
     if reason is None:
-        return CompactRunner(model, max_len)
+        return CompactRunner(model, max_len, cuda_graphs=cuda_graphs, max_rows=max_rows)
     if forward == "compact":
         raise ValueError(f"forward='compact' but the compact forward does not support this model: {reason}")
     log.info("embedded engine: Hugging Face forward (%s)", reason)
@@ -70,10 +79,13 @@ class CompactRunner:
 
     name = "compact"
 
-    def __init__(self, model: Any, max_len: int) -> None:
+    def __init__(self, model: Any, max_len: int, cuda_graphs: bool = False, max_rows: int = 0) -> None:
         self.decoder = CompactDecoder(model, max_len)
         self.device = self.decoder.device
+        self.graphs = DecodeGraphs(self.decoder) if cuda_graphs and self.device.type == "cuda" else None
         self.cache = self.decoder.new_cache(0, 64)
+        if self.graphs is not None and max_rows > 0:
+            self.cache.reserve(bucket(max_rows), 64)
 
     def prefill(self, chunks: list[tuple[list[int], Any]]) -> tuple[torch.Tensor, list[Any]]:
         """All chunks in one forward; a state is ``(cache, row)`` of the step's prefill cache."""
@@ -98,6 +110,8 @@ class CompactRunner:
         self.cache.append_rows(source, row, count)
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
+        if self.graphs is not None:
+            return self.graphs.decode(self.cache, tokens)
         ids = torch.tensor(tokens, device=self.device).unsqueeze(1)
         return self.decoder.forward(self.cache, ids, [1] * len(tokens))
 
@@ -108,7 +122,8 @@ class CompactRunner:
         self.cache.keep([])
 
     def weights_updated(self) -> None:
-        self.decoder.refresh()
+        if self.decoder.refresh() and self.graphs is not None:
+            self.graphs.clear()
 
 
 class HFRunner:
