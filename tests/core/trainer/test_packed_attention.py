@@ -78,3 +78,27 @@ def test_supports_plain_causal_models_only() -> None:
 
     assert supports(Qwen2Config(use_sliding_window=False))
     assert not supports(Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0))
+
+
+def test_a_rows_plan_is_reused_by_its_layers_and_never_by_another_row(tiny_model: Path) -> None:
+    """Index building runs once per row (every layer and a second call on the same tensor reuse it);
+    a row with other documents but the same length gets its own plan (a stale plan would mix documents)."""
+    from unittest import mock
+
+    import telescope.trainer.packed_attention as packed_attention
+
+    reference = _model(tiny_model, "sdpa")
+    packed = _model(tiny_model, register_packed_attention())
+    rows = [_packed_row(lengths, reference.config.vocab_size) for lengths in ([5, 9, 1, 17], [16, 16], [32])]
+    first_ids, first_positions = rows[0]
+    with mock.patch.object(packed_attention, "_build_plan", wraps=packed_attention._build_plan) as built:
+        for ids, positions in [*rows, (first_ids, first_positions)]:
+            with torch.no_grad():
+                got = packed(input_ids=ids, position_ids=positions, use_cache=False).logits
+                want = reference(input_ids=ids, position_ids=positions, use_cache=False).logits
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert built.call_count == 4  # one per forward, not one per layer (the model has several)
+        with torch.no_grad():
+            packed(input_ids=first_ids, position_ids=first_positions, use_cache=False)
+        assert built.call_count == 4  # the same position_ids tensor as the last row: its plan again
+    assert reference.config.num_hidden_layers > 1

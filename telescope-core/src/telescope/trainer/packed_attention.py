@@ -20,7 +20,13 @@ documents into buckets by length rounded up to a power of two, and for each buck
 gathers its documents into a padded ``[documents, heads, length, dim]`` batch and runs
 ``scaled_dot_product_attention`` with ``is_causal=True``. Padding sits after each
 document's last token, so the causal mask already hides it from every real query;
-the padded query rows are dropped when the outputs are scattered back to the row.
+the padded query rows are dropped when the outputs are put back in the row. These
+indices (a *plan*: per bucket the rows to gather and the outputs to keep, then one
+permutation back to row order) are built once per row, where the only host
+synchronisations are, and reused by every layer and by a checkpointed layer's
+recomputation: the plan of the last ``position_ids`` (or documents) tensor is kept,
+by identity. Gathers are ``index_select`` (their gradient an ``index_add``, not a
+sorting ``index_put``).
 With shared prompts (:mod:`telescope.trainer.prefix_sharing`) the backend passes the
 row's documents as ``(start, length, prefix_start, prefix_length)`` through the
 model's forward (:data:`DOCUMENTS_KWARG`; transformers hands extra keywords down to
