@@ -122,13 +122,13 @@ def run_with_fake_workers(
     """
     from telescope.config import load_config
     from telescope.plugins.manager import get_plugin_manager
-    from telescope.runtime import ray_services
+    from telescope.runtime import ray_cluster, ray_services
     from telescope.runtime.launch import launch_run
 
     manager = get_plugin_manager()
     for name, plugin in {"fake-run": FakeRunPlugin(), **plugins}.items():
         manager.register_plugin(plugin, name)
     monkeypatch.setattr(ray_services, "RayServices", FakeWorkers)
-    monkeypatch.setattr(ray_services, "connect_ray", lambda config, run_dir: False)
+    monkeypatch.setattr(ray_cluster, "connect_ray", lambda config, run_dir: False)
     loaded = load_config(None, [*RUN_ARGS, "--run_dir", str(run_dir), *args])
     return launch_run(loaded)

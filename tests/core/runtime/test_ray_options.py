@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from telescope.config.loader import load_config
-from telescope.runtime.ray_services import runtime_env
+from telescope.runtime.ray_cluster import runtime_env
 
 
 def config(**values: object):  # type: ignore[no-untyped-def]
@@ -43,21 +43,21 @@ def test_auto_attaches_only_to_ray_address_or_a_ray_start_cluster(monkeypatch: p
 
     import ray._private.services as services
 
-    from telescope.runtime import ray_services
+    from telescope.runtime import ray_cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(services, "find_gcs_addresses", lambda: {"192.0.2.7:6379"})  # never consulted
     monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)
-    assert ray_services._registered_cluster() is None
+    assert ray_cluster.registered_cluster() is None
     with socket.socket() as listening:  # a `ray start` cluster registered in /tmp/ray/ray_current_cluster
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         address = f"127.0.0.1:{listening.getsockname()[1]}"
         monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: address)
-        assert ray_services._registered_cluster() == address
-    assert ray_services._registered_cluster() is None  # registered, but it no longer answers
+        assert ray_cluster.registered_cluster() == address
+    assert ray_cluster.registered_cluster() is None  # registered, but it no longer answers
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert ray_services._registered_cluster() == "10.0.0.1:6379"
+    assert ray_cluster.registered_cluster() == "10.0.0.1:6379"
 
 
 def test_custom_resources_per_worker_are_validated() -> None:

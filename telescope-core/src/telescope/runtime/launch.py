@@ -218,7 +218,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.recording import events
     from telescope.recording.run_logs import SandboxLog
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
-    from telescope.runtime.ray_services import RayStartError, connect_ray, gcs_reachable
+    from telescope.runtime.ray_cluster import RayStartError, connect_ray, gcs_reachable
 
     config = loaded.config.model_copy(deep=True)
     run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory

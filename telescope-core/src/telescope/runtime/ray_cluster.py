@@ -1,0 +1,134 @@
+"""Attaching to a Ray cluster, or starting a private one, for a run.
+
+:func:`connect_ray` attaches to a cluster or
+starts a private one (the laptop and CI case); the ``ray_*`` options map onto
+``ray.init`` and the runtime environment:
+
+- ``ray_address: auto`` (the default) attaches to ``RAY_ADDRESS`` or to the cluster
+  that ``ray start`` registered on this machine; a cluster that another run started
+  for itself is not attached to. When there is none (or it does not answer) and
+  ``ray_auto_start_local`` is set, the run starts its own local cluster with
+  ``ray.init(address="local")``: private to the run (other runs on the machine
+  start their own) and shut down when the run ends;
+- ``ray_address: local`` always starts a private cluster; ``host:port`` (or
+  ``ray://...``) attaches to that cluster, as ``auto`` does, falling back to a
+  private one only with ``ray_auto_start_local``.
+
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from telescope.config.schema import TelescopeConfig
+
+log = logging.getLogger("telescope.run.workers")
+
+
+class RayStartError(RuntimeError):
+    """Ray could not start or place the workers; the message says what to change."""
+
+
+def runtime_env(config: TelescopeConfig, run_dir: Path) -> dict[str, Any]:
+    env: dict[str, Any] = dict(config.ray_runtime_env or {})
+    env_vars: dict[str, str] = dict(env.get("env_vars", {}))
+    if config.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
+        env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
+        env_vars.setdefault("PATH", os.environ.get("PATH", ""))
+    if config.ray_propagate_run_dir:
+        env_vars.setdefault("TELESCOPE_RUN_DIR", str(run_dir))
+    for name in ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TELESCOPE_CACHE", "TOKENIZERS_PARALLELISM"):
+        if name in os.environ:
+            env_vars.setdefault(name, os.environ[name])
+    if env_vars:
+        env["env_vars"] = env_vars
+    if config.ray_pin_py_executable:
+        env.setdefault("py_executable", sys.executable)
+    return env
+
+
+def registered_cluster() -> str | None:
+    """``RAY_ADDRESS``, else the address ``ray start`` registered on this machine if it answers, else None.
+
+    Unlike Ray's own ``auto``, a cluster found only by its running processes (one
+    that another run started with ``ray.init``) is not returned: it is that run's.
+    """
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        address = find_bootstrap_address(None)
+    except Exception:
+        return None
+    if not address:
+        return None
+    host, _, port = str(address).rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return str(address)
+    except (OSError, ValueError):
+        log.info("the Ray cluster registered at %s does not answer; not attaching to it", address)
+        return None
+
+
+def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
+    """Attach to or start Ray (see the module docstring); returns True when this call started a private cluster."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if config.ray_disable_runtime_env_hook:
+        os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+    common: dict[str, Any] = {
+        "namespace": config.ray_namespace,
+        "log_to_driver": config.ray_log_to_driver,
+        "runtime_env": runtime_env(config, run_dir),
+        "configure_logging": True,
+        "logging_level": "WARNING",
+    }
+    if ray.is_initialized():
+        return False
+    if config.ray_address in ("", "local"):
+        address = None
+    elif config.ray_address == "auto":
+        address = registered_cluster()
+        if address is None and not config.ray_auto_start_local:
+            raise RayStartError(
+                "no Ray cluster to attach to (ray_address: auto found neither RAY_ADDRESS nor a cluster "
+                "started with `ray start`); start one (`ray start --head`) or set ray_auto_start_local: true"
+            )
+    else:
+        address = config.ray_address
+    if address is not None:
+        try:
+            ray.init(address=address, **common)
+            return False
+        except ConnectionError as exc:
+            if not config.ray_auto_start_local:
+                raise RayStartError(
+                    f"no Ray cluster at ray_address={config.ray_address!r} ({exc}); start one "
+                    "(`ray start --head`) or set ray_auto_start_local: true"
+                ) from None
+    ray.init(address="local", include_dashboard=False, **common)  # private: not attached to by other runs
+    return True
+
+
+def gcs_reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the Ray cluster's GCS accepts connections (False when it died, say with the run's process group)."""
+    import socket
+
+    try:
+        host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except Exception:
+        return False
+
+
+__all__ = ["RayStartError", "connect_ray", "gcs_reachable", "registered_cluster", "runtime_env"]
