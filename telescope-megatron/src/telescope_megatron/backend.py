@@ -74,6 +74,7 @@ import torch.distributed as dist
 from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import barrier, destroy_process_group, init_process_group, resolve_device
 from telescope.trainer.fsdp import DTYPES, LOSS_PART_KEYS, FSDPBackend
+from telescope.trainer.fsdp_checkpoint import save_tokenizer
 from telescope.trainer.logprobs import token_logprobs
 from telescope.trainer.metrics import SectionTimers
 from telescope.trainer.microbatch import MicroBatch
@@ -547,7 +548,7 @@ class MegatronBackend(FSDPBackend):
             if is_main:
                 save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 self.hf_config.save_pretrained(tmp)
-                self._save_tokenizer(tmp)
+                save_tokenizer(self, tmp)
                 if training_state:
                     torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
                     (tmp / "rng").mkdir()

@@ -56,7 +56,6 @@ checkpoints gather full state on rank 0 (see :mod:`telescope.trainer.checkpoint`
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import time
 import warnings
@@ -69,11 +68,9 @@ import torch
 from telescope.api.algorithm import LossCounts, LossInputs, LossMetrics
 from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
-from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.context_parallel import ContextParallelLayout, register_attention, sharded_logits
 from telescope.trainer.distributed import (
     all_reduce_sum,
-    barrier,
     destroy_process_group,
     init_process_group,
     resolve_device,
@@ -583,78 +580,16 @@ class FSDPBackend(TrainerBackend):
     # ----------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
-        """Write a checkpoint folder atomically (collective: call on every rank)."""
-        from safetensors.torch import save_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        """Write a checkpoint folder atomically (collective: call on every rank); see :mod:`.fsdp_checkpoint`."""
+        from telescope.trainer.fsdp_checkpoint import save_fsdp_checkpoint
 
-        path = Path(path)
-        is_main = self.global_rank == 0
-        weights = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
-        optim_state = None
-        if training_state:
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        with ckpt.atomic_directory(path, is_main=is_main) as tmp:
-            if is_main:
-                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-                self.model.config.save_pretrained(tmp)
-                self._save_tokenizer(tmp)
-                if training_state:
-                    torch.save(optim_state, tmp / "optimizer.pt")
-                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-                    (tmp / "rng").mkdir()
-            barrier()
-            if training_state:
-                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
-            barrier()
-            if is_main:
-                meta = {
-                    "format": ckpt.FORMAT,
-                    "step": self.step,
-                    "training_state": training_state,
-                    "world_size": self.global_world_size,
-                    "model": self.context.model,
-                    "model_dtype": self.context.model_dtype,
-                }
-                (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-
-    def _save_tokenizer(self, folder: Path) -> None:
-        try:
-            from transformers import AutoTokenizer
-
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(folder)
-        except (OSError, ValueError):  # a model without a tokenizer still checkpoints
-            pass
+        save_fsdp_checkpoint(self, Path(path), training_state=training_state)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Restore weights, and optimizer/scheduler/RNG/step when the checkpoint has them.
+        """Restore a checkpoint (collective); returns its ``meta.json``. See :mod:`.fsdp_checkpoint`."""
+        from telescope.trainer.fsdp_checkpoint import load_fsdp_checkpoint
 
-        ``path`` is a checkpoint folder or a root (its ``latest`` is used). Returns
-        the checkpoint's ``meta.json``. Collective: call on every rank.
-        """
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        folder = ckpt.resolve_checkpoint(Path(path))
-        meta = ckpt.read_meta(folder)
-        weights: dict[str, Any] = load_file(str(folder / "model.safetensors"))
-        options = StateDictOptions(full_state_dict=True, strict=False)
-        set_model_state_dict(self.model, weights, options=options)
-        if meta.get("training_state") and (folder / "optimizer.pt").exists():
-            optim_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
-            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-            rng_file = folder / "rng" / f"rank_{self.global_rank}.pt"
-            if not rng_file.exists():
-                rng_file = folder / "rng" / "rank_0.pt"
-            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
-        self.step = int(meta["step"])
-        barrier()
-        return meta
+        return load_fsdp_checkpoint(self, Path(path))
 
     def close(self) -> None:
         if self._owns_process_group:
