@@ -44,6 +44,12 @@ and 1) are met at batch 1 only; at batch 64 with one thread both sides are close
 to compute-bound on this model (linear layers and attention are most of the
 engine's CPU time), so the remaining gap is not per-call overhead alone.
 
+Again on 2026-11-25 (idle machine, ``OMP_NUM_THREADS=1``, ``--repeats 3``, wall-clock
+medians; after the decode step was rewritten as a capturable ``decode_step``):
+1.64 at batch 1 (per run 1.21, 1.89, 1.61), 1.48 at batch 8 (1.51, 1.43, 1.55), 1.03 at
+batch 64 (0.99, 1.02, 1.15). A profile of the batch-64 decode step: matrix products
+(``mm``, ``bmm``, ``addmm``) 55% of its CPU time, the sampler's ``exponential_`` 8%.
+
 The GPU path (``--device cuda``) uses random weights with Qwen2.5-0.5B's shapes
 (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocabulary 151936) and
 prompt token ids only, and measures the engine twice, with its decode step replayed
