@@ -47,8 +47,8 @@ from telescope.api.records import Rollout, Sample
 from telescope.config.entries import EvalEntry
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.group_records import request_seed
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
-from telescope.orchestrator.scheduler import request_seed
 from telescope.orchestrator.services import GenerationService, SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from telescope.api.logger import Logger
 from telescope.api.records import TrainingBatch
 from telescope.orchestrator.deadlines import timeout_metrics
-from telescope.orchestrator.scheduler import ReadyGroup, SchedulerStats
+from telescope.orchestrator.group_records import ReadyGroup, SchedulerStats
 from telescope.recording.progress import StepProgress
 from telescope.recording.rollout_metrics import rollout_step_metrics
 from telescope.recording.run_store import RunStore, group_records
