@@ -94,7 +94,7 @@ def test_sample_reports_the_renormalised_nucleus() -> None:
     rows = 64
     logits = torch.tensor([p] * rows).log()
     temperatures = [1.0] * (rows - 1) + [0.0]
-    gens = [make_generator(1000 + i, "cpu") for i in range(rows)]
+    gens = [make_generator(1000 + i) for i in range(rows)]
     out = sample(logits, temperatures, [0.7] * rows, gens, num_top=3)
     expected = {0: math.log(0.5 / 0.8), 1: math.log(0.3 / 0.8)}
     assert set(out.token_ids[:-1]) == {0, 1}

@@ -69,7 +69,7 @@ def test_trainer_and_engine_agree_below_the_greedy_threshold(temperature: float)
     torch.manual_seed(0)
     logits = torch.randn(5, 40) * 3.0
     rows = logits.shape[0]
-    gens = [make_generator(i, "cpu") for i in range(rows)]
+    gens = [make_generator(i) for i in range(rows)]
     engine = sample(logits, [temperature] * rows, [0.5] * rows, gens, num_top=0)
     targets = torch.tensor(engine.token_ids)
     assert engine.token_ids == logits.argmax(dim=-1).tolist()

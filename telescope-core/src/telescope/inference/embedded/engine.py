@@ -47,8 +47,8 @@ layers are not plain ``DynamicLayer`` (full attention) fail with a clear error.
 
 Log-probabilities and sampling: see :mod:`.sampling` (those of the distribution
 sampled from: temperature-scaled, then top-p truncated and renormalised; one
-``torch.Generator`` per seeded sequence, one batched draw from the engine's own
-generator for the others). A request with ``seed``
+host RNG per seeded sequence, the engine's own for the others, one uniform per
+row and step). A request with ``seed``
 and ``n > 1`` seeds sample ``i`` with ``seed + i``. Seeded results are the
 same whether the request runs alone or in a batch as long as padding does not
 change its logits' last bits (true in float32 in practice; not guaranteed in
@@ -118,7 +118,7 @@ class _Seq:
         "versions",
     )
 
-    def __init__(self, req: _Request, index: int, gen: torch.Generator | None) -> None:
+    def __init__(self, req: _Request, index: int, gen: random.Random | None) -> None:
         self.req = req
         self.index = index
         self.gen = gen
@@ -184,7 +184,7 @@ class Engine:
             self.model, settings.max_model_len, settings.forward, settings.cuda_graphs, settings.max_num_seqs
         )
         #: draws the sampling noise of unseeded sequences (all of a step's in one call)
-        self.generator = make_generator(settings.seed, self.device)
+        self.generator = make_generator(settings.seed)
         eos: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
             if isinstance(source, int):
@@ -435,7 +435,7 @@ class Engine:
         params = req.params
         req.timing.started = time.time()
         for i in range(params.n):
-            gen = make_generator(params.seed + i, self.device) if params.seed is not None else None
+            gen = make_generator(params.seed + i) if params.seed is not None else None
             req.seqs.append(_Seq(req, i, gen))
         self.stats["prompt_tokens"] += len(req.prompt)
         if params.max_tokens == 0:
