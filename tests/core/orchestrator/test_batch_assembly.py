@@ -229,3 +229,37 @@ def test_groups_cancelled_while_waiting_to_be_accounted_end_with_an_event(
     ended = [e["group_id"] for e in seen if e["kind"] in (
         "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
     assert dispatched and sorted(ended) == sorted(dispatched)
+
+
+@pytest.mark.parametrize("assembly", ["deterministic", "first_finished"])
+def test_a_cancel_that_arrives_as_the_batch_wait_is_notified_is_not_lost(
+    tmp_path: Path, renderer: ChatRenderer, assembly: str
+) -> None:
+    """CI's Ctrl-C test once saw the run train on after SIGINT (``asyncio.run`` cancels the main task).
+
+    ``next_batch`` waited with ``asyncio.wait_for``, which on Python 3.11 returns the
+    result of a wait that completes in the loop iteration the caller is cancelled in,
+    dropping the cancellation: a condition notified at every finished group made that
+    iteration common. The cancel must end ``next_batch``.
+    """
+    fake = LongTailed(hang=1.0)  # nothing finishes: next_batch keeps waiting
+
+    async def scenario() -> None:
+        scheduler = make_scheduler(tmp_path, renderer, fake, batch_assembly=assembly)
+        # not started: no dispatcher waits on the condition too (its turn at the lock would delay
+        # next_batch's wake-up past the cancel, which then is not lost even with wait_for)
+        waiting = asyncio.ensure_future(scheduler.next_batch(0))
+        for _ in range(5):
+            await asyncio.sleep(0)  # next_batch is now waiting on the condition
+        async with scheduler._changed:
+            scheduler._changed.notify_all()  # a group changed state ...
+        waiting.cancel()  # ... in the iteration the run is cancelled
+        try:
+            await asyncio.wait({waiting}, timeout=5)
+            assert waiting.cancelled(), "next_batch is still waiting: the cancellation was lost"
+        finally:
+            waiting.cancel()
+            fake.release.set()
+            await scheduler.close()
+
+    asyncio.run(scenario())

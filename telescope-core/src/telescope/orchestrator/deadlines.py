@@ -155,7 +155,8 @@ async def call_with_deadline(
             if timeout_s is None:
                 return await asyncio.shield(future)
             try:
-                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for, which can lose a cancellation on 3.11
+                    return await asyncio.shield(future)
             except TimeoutError:
                 if future.done() and not future.cancelled():  # finished (or raised) at the last moment
                     return future.result()

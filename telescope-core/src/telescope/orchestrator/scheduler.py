@@ -67,6 +67,13 @@ individual sample lanes each sample holds a lane (released after generation with
 ``free_lane_after_generation``, else after scoring); otherwise a group holds one
 lane for all its samples. New work goes to the server with the most free lanes.
 
+Bounded waits use ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11,
+``wait_for`` returns the result of an awaitable that completes in the same loop
+iteration as the caller is cancelled, and the cancellation is lost. ``next_batch``
+waits on a condition notified at every finished group, so a Ctrl-C (``asyncio.run``
+cancels the main task) that landed on such an iteration was dropped and the run
+trained on (test: ``tests/core/orchestrator/test_batch_assembly.py``).
+
 Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
 ``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
 ``orchestrator.group_completed`` (accepted; timed from dispatch),
@@ -260,7 +267,8 @@ class RolloutScheduler:
                     while not (self._closed or (self._has_work() and self._free_server() is not None)):
                         # a server coming back is not announced: look again now and then
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._changed.wait(), timeout=AVAILABILITY_POLL_S)
+                            async with asyncio.timeout(AVAILABILITY_POLL_S):  # not wait_for: see the module doc
+                                await self._changed.wait()
                     if self._closed:
                         return
                     server = self._free_server()
@@ -576,7 +584,8 @@ class RolloutScheduler:
                 if len(ready) >= self.batch_size:
                     break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=self.status_interval_s)
+                    async with asyncio.timeout(self.status_interval_s):  # not wait_for: see the module doc
+                        await self._changed.wait()
                 if time.monotonic() - last_report >= self.status_interval_s:
                     self._report_waiting(step, len(ready))
                     last_report = time.monotonic()

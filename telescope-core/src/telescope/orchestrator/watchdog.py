@@ -155,7 +155,8 @@ class Watchdog:
         findings: list[dict[str, Any]] = []
         for probe in self.probes:
             try:
-                findings.extend(await asyncio.wait_for(probe(), PROBE_TIMEOUT_S))
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    findings.extend(await probe())
             except Exception as exc:
                 findings.append({"component": "probe", "ok": False, "detail": f"{type(exc).__name__}: {exc}"})
         return findings

@@ -88,10 +88,11 @@ class InfraMonitor:
         """Cancel the tasks; with ``flush``, collect once more from each collector (failures logged at debug).
 
         Bounded: a task is also told to stop by a flag, and waited for at most
-        ``flush_timeout_s``. A cancellation can be lost (Python 3.11's ``wait_for``
-        returns the result of a collection that completes as it is cancelled), and
-        a task that missed it would otherwise keep collecting while ``stop`` waits
-        for it forever.
+        ``flush_timeout_s``. A collector that ignores a cancellation (a thread it
+        waits on, say) would otherwise keep its task collecting while ``stop`` waits
+        for it forever. (Collections are bounded with ``asyncio.timeout``, not
+        ``wait_for``, which on Python 3.11 loses a cancellation that arrives as the
+        collection completes.)
         """
         self._stopping = True
         tasks, self._tasks = self._tasks, []
@@ -112,7 +113,8 @@ class InfraMonitor:
     async def collect_once(self, collector: Collector, *, timeout_s: float | None = None, quiet: bool = False) -> int:
         """One collection: publish its events; returns their number (0 after a contained failure)."""
         try:
-            produced = await asyncio.wait_for(collector.collect(), timeout=timeout_s or collector.timeout_s)
+            async with asyncio.timeout(timeout_s or collector.timeout_s):
+                produced = await collector.collect()
             batch = list(produced)
         except asyncio.CancelledError:
             raise

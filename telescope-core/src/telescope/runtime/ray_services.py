@@ -563,7 +563,8 @@ class RayServices:
         async def rank(index: int, trainer: Any) -> dict[str, Any]:
             where = {"component": "trainer_rank", "rank": index}
             try:
-                info = await asyncio.wait_for(_awaited(trainer.ping.remote()), PING_TIMEOUT_S)
+                async with asyncio.timeout(PING_TIMEOUT_S):
+                    info = await _awaited(trainer.ping.remote())
             except TimeoutError:
                 detail = f"trainer rank {index} does not answer a ping within {PING_TIMEOUT_S:g} s (hung or stopped)"
                 return {**where, "ok": False, "detail": detail}

@@ -98,7 +98,8 @@ class ServerSupervisor:
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+                async with asyncio.timeout(self.interval_s):  # wait_for could lose stop()'s cancellation
+                    await self._wake.wait()
             self._wake.clear()
             servers = [i for i in range(len(self.services.servers)) if i not in self.restarting]
             await asyncio.gather(*(self._check(i) for i in servers))
@@ -126,7 +127,8 @@ class ServerSupervisor:
 
     async def _process_alive(self, index: int) -> bool:
         try:
-            return bool(await asyncio.wait_for(_awaited(self.services.servers[index].alive.remote()), CHECK_TIMEOUT_S))
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                return bool(await _awaited(self.services.servers[index].alive.remote()))
         except (ray.exceptions.RayActorError, IndexError):
             return False  # the actor is gone, and its server with it
         except Exception:  # the actor does not answer: treat the server as alive but failing
