@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,41 @@ def publish_lifecycle_plugin(site: Path) -> None:
     (info / "entry_points.txt").write_text("[telescope]\nlifecycle_log_plugin = lifecycle_log_plugin\n")
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_runs_left_running() -> Iterator[None]:
+    """A test that fails while its run trains must not leave the run going (a failed Ctrl-C test once
+    left its run training for 12 minutes, loading the machine under the tests after it)."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.terminate()  # the run's own SIGTERM handling stops its workers
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal delivers it. A test runner started in the background (``cmd &``)
+    ignores SIGINT, children inherit that, and Python then installs no handler: the Ctrl-C test's run
+    ignored its SIGINT and trained on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines", **(env or {})}
     command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
                "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint
+    )
+    _started.append(process)
+    return process
 
 
 @pytest.mark.slow

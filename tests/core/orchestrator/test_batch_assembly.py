@@ -19,7 +19,7 @@ import pytest
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation
+from telescope.orchestrator.rollouts import Generation, ServerUnavailable
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.recording import events
@@ -235,12 +235,12 @@ def test_groups_cancelled_while_waiting_to_be_accounted_end_with_an_event(
 def test_a_cancel_that_arrives_as_the_batch_wait_is_notified_is_not_lost(
     tmp_path: Path, renderer: ChatRenderer, assembly: str
 ) -> None:
-    """CI's Ctrl-C test once saw the run train on after SIGINT (``asyncio.run`` cancels the main task).
+    """A cancel of the run (Ctrl-C: ``asyncio.run`` cancels the main task) must end ``next_batch``.
 
     ``next_batch`` waited with ``asyncio.wait_for``, which on Python 3.11 returns the
     result of a wait that completes in the loop iteration the caller is cancelled in,
-    dropping the cancellation: a condition notified at every finished group made that
-    iteration common. The cancel must end ``next_batch``.
+    dropping the cancellation: a condition notified at every finished group makes that
+    iteration common.
     """
     fake = LongTailed(hang=1.0)  # nothing finishes: next_batch keeps waiting
 
@@ -263,3 +263,54 @@ def test_a_cancel_that_arrives_as_the_batch_wait_is_notified_is_not_lost(
             await scheduler.close()
 
     asyncio.run(scenario())
+
+
+class FailingServer(LongTailed):
+    """Server 1 answers ``ServerUnavailable`` once ``release`` is set; server 0 waits for it."""
+
+    async def __call__(self, server: int, prompt_ids: list[int], max_tokens: int, seed: int, priority: int) -> Any:
+        await self.release.wait()
+        if server == 1:
+            raise ServerUnavailable(server, "connection refused")
+        return await super().__call__(server, prompt_ids, max_tokens, seed, priority)
+
+
+def test_a_group_cancelled_on_its_way_to_the_redispatch_queue_ends_with_an_event(
+    tmp_path: Path, renderer: ChatRenderer
+) -> None:
+    """CI lost the end event of a group whose server failed just as the run ended.
+
+    Its task had emitted ``group_redispatched`` and was waiting for the scheduler's lock to
+    queue itself for another server when ``close()`` cancelled it: it was neither in flight
+    nor queued, so nothing ended it. Every dispatched group must end with an event.
+    """
+    fake = FailingServer()
+    seen: list[dict[str, Any]] = []
+    unsubscribe = events.subscribe(lambda e: seen.append(e) if e["kind"].startswith("orchestrator.group_") else None)
+
+    async def scenario() -> None:
+        scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2)
+        scheduler.start()
+        for _ in range(200):  # until groups are in flight on both servers
+            await asyncio.sleep(0.01)
+            if {g.server for g in scheduler._in_flight.values()} == {0, 1}:
+                break
+        await scheduler._changed.acquire()  # a busy orchestrator: the failed groups cannot queue themselves yet
+        fake.release.set()
+        await asyncio.sleep(0.3)  # server 1's groups have failed and wait for the lock
+        closing = asyncio.ensure_future(scheduler.close())
+        await asyncio.sleep(0)  # close() has cancelled every task
+        scheduler._changed.release()
+        async with asyncio.timeout(30):
+            await closing
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        unsubscribe()
+    redispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_redispatched"}
+    dispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_dispatched"}
+    ended = [e["group_id"] for e in seen if e["kind"] in (
+        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    assert redispatched, "no group met the failing server"
+    assert sorted(ended) == sorted(dispatched)

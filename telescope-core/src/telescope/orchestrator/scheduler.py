@@ -70,9 +70,9 @@ lane for all its samples. New work goes to the server with the most free lanes.
 Bounded waits use ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11,
 ``wait_for`` returns the result of an awaitable that completes in the same loop
 iteration as the caller is cancelled, and the cancellation is lost. ``next_batch``
-waits on a condition notified at every finished group, so a Ctrl-C (``asyncio.run``
-cancels the main task) that landed on such an iteration was dropped and the run
-trained on (test: ``tests/core/orchestrator/test_batch_assembly.py``).
+waits on a condition notified at every finished group, so a cancel of the run
+(Ctrl-C: ``asyncio.run`` cancels the main task; SIGTERM; the watchdog) landing on such
+an iteration would be dropped (test: ``tests/core/orchestrator/test_batch_assembly.py``).
 
 Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
 ``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
@@ -363,9 +363,11 @@ class RolloutScheduler:
                 log.warning("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
                 scheduled.redispatches += 1
                 self.stats.groups_redispatched += 1
+                # into the re-dispatch queue before any await: a cancel while waiting for the lock (the
+                # run's end) then finds it there and close() ends it with group_canceled (it had no end event)
+                self._in_flight.pop(group_id, None)
+                self._redispatch.append(scheduled)
                 async with self._changed:
-                    self._in_flight.pop(group_id, None)  # and into the re-dispatch queue at once (first_finished)
-                    self._redispatch.append(scheduled)
                     self._changed.notify_all()
                 return
         except asyncio.CancelledError:
