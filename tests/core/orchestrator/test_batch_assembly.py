@@ -19,6 +19,7 @@ import pytest
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.group_records import ScheduledGroup
 from telescope.orchestrator.rollouts import Generation, ServerUnavailable
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
 from telescope.plugins.registry import PluginKind, Registrar, Registry
@@ -314,3 +315,25 @@ def test_a_group_cancelled_on_its_way_to_the_redispatch_queue_ends_with_an_event
         "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
     assert redispatched, "no group met the failing server"
     assert sorted(ended) == sorted(dispatched)
+
+
+def test_a_group_cancelled_before_its_task_first_ran_ends_with_an_event(tmp_path: Path, renderer: ChatRenderer) -> None:
+    """The dead-server fault test lost the end event of the last group dispatched before the run ended.
+
+    ``close()`` cancelled its task before the task's first step: a coroutine cancelled
+    before it starts runs none of its code, so none of its handlers emitted the end.
+    """
+    seen: list[dict[str, Any]] = []
+    unsubscribe = events.subscribe(lambda e: seen.append(e) if e["kind"].startswith("orchestrator.group_") else None)
+
+    async def scenario() -> None:
+        scheduler = make_scheduler(tmp_path, renderer, LongTailed())
+        item = scheduler.prompts.next()
+        scheduler._start_group(ScheduledGroup(item, 0, 0, 0, group_id=7), 0)  # the dispatcher's last act ...
+        await scheduler.close()  # ... and the run ends before the group's task ran
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        unsubscribe()
+    assert [e["kind"] for e in seen] == ["orchestrator.group_dispatched", "orchestrator.group_canceled"]

@@ -38,6 +38,14 @@ class ChatRenderer:
             )
 
     @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary (added tokens included), for the gibberish filter's uniform log-probability."""
+        try:
+            return len(self.tokenizer)
+        except TypeError:
+            return int(getattr(self.tokenizer, "vocab_size", 2) or 2)
+
+    @property
     def eos_token(self) -> str:
         return str(self.tokenizer.eos_token or "")
 

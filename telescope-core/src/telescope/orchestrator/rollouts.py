@@ -240,3 +240,15 @@ async def _compute_reward(
         return RewardResult(total_reward=0.0, error=str(exc))
     except Exception as exc:  # a failing reward function is contained and counted
         return RewardResult(total_reward=0.0, error=f"{type(exc).__name__} in compute_reward: {exc}")
+
+
+async def all_or_none(coroutines: list[Awaitable[Rollout]]) -> list[Rollout]:
+    """Every rollout of a group, or, when one raises, none: the others are cancelled and awaited."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

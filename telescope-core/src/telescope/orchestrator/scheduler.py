@@ -67,12 +67,9 @@ individual sample lanes each sample holds a lane (released after generation with
 ``free_lane_after_generation``, else after scoring); otherwise a group holds one
 lane for all its samples. New work goes to the server with the most free lanes.
 
-Bounded waits use ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11,
-``wait_for`` returns the result of an awaitable that completes in the same loop
-iteration as the caller is cancelled, and the cancellation is lost. ``next_batch``
-waits on a condition notified at every finished group, so a cancel of the run
-(Ctrl-C: ``asyncio.run`` cancels the main task; SIGTERM; the watchdog) landing on such
-an iteration would be dropped (test: ``tests/core/orchestrator/test_batch_assembly.py``).
+Bounded waits use ``asyncio.timeout``: Python 3.11's ``wait_for`` drops a cancel (Ctrl-C,
+SIGTERM, the watchdog) that arrives as its wait completes, common for a condition notified
+at every finished group (test: ``tests/core/orchestrator/test_batch_assembly.py``).
 
 Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
 ``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
@@ -106,7 +103,7 @@ from telescope.orchestrator.group_records import (
     request_seed,
 )
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
-from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, run_rollout
+from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
 from telescope.recording import events
 
 log = logging.getLogger("telescope.orchestrator")
@@ -165,7 +162,7 @@ class RolloutScheduler:
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
         self._lane_capacity = config.max_concurrent_prompts_per_server
-        self.checks = OutputChecks.from_config(config, _vocab_size(renderer))
+        self.checks = OutputChecks.from_config(config, renderer.vocab_size)
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -202,11 +199,20 @@ class RolloutScheduler:
             for task in tasks:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: no "exception never retrieved" warning
+        # a group still in flight here was not accounted by its task: cancelled before its first step (just
+        # dispatched), its coroutine never ran; a stuck task is left as it is
+        for scheduled in self._in_flight.values():
+            if scheduled.task is None or scheduled.task.done():
+                self._count_canceled(scheduled)
         self._in_flight.clear()
         for waiting in self._redispatch:  # groups whose server failed and that found no other before the end
-            self.stats.discards.add_canceled(self.config.group_size)
-            waiting.emit("group_canceled", rollouts=self.config.group_size)
+            self._count_canceled(waiting)
         self._redispatch.clear()
+
+    def _count_canceled(self, scheduled: ScheduledGroup) -> None:
+        """A group that ends cancelled: its rollouts counted, its end event emitted."""
+        self.stats.discards.add_canceled(self.config.group_size)
+        scheduled.emit("group_canceled", rollouts=self.config.group_size)
 
     # ---------------------------------------------------------------- policy
 
@@ -352,7 +358,7 @@ class RolloutScheduler:
 
         failure: Exception | None = None
         try:
-            rollouts = await _all_or_none([one(i) for i in range(self.config.group_size)])
+            rollouts = await all_or_none([one(i) for i in range(self.config.group_size)])
         except ServerUnavailable as exc:  # not the group's fault: run it again on a server that works
             for lane in lanes:
                 lane.release()
@@ -363,16 +369,14 @@ class RolloutScheduler:
                 log.warning("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
                 scheduled.redispatches += 1
                 self.stats.groups_redispatched += 1
-                # into the re-dispatch queue before any await: a cancel while waiting for the lock (the
-                # run's end) then finds it there and close() ends it with group_canceled (it had no end event)
+                # queued before any await: cancelled at the lock (the run's end), close() still ends it
                 self._in_flight.pop(group_id, None)
                 self._redispatch.append(scheduled)
                 async with self._changed:
                     self._changed.notify_all()
                 return
         except asyncio.CancelledError:
-            self.stats.discards.add_canceled(self.config.group_size)
-            scheduled.emit("group_canceled", rollouts=self.config.group_size)
+            self._count_canceled(scheduled)
             self._in_flight.pop(group_id, None)
             self._settle(item)
             for lane in lanes:
@@ -395,8 +399,7 @@ class RolloutScheduler:
         except asyncio.CancelledError:
             # cancelled while _finish waited for the lock (a run's end, a stale cancel): not yet accounted
             if self._in_flight.pop(group_id, None) is not None:
-                self.stats.discards.add_canceled(self.config.group_size)
-                scheduled.emit("group_canceled", rollouts=self.config.group_size)
+                self._count_canceled(scheduled)
                 self._settle(item)
                 if not self._closed:  # a stale cancel: its step's budget comes back (at the end nothing waits on it)
                     async with self._changed:
@@ -602,23 +605,3 @@ class RolloutScheduler:
             self.next_step_to_fill = step + 1
             self._changed.notify_all()
             return batch
-
-
-async def _all_or_none(coroutines: list[Awaitable[Rollout]]) -> list[Rollout]:
-    """Every rollout of a group, or, when one raises, none: the others are cancelled and awaited."""
-    tasks = [asyncio.ensure_future(c) for c in coroutines]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-def _vocab_size(renderer: ChatRenderer) -> int:
-    """The tokenizer's vocabulary (added tokens included), for the gibberish filter's uniform log-probability."""
-    try:
-        return len(renderer.tokenizer)
-    except TypeError:
-        return int(getattr(renderer.tokenizer, "vocab_size", 2) or 2)

@@ -192,15 +192,14 @@ class CompactDecoder:
                 self.qkv_bias.append(None if bias is None else _alias([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
                 self.gate_up.append(_alias([m.gate_proj.weight, m.up_proj.weight]))
 
-    def refresh(self) -> bool:
-        """After a weight update: re-fuse if a parameter no longer aliases its fused tensor (True: re-fused)."""
+    def refresh(self) -> None:
+        """After a weight update: re-fuse if a parameter no longer aliases its fused tensor."""
         fused = [t for group in zip(self.qkv, self.qkv_bias, self.gate_up, strict=True) for t in group if t is not None]
         for parts, whole in zip(self._fused_parts(), fused, strict=True):
             base = whole.untyped_storage().data_ptr()
             if any(p.untyped_storage().data_ptr() != base for p in parts):
                 self._fuse()
-                return True
-        return False
+                return
 
     def weight_addresses(self) -> tuple[int, ...]:
         """Where every tensor the forward reads lives (a captured graph reads these addresses)."""

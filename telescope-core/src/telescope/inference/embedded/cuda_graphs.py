@@ -30,7 +30,9 @@ per bucket:
 - a graph reads the addresses it was captured with: when the cache reallocates
   (it grows geometrically; :class:`~.compact.SlotCache` ``reserve``) or a weight
   update replaces a tensor instead of copying into it, every graph is dropped and
-  re-captured on demand. The runner reserves the cache's rows for
+  re-captured on demand. The cache is checked at each step (two integers); the
+  weights only when the runner reports an update (:meth:`DecodeGraphs.weights_updated`),
+  the one way they move. The runner reserves the cache's rows for
   ``max_num_seqs`` up front, so in a steady run the graphs are captured once per
   column bucket.
 
@@ -83,7 +85,8 @@ class DecodeGraphs:
             raise ValueError(f"CUDA graphs need a CUDA device, not {decoder.device}")
         self.decoder = decoder
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self._captured_for: tuple[int, ...] = ()
+        self._cache_at: tuple[int, int] = (0, 0)  # the cache the graphs were captured over
+        self._weights_at = decoder.weight_addresses()
         self.captures = 0  # graphs captured so far (re-captures included), for tests and logs
 
     def columns_for(self, end: int) -> int:
@@ -119,14 +122,22 @@ class DecodeGraphs:
         self.graphs.clear()
 
     # ------------------------------------------------------------------ internals
-    def _drop_stale(self, cache: SlotCache) -> None:
-        """Drop every graph if the cache or a weight moved since they were captured."""
-        addresses = (id(cache), cache.keys[0].data_ptr(), *self.decoder.weight_addresses())
-        if addresses != self._captured_for:
-            if self.graphs:
-                log.debug("embedded engine: the cache or weights moved; re-capturing %d graphs", len(self.graphs))
+    def weights_updated(self) -> None:
+        """After a weight update: drop every graph if a weight tensor moved (an in-place copy keeps them)."""
+        addresses = self.decoder.weight_addresses()
+        if addresses != self._weights_at:
+            log.debug("embedded engine: weights moved; re-capturing %d graphs", len(self.graphs))
             self.graphs.clear()
-            self._captured_for = addresses
+            self._weights_at = addresses
+
+    def _drop_stale(self, cache: SlotCache) -> None:
+        """Drop every graph if the cache reallocated (or is another one) since they were captured."""
+        at = (id(cache), cache.keys[0].data_ptr())
+        if at != self._cache_at:
+            if self.graphs:
+                log.debug("embedded engine: the cache moved; re-capturing %d graphs", len(self.graphs))
+            self.graphs.clear()
+            self._cache_at = at
 
     @staticmethod
     def _load(graph: _Graph, ids: torch.Tensor, positions: torch.Tensor) -> None:

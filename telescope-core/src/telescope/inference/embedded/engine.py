@@ -183,7 +183,7 @@ class Engine:
         self.runner: BatchRunner = make_runner(
             self.model, settings.max_model_len, settings.forward, settings.cuda_graphs, settings.max_num_seqs
         )
-        #: draws the sampling noise of unseeded sequences (all of a step's in one call)
+        #: the uniforms of unseeded sequences (one per row and step, in row order)
         self.generator = make_generator(settings.seed)
         eos: set[int] = set()
         for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):

@@ -79,7 +79,7 @@ class CompactRunner:
 
     name = "compact"
 
-    def __init__(self, model: Any, max_len: int, cuda_graphs: bool = False, max_rows: int = 0) -> None:
+    def __init__(self, model: Any, max_len: int, cuda_graphs: bool = True, max_rows: int = 0) -> None:
         self.decoder = CompactDecoder(model, max_len)
         self.device = self.decoder.device
         self.graphs = DecodeGraphs(self.decoder) if cuda_graphs and self.device.type == "cuda" else None
@@ -122,8 +122,9 @@ class CompactRunner:
         self.cache.keep([])
 
     def weights_updated(self) -> None:
-        if self.decoder.refresh() and self.graphs is not None:
-            self.graphs.clear()
+        self.decoder.refresh()
+        if self.graphs is not None:
+            self.graphs.weights_updated()
 
 
 class HFRunner:
