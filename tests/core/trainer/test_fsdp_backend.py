@@ -173,6 +173,42 @@ def test_gradient_checkpointing_and_bf16_mixed_precision_run_on_cpu(tiny_model: 
     assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0
 
 
+def test_one_rank_trains_the_plain_module_exactly_as_fsdp_would(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank with no dtype cast skips ``fully_shard``; two steps give FSDP's weights and metrics."""
+    from torch.distributed.tensor import DTensor
+
+    def two_steps() -> tuple[dict[str, torch.Tensor], list[dict[str, float]], bool]:
+        backend = started(tiny_model)
+        try:
+            sharded = any(isinstance(p, DTensor) for p in backend.model.parameters())
+            metrics = [backend.train_step(synthetic_batch(step=step, seed=step)) for step in range(2)]
+            return weights_snapshot(backend), metrics, sharded
+        finally:
+            backend.close()
+
+    plain_weights, plain_metrics, plain_sharded = two_steps()
+    monkeypatch.setattr(FSDPBackend, "_needs_fsdp", lambda self: True)
+    fsdp_weights, fsdp_metrics, fsdp_sharded = two_steps()
+    assert not plain_sharded and fsdp_sharded
+    for name, value in fsdp_weights.items():
+        torch.testing.assert_close(plain_weights[name], value, rtol=1e-5, atol=1e-6)
+    for plain, fsdp in zip(plain_metrics, fsdp_metrics, strict=True):
+        for key in ("loss", "grad_norm", "entropy"):
+            assert plain[key] == pytest.approx(fsdp[key], rel=1e-5)
+
+
+def test_a_mixed_precision_cast_keeps_fsdp_on_one_rank(tiny_model: Path) -> None:
+    from torch.distributed.tensor import DTensor
+
+    backend = started(tiny_model, mixed_precision_dtype="bfloat16")  # float32 weights, bf16 compute
+    try:
+        assert all(isinstance(p, DTensor) for p in backend.model.parameters())
+    finally:
+        backend.close()
+
+
 def test_truncated_samples_are_counted(tiny_model: Path) -> None:
     batch = synthetic_batch(prompt_length=10, completion_lengths=(60, 60))  # 70 tokens > seq_len 64
     backend = started(tiny_model)

@@ -104,6 +104,7 @@ class PromptSource:
         # position: next draw index, and per environment (epoch, offset in epoch)
         self._draw = 0
         self._positions: list[list[int]] = [[0, 0] for _ in slots]
+        self._orders: dict[int, tuple[int, list[int]]] = {}  # slot -> (epoch, its order): one shuffle an epoch
         self._skip: set[int] = set()
         self._taken_state: dict[str, Any] = self._snapshot()
         self._prefetch = prefetch
@@ -153,8 +154,13 @@ class PromptSource:
         return len(self.slots) - 1
 
     def _epoch_order(self, slot: EnvironmentSlot, epoch: int) -> list[int]:
+        """The slot's sample order in ``epoch``: a seeded shuffle, computed once per epoch and kept."""
+        cached = self._orders.get(slot.index)
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
         order = list(slot.usable)
         random.Random(_derived_seed(self.seed, "epoch", slot.index, epoch)).shuffle(order)
+        self._orders[slot.index] = (epoch, order)
         return order
 
     def _next_raw(self) -> tuple[int, int, Sample]:
