@@ -40,7 +40,7 @@ def test_health_models_and_metrics(server: ServerThread, engine: Engine) -> None
         assert name in metrics
 
 
-def test_completion_response_has_vllm_shape(server: ServerThread) -> None:
+def test_completion_response_has_vllm_shape(server: ServerThread, engine: Engine) -> None:
     body = {
         "prompt": [5, 6, 7],
         "max_tokens": 5,
@@ -59,6 +59,12 @@ def test_completion_response_has_vllm_shape(server: ServerThread) -> None:
         assert choice["prompt_token_ids"] == [5, 6, 7] and len(choice["token_ids"]) == 5
         assert set(choice["logprobs"]) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
         assert len(choice["logprobs"]["top_logprobs"][0]) >= 1 and choice["finish_reason"] in ("stop", "length")
+        for choice in payload["choices"]:  # every token named as it decodes alone (vLLM's names), offsets add up
+            logprobs = choice["logprobs"]
+            assert logprobs["tokens"] == [engine.tokenizer.decode([t]) for t in choice["token_ids"]]
+            assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(5)]
+            for name, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True):
+                assert name in top
         plain = http.post("/v1/completions", json={"prompt": "the answer", "max_tokens": 3}).json()
         assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["logprobs"] is None
         too_long = http.post("/v1/completions", json={"prompt": [1] * 510, "max_tokens": 10})

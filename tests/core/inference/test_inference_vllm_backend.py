@@ -215,6 +215,7 @@ def test_parse_vllm_response_fills_versions_from_the_client() -> None:
     assert first.token_ids == [220, 151645] and first.logprobs == [-0.25, -1.5] and first.finish_reason == "stop"
     assert second.finish_reason == "length" and second.token_ids == [220]
     assert first.policy_version_start == 3 and first.policy_version_end == 4 and first.token_policy_versions is None
+    assert parse_completion_response(json.dumps(VLLM_RESPONSE).encode(), 3, 4) == result  # the body, parsed in one pass
     broken = json.loads(json.dumps(VLLM_RESPONSE))
     broken["choices"][0]["token_ids"] = None
     with pytest.raises(InferenceServerError, match="return_token_ids"):

@@ -138,9 +138,17 @@ def build_completion_request(
     return body
 
 
-def parse_completion_response(payload: dict[str, Any], dispatch_version: int, known_version: int) -> CompletionResult:
-    """Turn a vLLM or embedded ``/v1/completions`` response into a :class:`CompletionResult`."""
-    response = CompletionResponse.model_validate(payload)
+def parse_completion_response(
+    payload: dict[str, Any] | bytes, dispatch_version: int, known_version: int
+) -> CompletionResult:
+    """Turn a vLLM or embedded ``/v1/completions`` response (parsed, or its JSON body) into a :class:`CompletionResult`.
+
+    A body is parsed and validated by pydantic in one pass, without building Python dicts first.
+    """
+    if isinstance(payload, bytes):
+        response = CompletionResponse.model_validate_json(payload)
+    else:
+        response = CompletionResponse.model_validate(payload)
     completions: list[Completion] = []
     prompt_ids: list[int] = []
     for choice in sorted(response.choices, key=lambda c: c.index):
@@ -333,7 +341,7 @@ class InferenceClient:
         error: str | None = None
         try:
             response = await self._request("POST", "/v1/completions", json=body)
-            result = parse_completion_response(response.json(), dispatch_version, self.policy_version)
+            result = parse_completion_response(response.content, dispatch_version, self.policy_version)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
