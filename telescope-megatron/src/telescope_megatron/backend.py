@@ -73,10 +73,10 @@ import torch.distributed as dist
 
 from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import barrier, destroy_process_group, init_process_group, resolve_device
-from telescope.trainer.fsdp import DTYPES, LOSS_PART_KEYS, FSDPBackend
+from telescope.trainer.fsdp import DTYPES, FSDPBackend
 from telescope.trainer.fsdp_checkpoint import save_tokenizer
 from telescope.trainer.logprobs import token_logprobs
-from telescope.trainer.metrics import SectionTimers
+from telescope.trainer.metrics import LOSS_PART_KEYS, SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import PackedSequence
 from telescope.trainer.schedule import build_lr_scheduler

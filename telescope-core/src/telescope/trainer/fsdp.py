@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from telescope.api.algorithm import LossCounts, LossInputs, LossMetrics
+from telescope.api.algorithm import LossCounts, LossInputs
 from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
 from telescope.trainer.context_parallel import ContextParallelLayout, register_attention, sharded_logits
@@ -79,7 +79,7 @@ from telescope.trainer.distributed import (
     resolve_device,
 )
 from telescope.trainer.logprobs import chunked_entropy, inference_kl_k3, token_entropy, token_logprobs
-from telescope.trainer.metrics import SectionTimers
+from telescope.trainer.metrics import LOSS_PART_KEYS, SectionTimers, loss_parts
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packed_attention import DOCUMENTS_KWARG, register_packed_attention
 from telescope.trainer.packed_attention import supports as packed_attention_supports
@@ -100,23 +100,6 @@ if TYPE_CHECKING:
     from telescope.api.context import TrainerContext
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-#: Sums of the shared loss controls (:class:`~telescope.api.algorithm.LossMetrics`), always all-reduced
-#: (zeros when off) and reported when enabled: ``loss/kl_penalty`` and ``loss/entropy_bonus`` are the
-#: parts of ``loss`` (``loss = policy + kl_penalty - entropy_bonus``, same averaging over minibatches),
-#: ``seq_is/masked_sequences`` the samples ``seq_is_masking`` dropped in the step.
-LOSS_PART_KEYS = ("loss/kl_penalty", "loss/entropy_bonus", "seq_is/masked_sequences")
-
-
-def _loss_parts(parts: LossMetrics, denominator: float) -> dict[str, float]:
-    """One micro-batch's :class:`LossMetrics` as floats; the loss parts divided by the loss denominator."""
-    kl, bonus, dropped = parts.kl_penalty, parts.entropy_bonus, parts.masked_sequences
-    return {
-        "loss/kl_penalty": float(kl) / denominator if kl is not None else 0.0,
-        "loss/entropy_bonus": float(bonus) / denominator if bonus is not None else 0.0,
-        "seq_is/masked_sequences": float(dropped) if dropped is not None else 0.0,
-    }
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -499,7 +482,7 @@ class FSDPBackend(TrainerBackend):
                 entropy=grad_entropy,
             )
             loss = self.algorithm.loss_terms(inputs).sum() / denominator
-            parts = _loss_parts(self.algorithm.loss_metrics(inputs), denominator)
+            parts = loss_parts(self.algorithm.loss_metrics(inputs), denominator)
         mask = mb.loss_mask
         with timers.section("compute_entropy", **ids):
             if grad_entropy is not None:

@@ -18,6 +18,8 @@ section also becomes one record ``{"kind": "trainer.<section>", "start",
 the wall clock by an anchor event recorded after a synchronisation; on the CPU with
 the wall clock.
 
+The loss parts of the shared loss controls (``LOSS_PART_KEYS``) are summed like the loss.
+
 Every metric is reduced over data-parallel ranks: quantities that are global sums
 (loss terms, entropy and KL sums, token counts) are summed, then divided by global
 counts; timings are averaged over ranks.
@@ -28,9 +30,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from telescope.api.algorithm import LossMetrics
 
 TIMED_SECTIONS = (
     "forward",
@@ -124,3 +129,20 @@ class SectionTimers:
             out[f"timing_{name}_total"] = total
             out[f"timing_{name}_microbatch_mean"] = total / max(num_microbatches, 1)
         return out
+
+
+#: Sums of the shared loss controls (:class:`~telescope.api.algorithm.LossMetrics`), always all-reduced
+#: (zeros when off) and reported when enabled: ``loss/kl_penalty`` and ``loss/entropy_bonus`` are the
+#: parts of ``loss`` (``loss = policy + kl_penalty - entropy_bonus``, same averaging over minibatches),
+#: ``seq_is/masked_sequences`` the samples ``seq_is_masking`` dropped in the step.
+LOSS_PART_KEYS = ("loss/kl_penalty", "loss/entropy_bonus", "seq_is/masked_sequences")
+
+
+def loss_parts(parts: LossMetrics, denominator: float) -> dict[str, float]:
+    """One micro-batch's :class:`LossMetrics` as floats; the loss parts divided by the loss denominator."""
+    kl, bonus, dropped = parts.kl_penalty, parts.entropy_bonus, parts.masked_sequences
+    return {
+        "loss/kl_penalty": float(kl) / denominator if kl is not None else 0.0,
+        "loss/entropy_bonus": float(bonus) / denominator if bonus is not None else 0.0,
+        "seq_is/masked_sequences": float(dropped) if dropped is not None else 0.0,
+    }
