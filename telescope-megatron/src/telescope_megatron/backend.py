@@ -60,7 +60,6 @@ shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatro
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -71,20 +70,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from telescope.trainer import checkpoint as ckpt
-from telescope.trainer.distributed import barrier, destroy_process_group, init_process_group, resolve_device
+from telescope.trainer.distributed import destroy_process_group, init_process_group, resolve_device
 from telescope.trainer.fsdp import DTYPES, FSDPBackend
-from telescope.trainer.fsdp_checkpoint import save_tokenizer
 from telescope.trainer.logprobs import token_logprobs
 from telescope.trainer.metrics import LOSS_PART_KEYS, SectionTimers
 from telescope.trainer.microbatch import MicroBatch
 from telescope.trainer.packing import PackedSequence
 from telescope.trainer.schedule import build_lr_scheduler
+from telescope_megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
 from telescope_megatron.moe import expert_gradient_squares, gather_experts, global_expert_name, is_expert_parameter
-from telescope_megatron.optimizer import build_optimizer, is_sharded, load_rank_state_dict, rank_state_dict
+from telescope_megatron.optimizer import build_optimizer
 from telescope_megatron.pipeline import (
     gather_stages,
     global_name,
@@ -539,74 +537,11 @@ class MegatronBackend(FSDPBackend):
 
     def save_checkpoint(self, path: Path, *, training_state: bool = True) -> None:
         """Hugging Face weights + config (+ tokenizer), and per-rank optimizer shards. Collective."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        is_main = self.global_rank == 0
-        weights = {name: t.to("cpu", copy=True).contiguous() for name, t in self.named_weights()}
-        with ckpt.atomic_directory(path, is_main=is_main) as tmp:
-            if is_main:
-                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-                self.hf_config.save_pretrained(tmp)
-                save_tokenizer(self, tmp)
-                if training_state:
-                    torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-                    (tmp / "rng").mkdir()
-                    (tmp / "optimizer").mkdir()
-            barrier()
-            if training_state:
-                torch.save(rank_state_dict(self.optimizer), tmp / "optimizer" / f"rank_{self.global_rank}.pt")
-                torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{self.global_rank}.pt")
-            barrier()
-            if is_main:
-                meta = {
-                    "format": ckpt.FORMAT,
-                    "backend": self.name,
-                    "step": self.step,
-                    "training_state": training_state,
-                    "world_size": self.global_world_size,
-                    "megatron_tensor_parallel_size": self.tp_size,
-                    "megatron_pipeline_parallel_size": self.pp_size,
-                    "megatron_use_distributed_optimizer": is_sharded(self.optimizer),
-                    "megatron_expert_parallel_size": self.ep_size,
-                    "model": self.context.model,
-                    "model_dtype": self.context.model_dtype,
-                }
-                (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        save_megatron_checkpoint(self, path, training_state=training_state)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore weights (any layout), and optimizer/scheduler/RNG/step (same layout only). Collective."""
-        from safetensors.torch import load_file
-
-        folder = ckpt.resolve_checkpoint(Path(path))
-        meta = ckpt.read_meta(folder)
-        hf_state: dict[str, torch.Tensor] = load_file(str(folder / "model.safetensors"))
-        if self.shape.tied_embeddings:
-            hf_state.setdefault("lm_head.weight", hf_state["model.embed_tokens.weight"])
-        self._load_hf_state({k: v.to(self.device) for k, v in hf_state.items()})
-        shard_file = folder / "optimizer" / f"rank_{self.global_rank}.pt"
-        if meta.get("training_state") and shard_file.exists():
-            layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
-                      meta.get("megatron_pipeline_parallel_size", 1),
-                      meta.get("megatron_expert_parallel_size", 1),
-                      meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
-            here = (self.global_world_size, self.tp_size, self.pp_size, self.ep_size, is_sharded(self.optimizer))
-            if layout != here:
-                raise ValueError(
-                    f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
-                    f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]}, "
-                    f"megatron_expert_parallel_size {layout[3]} and its states sharded over data-parallel ranks: "
-                    f"{layout[4]}; this run has {', '.join(map(str, here[:4]))} and {here[4]}. Resume with the "
-                    "same layout and megatron_use_distributed_optimizer, or resume the weights only (a checkpoint "
-                    "saved with checkpoint_save_training_state: false)"
-                )
-            state = torch.load(shard_file, map_location=self.device, weights_only=False)
-            load_rank_state_dict(self.optimizer, state)
-            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-            ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{self.global_rank}.pt", weights_only=False))
-        self.step = int(meta["step"])
-        barrier()
-        return meta
+        return load_megatron_checkpoint(self, path)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Full gradients in Hugging Face names (collective); zeros where none accumulated."""

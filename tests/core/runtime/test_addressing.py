@@ -16,7 +16,8 @@ from telescope.runtime.addressing import (
     rendezvous_host,
 )
 from telescope.runtime.processes import choose_port, connect_host
-from telescope.runtime.ray_services import single_node, worker_bundle
+from telescope.runtime.ray_cluster import worker_bundle
+from telescope.runtime.ray_services import single_node
 from telescope.transports import default_transport_name
 from telescope.transports.nccl import NCCLTransport
 

@@ -14,6 +14,8 @@ starts a private one (the laptop and CI case); the ``ray_*`` options map onto
   ``ray://...``) attaches to that cluster, as ``auto`` does, falling back to a
   private one only with ``ray_auto_start_local``.
 
+:func:`reserve_workers` then reserves a placement group for one role's workers (a
+bundle each, from :func:`worker_bundle`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from telescope.config.schema import TelescopeConfig
 
@@ -132,3 +135,34 @@ def gcs_reachable(timeout_s: float = 1.0) -> bool:
 
 
 __all__ = ["RayStartError", "connect_ray", "gcs_reachable", "registered_cluster", "runtime_env"]
+
+
+def worker_bundle(cpus: float, gpus: float, resources: dict[str, float] | None = None) -> dict[str, float]:
+    """One worker's placement-group bundle: its CPUs, GPUs (when any) and custom resources."""
+    bundle: dict[str, float] = {"CPU": cpus}
+    if gpus:
+        bundle["GPU"] = gpus
+    bundle.update({name: float(amount) for name, amount in (resources or {}).items()})  # custom (the schema checks)
+    return bundle
+
+
+def reserve_workers(
+    role: str, group_name: str, workers: int, bundle: dict[str, float], strategy: str, timeout_s: int
+) -> PlacementGroup:
+    """A placement group of ``workers`` bundles, ready within ``timeout_s``; else a RayStartError saying what to do."""
+    group = placement_group([dict(bundle) for _ in range(workers)], strategy=strategy, name=group_name)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        available = ray.available_resources()
+        custom = [k for k in bundle if k not in ("CPU", "GPU")]
+        raise RayStartError(
+            f"could not place {workers} {role} workers with {bundle} each ({strategy}) within {timeout_s} s; "
+            f"the cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free"
+            + (f", and {', '.join(f'{k}: {available.get(k, 0):g}' for k in custom)}" if custom else "")
+            + f". Lower ray_{role}_cpus_per_worker or the number of workers, "
+            + (f"check ray_{role}_resources_per_worker, " if custom else "")
+            + "or add nodes."
+        ) from None
+    return group

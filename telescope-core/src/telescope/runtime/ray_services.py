@@ -73,14 +73,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.infra_monitor import InfraMonitor
-from telescope.runtime.ray_cluster import RayStartError, gcs_reachable
+from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -107,36 +107,6 @@ def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
 
 #: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
 PING_TIMEOUT_S = 5.0
-
-
-def worker_bundle(cpus: float, gpus: float, resources: dict[str, float] | None = None) -> dict[str, float]:
-    """One worker's placement-group bundle: its CPUs, GPUs (when any) and custom resources."""
-    bundle: dict[str, float] = {"CPU": cpus}
-    if gpus:
-        bundle["GPU"] = gpus
-    bundle.update({name: float(amount) for name, amount in (resources or {}).items()})  # custom (the schema checks)
-    return bundle
-
-
-def _reserve(
-    role: str, group_name: str, workers: int, bundle: dict[str, float], strategy: str, timeout_s: int
-) -> PlacementGroup:
-    group = placement_group([dict(bundle) for _ in range(workers)], strategy=strategy, name=group_name)
-    try:
-        ray.get(group.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(group)
-        available = ray.available_resources()
-        custom = [k for k in bundle if k not in ("CPU", "GPU")]
-        raise RayStartError(
-            f"could not place {workers} {role} workers with {bundle} each ({strategy}) within {timeout_s} s; "
-            f"the cluster has {available.get('CPU', 0):g} CPUs and {available.get('GPU', 0):g} GPUs free"
-            + (f", and {', '.join(f'{k}: {available.get(k, 0):g}' for k in custom)}" if custom else "")
-            + f". Lower ray_{role}_cpus_per_worker or the number of workers, "
-            + (f"check ray_{role}_resources_per_worker, " if custom else "")
-            + "or add nodes."
-        ) from None
-    return group
 
 
 def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
@@ -201,13 +171,14 @@ class RayServices:
         tp = c.inference_tensor_parallel_size if gpu else 0
         inference_bundle = worker_bundle(c.ray_inference_cpus_per_worker, float(tp),
                                          c.ray_inference_resources_per_worker)  # fmt: skip
-        inference_group = _reserve("inference", f"telescope-{self.run_id}-inference", servers, inference_bundle,
-                                   c.ray_inference_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
+        inference_group = reserve_workers("inference", f"telescope-{self.run_id}-inference", servers, inference_bundle,
+                                          c.ray_inference_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
         self.groups.append(inference_group)
         trainer_bundle = worker_bundle(c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0,
                                        c.ray_trainer_resources_per_worker)  # fmt: skip
-        trainer_group = _reserve("trainer", f"telescope-{self.run_id}-trainer", c.trainer_num_workers, trainer_bundle,
-                                 c.ray_trainer_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
+        trainer_group = reserve_workers("trainer", f"telescope-{self.run_id}-trainer", c.trainer_num_workers,
+                                        trainer_bundle, c.ray_trainer_placement_strategy,
+                                        c.ray_placement_timeout_s)  # fmt: skip
         self.groups.append(trainer_group)
 
         def placed(group: PlacementGroup, index: int, cpus: float, gpus: float) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +85,43 @@ def atomic_directory(final: Path, *, is_main: bool) -> Iterator[Path]:
         if old.exists():
             shutil.rmtree(old)
     barrier()
+
+
+def write_checkpoint(
+    path: Path,
+    *,
+    rank: int,
+    weights: dict[str, torch.Tensor],
+    save_config: Callable[[Path], None],
+    main_files: dict[str, Any],
+    rank_files: dict[str, Any],
+    meta: dict[str, Any],
+) -> None:
+    """Write one checkpoint folder atomically, the same way for every backend (collective).
+
+    Rank 0 writes ``weights`` as ``model.safetensors``, calls ``save_config`` (config,
+    tokenizer) and ``torch.save``s ``main_files`` (relative path -> object); then every
+    rank saves its own ``rank_files`` (folders made by rank 0 from its own names, so
+    every rank must name files in the same folders); rank 0 writes ``meta`` (with
+    :data:`FORMAT`) last.
+    """
+    from safetensors.torch import save_file
+
+    is_main = rank == 0
+    with atomic_directory(Path(path), is_main=is_main) as tmp:
+        if is_main:
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_config(tmp)
+            for name, value in main_files.items():
+                torch.save(value, tmp / name)
+            for folder in {Path(name).parent for name in rank_files}:
+                (tmp / folder).mkdir(parents=True, exist_ok=True)
+        barrier()
+        for name, value in rank_files.items():
+            torch.save(value, tmp / name)
+        barrier()
+        if is_main:
+            (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=2), encoding="utf-8")
 
 
 def write_text_atomic(path: Path, text: str) -> None:

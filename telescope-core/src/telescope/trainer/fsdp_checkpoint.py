@@ -12,7 +12,6 @@ takes rank 0's. Both are collectives: call them on every rank.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,39 +26,25 @@ if TYPE_CHECKING:
 
 def save_fsdp_checkpoint(backend: FSDPBackend, path: Path, *, training_state: bool = True) -> None:
     """Write a checkpoint folder atomically (collective: call on every rank)."""
-    from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    path = Path(path)
-    is_main = backend.global_rank == 0
     weights = {name: t.to("cpu", copy=True).contiguous() for name, t in backend.named_weights()}
-    optim_state = None
+    main_files: dict[str, Any] = {}
+    rank_files: dict[str, Any] = {}
     if training_state:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=options)
-    with ckpt.atomic_directory(path, is_main=is_main) as tmp:
-        if is_main:
-            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            backend.model.config.save_pretrained(tmp)
-            save_tokenizer(backend, tmp)
-            if training_state:
-                torch.save(optim_state, tmp / "optimizer.pt")
-                torch.save(backend.scheduler.state_dict(), tmp / "scheduler.pt")
-                (tmp / "rng").mkdir()
-        barrier()
-        if training_state:
-            torch.save(ckpt.rng_state(), tmp / "rng" / f"rank_{backend.global_rank}.pt")
-        barrier()
-        if is_main:
-            meta = {
-                "format": ckpt.FORMAT,
-                "step": backend.step,
-                "training_state": training_state,
-                "world_size": backend.global_world_size,
-                "model": backend.context.model,
-                "model_dtype": backend.context.model_dtype,
-            }
-            (tmp / ckpt.META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        main_files["optimizer.pt"] = get_optimizer_state_dict(backend.model, backend.optimizer, options=options)
+        main_files["scheduler.pt"] = backend.scheduler.state_dict()
+        rank_files[f"rng/rank_{backend.global_rank}.pt"] = ckpt.rng_state()
+
+    def save_config(folder: Path) -> None:
+        backend.model.config.save_pretrained(folder)
+        save_tokenizer(backend, folder)
+
+    meta = {"step": backend.step, "training_state": training_state, "world_size": backend.global_world_size,
+            "model": backend.context.model, "model_dtype": backend.context.model_dtype}  # fmt: skip
+    ckpt.write_checkpoint(path, rank=backend.global_rank, weights=weights, save_config=save_config,
+                          main_files=main_files, rank_files=rank_files, meta=meta)  # fmt: skip
 
 
 def save_tokenizer(backend: FSDPBackend, folder: Path) -> None:

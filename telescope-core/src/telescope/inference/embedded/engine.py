@@ -78,7 +78,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -95,9 +95,6 @@ from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import WaitingQueue
 from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,97 @@
+"""The Megatron backend's checkpoints: Hugging Face weights, and each rank's optimizer shard.
+
+A checkpoint holds the full weights in Hugging Face names (``model.safetensors`` with
+the config and the tokenizer, written by rank 0 through
+:func:`telescope.trainer.checkpoint.write_checkpoint`, as the FSDP backend writes
+them, so ``telescope convert-checkpoint`` and ``from_pretrained`` read either), the
+scheduler, and per rank its optimizer shard (``optimizer/rank_N.pt``) and RNG
+state. Weights load at any parallel layout; the training state only at the layout it
+was saved with (``world_size``, tensor-, pipeline- and expert-parallel sizes, and
+whether the optimizer's states are sharded), which ``meta.json`` records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from telescope.trainer import checkpoint as ckpt
+from telescope.trainer.distributed import barrier
+from telescope.trainer.fsdp_checkpoint import save_tokenizer
+from telescope_megatron.optimizer import is_sharded, load_rank_state_dict, rank_state_dict
+
+if TYPE_CHECKING:
+    from telescope_megatron.backend import MegatronBackend
+
+
+def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_state: bool = True) -> None:
+    """Hugging Face weights + config (+ tokenizer), and per-rank optimizer shards. Collective."""
+    weights = {name: t.to("cpu", copy=True).contiguous() for name, t in backend.named_weights()}
+    main_files: dict[str, Any] = {}
+    rank_files: dict[str, Any] = {}
+    if training_state:
+        main_files["scheduler.pt"] = backend.scheduler.state_dict()
+        rank_files[f"optimizer/rank_{backend.global_rank}.pt"] = rank_state_dict(backend.optimizer)
+        rank_files[f"rng/rank_{backend.global_rank}.pt"] = ckpt.rng_state()
+
+    def save_config(folder: Path) -> None:
+        backend.hf_config.save_pretrained(folder)
+        save_tokenizer(backend, folder)
+
+    meta = {
+        "backend": backend.name,
+        "step": backend.step,
+        "training_state": training_state,
+        "world_size": backend.global_world_size,
+        "megatron_tensor_parallel_size": backend.tp_size,
+        "megatron_pipeline_parallel_size": backend.pp_size,
+        "megatron_use_distributed_optimizer": is_sharded(backend.optimizer),
+        "megatron_expert_parallel_size": backend.ep_size,
+        "model": backend.context.model,
+        "model_dtype": backend.context.model_dtype,
+    }
+    ckpt.write_checkpoint(path, rank=backend.global_rank, weights=weights, save_config=save_config,
+                          main_files=main_files, rank_files=rank_files, meta=meta)  # fmt: skip
+
+
+def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, Any]:
+    """Restore weights (any layout), and optimizer/scheduler/RNG/step (same layout only). Collective."""
+    from safetensors.torch import load_file
+
+    folder = ckpt.resolve_checkpoint(Path(path))
+    meta = ckpt.read_meta(folder)
+    hf_state: dict[str, torch.Tensor] = load_file(str(folder / "model.safetensors"))
+    if backend.shape.tied_embeddings:
+        hf_state.setdefault("lm_head.weight", hf_state["model.embed_tokens.weight"])
+    backend._load_hf_state({k: v.to(backend.device) for k, v in hf_state.items()})
+    shard_file = folder / "optimizer" / f"rank_{backend.global_rank}.pt"
+    if meta.get("training_state") and shard_file.exists():
+        layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
+                  meta.get("megatron_pipeline_parallel_size", 1),
+                  meta.get("megatron_expert_parallel_size", 1),
+                  meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
+        here = (
+            backend.global_world_size,
+            backend.tp_size,
+            backend.pp_size,
+            backend.ep_size,
+            is_sharded(backend.optimizer),
+        )
+        if layout != here:
+            raise ValueError(
+                f"{folder}: its optimizer state was saved with world_size {layout[0]}, "
+                f"megatron_tensor_parallel_size {layout[1]}, megatron_pipeline_parallel_size {layout[2]}, "
+                f"megatron_expert_parallel_size {layout[3]} and its states sharded over data-parallel ranks: "
+                f"{layout[4]}; this run has {', '.join(map(str, here[:4]))} and {here[4]}. Resume with the "
+                "same layout and megatron_use_distributed_optimizer, or resume the weights only (a checkpoint "
+                "saved with checkpoint_save_training_state: false)"
+            )
+        state = torch.load(shard_file, map_location=backend.device, weights_only=False)
+        load_rank_state_dict(backend.optimizer, state)
+        backend.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{backend.global_rank}.pt", weights_only=False))
+    backend.step = int(meta["step"])
+    barrier()
+    return meta
