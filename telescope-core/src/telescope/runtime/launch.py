@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
 from telescope.config.schema import TelescopeConfig
+from telescope.runtime import event_loop
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins
@@ -254,7 +255,7 @@ def launch_run(loaded: LoadedConfig) -> int:
         started_run = True
         started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
-        summary = asyncio.run(_train(config, run_dir, store, loggers, plugins, terminated))
+        summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated))
         log.info("run completed: %s", summary)
     except (KeyboardInterrupt, _Terminated) as exc:
         status, code, error = "interrupted", 130, exc

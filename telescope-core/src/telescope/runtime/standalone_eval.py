@@ -26,7 +26,6 @@ datasets are loaded once and reused.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool
+from telescope.runtime import event_loop
 from telescope.runtime.eval_checkpoints import EvalCheckpoint
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def _evaluate_checkpoint(
             finally:
                 await services.generation.aclose()
 
-        return asyncio.run(run()), runner
+        return event_loop.run(run()), runner
     finally:
         services.stop()
 
