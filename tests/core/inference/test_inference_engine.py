@@ -224,3 +224,64 @@ def test_weight_update_between_steps_changes_logprobs_and_versions(engine: Engin
             engine.update_weights([("nope.weight", new)], version=8)
     finally:
         engine.update_weights(list(original.items()), version=0)
+
+
+def _collect(engine: Engine, requests: dict[str, tuple[list[int], GenerationParams]]) -> dict[str, RequestResult]:
+    """Submit ``requests`` while the engine is held, so one step admits them all; their results."""
+    results: dict[str, RequestResult] = {}
+    done = threading.Event()
+
+    def on_done(result: RequestResult) -> None:
+        results[result.request_id] = result
+        if len(results) == len(requests):
+            done.set()
+
+    with engine.paused():
+        for request_id, (prompt, params) in requests.items():
+            engine.submit(request_id, prompt, params, on_done)
+    assert done.wait(60)
+    return results
+
+
+def test_identical_prompts_admitted_together_share_one_prefill(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's samples sent as separate requests: one prefill row, the same tokens as each alone."""
+    prompt, other = [9, 8, 7, 6, 5, 4], [30, 31, 32]
+    params = {f"g{i}": GenerationParams(max_tokens=10, seed=100 + i, ignore_eos=True) for i in range(4)}
+    alone = {rid: engine.generate(prompt, p).sequences[0].token_ids for rid, p in params.items()}
+    rows: list[int] = []
+    prefill = engine.runner.prefill
+
+    def counting(chunks: list[tuple[list[int], object]]) -> object:
+        rows.append(len(chunks))
+        return prefill(chunks)
+
+    monkeypatch.setattr(engine.runner, "prefill", counting)
+    hits = engine.counts()["prefix_cache_hits"]
+    requests = {rid: (prompt, p) for rid, p in params.items()}
+    requests["other"] = (other, GenerationParams(max_tokens=10, seed=7, ignore_eos=True))
+    results = _collect(engine, requests)
+    assert rows == [2]  # the four identical prompts and the other one
+    assert engine.counts()["prefix_cache_hits"] - hits == 3 * len(prompt)
+    for rid, tokens in alone.items():
+        assert results[rid].sequences[0].token_ids == tokens
+    assert len({tuple(r.sequences[0].token_ids) for r in results.values()}) == 5  # own seeds, own samples
+
+
+def test_a_request_aborted_while_its_shared_prefill_joins_leaves_the_others(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = [11, 12, 13, 14]
+    params = {f"j{i}": GenerationParams(max_tokens=8, seed=200 + i, ignore_eos=True) for i in range(3)}
+    alone = {rid: engine.generate(prompt, p).sequences[0].token_ids for rid, p in params.items()}
+    prefill = engine.runner.prefill
+
+    def then_abort(chunks: list[tuple[list[int], object]]) -> object:
+        out = prefill(chunks)
+        engine.abort("j1")  # after the shared prefill, before the samples join the batch
+        return out
+
+    monkeypatch.setattr(engine.runner, "prefill", then_abort)
+    results = _collect(engine, {rid: (prompt, p) for rid, p in params.items()})
+    assert results["j1"].sequences[0].finish_reason == "abort"
+    assert results["j0"].sequences[0].token_ids == alone["j0"]
+    assert results["j2"].sequences[0].token_ids == alone["j2"]

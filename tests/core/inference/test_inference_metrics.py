@@ -14,7 +14,8 @@ def test_scraping_the_embedded_server(server: Any, engine: Any) -> None:
         async with InferenceClient(server.base_url) as client:
             scraper = InferenceMetricsScraper(0, client.metrics, client.base_url)
             before = await scraper()
-            await asyncio.gather(*(client.complete([5, 6, 7, 8], max_tokens=6, ignore_eos=True) for _ in range(3)))
+            prompts = ([5, 6, 7, 8], [9, 6, 7, 8], [5, 6, 7, 9])  # different: none shares a prefill
+            await asyncio.gather(*(client.complete(p, max_tokens=6, ignore_eos=True) for p in prompts))
             metrics = await client.metrics()
             after = await scraper()
         return [*before, *after, metrics]
@@ -28,7 +29,7 @@ def test_scraping_the_embedded_server(server: Any, engine: Any) -> None:
         "vllm:request_success_total",
     ):
         assert name in metrics, name  # fmt: skip
-    assert metrics["vllm:prefix_cache_hits_total"] == 0.0  # no prefix cache in the embedded engine
+    assert metrics["vllm:prefix_cache_hits_total"] == 0.0  # no two prompts alike
     assert metrics["vllm:prefix_cache_queries_total"] == metrics["vllm:prompt_tokens_total"] == 12
     # one first token per request, then 5 inter-token gaps per 6-token sequence (a fresh engine in this module)
     assert metrics["vllm:time_to_first_token_seconds_count"] == 3

@@ -45,6 +45,7 @@ from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
 from telescope.config.schema import TelescopeConfig
 from telescope.runtime import event_loop
+from telescope.runtime.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins
@@ -185,6 +186,7 @@ async def _train(
             config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
             loggers=loggers, progress=progress,
         )  # fmt: skip
+        freeze_startup_objects("orchestrator")  # Ray, transformers, the datasets: out of every later collection
         try:
             await run.run()
         finally:

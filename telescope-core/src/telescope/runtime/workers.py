@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from telescope.runtime.garbage_collection import freeze_startup_objects
+
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
     from telescope.api.context import InferenceContext, TrainerContext, TransportContext
@@ -127,6 +129,7 @@ class TrainerWorker:
             if interface is not None:  # gloo's default is the hostname's address, often loopback
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
         self.backend.setup(self.rank, self.world_size)
+        freeze_startup_objects(f"trainer rank {self.rank}")
         import torch
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():

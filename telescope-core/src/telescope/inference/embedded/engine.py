@@ -11,9 +11,11 @@ iteration is one *step*:
 3. admit waiting requests while there are free slots (``max_num_seqs``: running,
    joining and prefilling sequences together), in the queue's order (``fcfs`` or
    ``priority``, see :mod:`.scheduler`), and prefill their prompts together in
-   one forward (a request's ``n`` samples share one prefill; the KV rows are
-   replicated): when a prefill ends, each sample gets its first token and joins
-   the batch at the next step;
+   one forward (a request's ``n`` samples share one prefill, and so do requests
+   admitted together whose whole prompts are the same tokens, as a GRPO group's
+   are; the KV rows are replicated, the shared tokens counted as prefix-cache
+   hits; there is no cache across steps): when a prefill ends, each sample gets
+   its first token and joins the batch at the next step;
 4. one decode step for every running sequence together: each feeds its last
    token, the model extends the shared KV cache by one position;
 5. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
@@ -84,12 +86,11 @@ import torch
 
 from telescope.inference.embedded.records import (
     EngineSettings,
-    FinishReason,
     GenerationParams,
     RequestResult,
-    RequestTiming,
     SequenceResult,
 )
+from telescope.inference.embedded.request_state import Prefill, Request, Seq
 from telescope.inference.embedded.runners import BatchRunner, make_runner
 from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import WaitingQueue
@@ -97,62 +98,6 @@ from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
 
 log = logging.getLogger(__name__)
-
-
-class _Seq:
-    __slots__ = (
-        "finish",
-        "gen",
-        "index",
-        "last_token_time",
-        "logprobs",
-        "next_token",
-        "out",
-        "req",
-        "stop_reason",
-        "text",
-        "top",
-        "versions",
-    )
-
-    def __init__(self, req: _Request, index: int, gen: random.Random | None) -> None:
-        self.req = req
-        self.index = index
-        self.gen = gen
-        self.out: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
-        self.top: list[dict[int, float]] | None = [] if req.params.num_top_logprobs else None
-        self.finish: FinishReason | None = None
-        self.stop_reason: int | str | None = None
-        self.text: str | None = None
-        self.next_token = -1
-        self.last_token_time = 0.0
-
-
-class _Request:
-    def __init__(
-        self, request_id: str, prompt: list[int], params: GenerationParams, on_done: Callable[[RequestResult], None]
-    ) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
-        self.params = params
-        self.on_done = on_done
-        self.seqs: list[_Seq] = []
-        self.aborted = False
-        self.arrival = time.monotonic()
-        self.timing = RequestTiming(queued=time.time())
-
-
-class _Prefill:
-    """A request whose prompt is being prefilled (in chunks when the token budget is smaller)."""
-
-    __slots__ = ("done", "req", "state")
-
-    def __init__(self, req: _Request) -> None:
-        self.req = req
-        self.done = 0  # prompt tokens already fed
-        self.state: Any = None  # the runner's prefill state (its KV cache so far)
 
 
 #: Steps whose token and sequence counts :attr:`Engine.step_log` keeps.
@@ -191,13 +136,13 @@ class Engine:
         self.eos_token_ids = eos
         self.policy_version = settings.initial_policy_version
         self._rng = random.Random(settings.seed)
-        self._queue: WaitingQueue[_Request] = WaitingQueue(settings.scheduling_policy)
-        self._requests: dict[str, _Request] = {}
-        self._rows: list[_Seq] = []
+        self._queue: WaitingQueue[Request] = WaitingQueue(settings.scheduling_policy)
+        self._requests: dict[str, Request] = {}
+        self._rows: list[Seq] = []
         #: requests being prefilled (all but the last finish in the step they start)
-        self._prefilling: list[_Prefill] = []
+        self._prefilling: list[Prefill] = []
         #: prefilled requests' live samples, their prefill state and prompt length: they join at the next step
-        self._joining: list[tuple[list[_Seq], Any, int]] = []
+        self._joining: list[tuple[list[Seq], Any, int]] = []
         #: per recent step: (tokens processed: prompt tokens prefilled + sequences decoded, sequences decoded)
         self.step_log: deque[tuple[int, int]] = deque(maxlen=STEP_LOG_SIZE)
         self._lock = threading.Lock()  # held for a whole step; weight updates take it between steps
@@ -208,6 +153,7 @@ class Engine:
         self.stats = {
             "generation_tokens": 0,
             "prompt_tokens": 0,
+            "prefix_cache_hits": 0,  # prompt tokens whose prefill was shared (vLLM's name)
             "requests_finished": 0,
             "requests_aborted": 0,
             "weight_updates": 0,
@@ -258,7 +204,7 @@ class Engine:
             )
         if params.n > self.settings.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds the engine's max_num_seqs={self.settings.max_num_seqs}")
-        req = _Request(request_id, list(prompt_token_ids), params, on_done)
+        req = Request(request_id, list(prompt_token_ids), params, on_done)
         with self._wakeup:
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already in flight")
@@ -389,7 +335,8 @@ class Engine:
             self._mark_aborted(req)
             self.stats["requests_aborted"] += 1
         self._prefilling = [p for p in self._prefilling if not p.req.aborted]
-        self._joining = [entry for entry in self._joining if not entry[0][0].req.aborted]
+        joining = [([s for s in seqs if not s.req.aborted], state, length) for seqs, state, length in self._joining]
+        self._joining = [entry for entry in joining if entry[0]]
         self._remove_finished()
         for req in aborted:
             self._complete(req)
@@ -403,7 +350,7 @@ class Engine:
         several steps.
         """
         fed = 0
-        batch: list[tuple[_Prefill, int]] = []
+        batch: list[tuple[Prefill, int]] = []
         for prefill in self._prefilling:
             if budget is not None and fed >= budget:
                 break
@@ -427,13 +374,13 @@ class Engine:
             self._prefill(batch)
         return fed
 
-    def _start_prefill(self, req: _Request) -> bool:
+    def _start_prefill(self, req: Request) -> bool:
         """Give ``req`` its samples; False when there is nothing to generate (``max_tokens=0``: completed)."""
         params = req.params
         req.timing.started = time.time()
         for i in range(params.n):
             gen = make_generator(params.seed + i) if params.seed is not None else None
-            req.seqs.append(_Seq(req, i, gen))
+            req.seqs.append(Seq(req, i, gen))
         self.stats["prompt_tokens"] += len(req.prompt)
         if params.max_tokens == 0:
             for seq in req.seqs:
@@ -441,40 +388,61 @@ class Engine:
             self._complete(req)
             return False
         with self._wakeup:
-            self._prefilling.append(_Prefill(req))
+            self._prefilling.append(Prefill(req))
         return True
 
-    def _prefill(self, batch: list[tuple[_Prefill, int]]) -> None:
-        """Feed each prefill its next chunk; where a prompt ends, sample its samples' first tokens."""
-        chunks = [(p.req.prompt[p.done : p.done + chunk], p.state) for p, chunk in batch]
-        logits, states = self.runner.prefill(chunks)
+    def _prefill(self, batch: list[tuple[Prefill, int]]) -> None:
+        """Feed each prefill its next chunk; where a prompt ends, sample its samples' first tokens.
+
+        Whole prompts that are the same tokens (a GRPO group's samples, sent as separate
+        requests) are computed once: they share that row's logits and KV cache, and join
+        the running batch as one copy per sample, as a request's ``n`` samples do.
+        """
+        compute: list[tuple[list[int], Any]] = []
+        source: list[int] = []  # each batch entry's row in ``compute``
+        first_of: dict[tuple[int, ...], int] = {}
+        for prefill, chunk in batch:
+            tokens = prefill.req.prompt[prefill.done : prefill.done + chunk]
+            whole = prefill.state is None and chunk == len(prefill.req.prompt)
+            key = tuple(tokens) if whole else None
+            if key is not None and key in first_of:
+                source.append(first_of[key])
+                self.stats["prefix_cache_hits"] += chunk
+                continue
+            if key is not None:
+                first_of[key] = len(compute)
+            source.append(len(compute))
+            compute.append((tokens, prefill.state))
+        logits, states = self.runner.prefill(compute)
         rows: list[int] = []
-        seqs: list[_Seq] = []
-        finished: list[_Prefill] = []
-        for row, ((prefill, chunk), state) in enumerate(zip(batch, states, strict=True)):
-            prefill.state = state
+        seqs: list[Seq] = []
+        finished: list[tuple[Prefill, int]] = []
+        for (prefill, chunk), row in zip(batch, source, strict=True):
+            prefill.state = states[row]
             prefill.done += chunk
             if prefill.done == len(prefill.req.prompt):
-                finished.append(prefill)
+                finished.append((prefill, row))
                 rows.extend([row] * prefill.req.params.n)
                 seqs.extend(prefill.req.seqs)
         if not finished:
             return
         with self._wakeup:
             self._prefilling = [p for p in self._prefilling if p.done < len(p.req.prompt)]
-        self._record(seqs, logits if rows == list(range(len(batch))) else logits[rows])
+        self._record(seqs, logits if rows == list(range(len(compute))) else logits[rows])
         now = time.time()
-        for prefill in finished:
+        joining: dict[int, tuple[list[Seq], Any, int]] = {}  # one join per computed row
+        for prefill, row in finished:
             req = prefill.req
             req.timing.first_token = now
             live = [s for s in req.seqs if s.finish is None]
             if live:
-                with self._wakeup:
-                    self._joining.append((live, prefill.state, len(req.prompt)))
+                joining.setdefault(row, ([], prefill.state, len(req.prompt)))[0].extend(live)
             else:
                 self._complete(req)
+        with self._wakeup:
+            self._joining.extend(joining.values())
 
-    def _merge(self, seqs: list[_Seq], state: Any, length: int) -> None:
+    def _merge(self, seqs: list[Seq], state: Any, length: int) -> None:
         self.runner.join(state, len(seqs))
         with self._wakeup:
             self._rows.extend(seqs)
@@ -484,7 +452,7 @@ class Engine:
         self._record(self._rows, logits)
         self._remove_finished()
 
-    def _record(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+    def _record(self, seqs: list[Seq], logits: torch.Tensor) -> None:
         """Sample one token for each of ``seqs`` (rows of ``logits``) and check their stop conditions."""
         num_top = max(s.req.params.num_top_logprobs for s in seqs)
         result = sample(
@@ -514,7 +482,7 @@ class Engine:
                 seq.top.append(dict(zip(result.top_ids[i][:k], result.top_logprobs[i][:k], strict=True)))
             self._check_stop(seq, token)
 
-    def _check_stop(self, seq: _Seq, token: int) -> None:
+    def _check_stop(self, seq: Seq, token: int) -> None:
         params = seq.req.params
         if not params.ignore_eos and token in self.eos_token_ids:
             seq.finish = "stop"
@@ -545,7 +513,7 @@ class Engine:
             if all(s.finish is not None for s in req.seqs):
                 self._complete(req)
 
-    def _complete(self, req: _Request) -> None:
+    def _complete(self, req: Request) -> None:
         with self._wakeup:
             if self._requests.pop(req.request_id, None) is None:
                 return
@@ -592,9 +560,9 @@ class Engine:
             self._complete(req)
 
     @staticmethod
-    def _mark_aborted(req: _Request) -> None:
+    def _mark_aborted(req: Request) -> None:
         if not req.seqs:  # still waiting: report n empty samples
-            req.seqs = [_Seq(req, i, None) for i in range(req.params.n)]
+            req.seqs = [Seq(req, i, None) for i in range(req.params.n)]
         for seq in req.seqs:
             if seq.finish is None:
                 seq.finish = "abort"

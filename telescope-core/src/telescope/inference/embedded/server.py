@@ -14,8 +14,10 @@ Routes (vLLM-compatible unless marked):
   ``vllm:request_success_total``, the histograms
   ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds``
   (see :mod:`.stats`), and ``vllm:prefix_cache_queries_total`` /
-  ``vllm:prefix_cache_hits_total`` in tokens as vLLM counts them: the engine keeps
-  no prefix cache, so every prompt token is a query and none is a hit; plus
+  ``vllm:prefix_cache_hits_total`` in tokens as vLLM counts them: every prompt token
+  is a query; the hits are the tokens of whole prompts whose prefill the engine shared
+  with an identical prompt admitted in the same step (a group's samples; it keeps no
+  cache across steps); plus
   ``telescope:policy_version``, ``telescope:requests_aborted_total``,
   ``telescope:weight_updates_total``).
 - ``POST /collective_rpc`` with the weight-sync methods of
@@ -66,6 +68,7 @@ from telescope.inference.protocol import (
     UsageInfo,
     new_request_id,
 )
+from telescope.runtime.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
     import uvicorn
@@ -107,7 +110,7 @@ class _MetricsCollector:
             ("vllm:prompt_tokens", "Prefilled prompt tokens", c["prompt_tokens"]),
             ("vllm:request_success", "Finished requests", c["requests_finished"]),
             ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", c["prompt_tokens"]),
-            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (the engine keeps none)", 0),
+            ("vllm:prefix_cache_hits", "Prompt tokens whose prefill was shared", c["prefix_cache_hits"]),
             ("telescope:requests_aborted", "Aborted requests", c["requests_aborted"]),
             ("telescope:weight_updates", "Weight updates applied", c["weight_updates"]),
         ]
@@ -396,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
 
         capture_process_logs(args.log_dir, args.log_name, tee_streams=False)
     engine = Engine(settings).start()
+    freeze_startup_objects("embedded inference server")
     log.info("embedded engine serving %s on %s:%d (%s)", settings.model_path, args.host, args.port, settings.device)
     try:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
