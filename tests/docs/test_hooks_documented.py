@@ -15,6 +15,7 @@ fails.
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import math
 import re
@@ -156,6 +157,7 @@ def test_a_run_calls_every_lifecycle_hook_in_order(tmp_path: Path, monkeypatch: 
         assert call[1] == step
         assert "reward/mean" in call[2] and same_metrics(call[2], recorded[step]), "step_end got other metrics"
     assert probe.calls[3] == ("run_end", run_dir, "completed", None)
+    assert gc.get_freeze_count() == 0  # the orchestrator froze its start-up objects and thawed them at the end
 
 
 @pytest.mark.slow

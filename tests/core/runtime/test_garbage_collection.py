@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from telescope.runtime.garbage_collection import freeze_startup_objects
+from telescope.runtime.garbage_collection import freeze_startup_objects, thaw_startup_objects
 
 
 class Node:
@@ -30,5 +30,5 @@ def test_freezes_what_lives_and_still_collects_later_garbage() -> None:
         gc.collect()
         assert later() is None
     finally:
-        gc.unfreeze()
+        thaw_startup_objects()
     assert gc.get_freeze_count() == 0 and any(o is kept for o in gc.get_objects())

@@ -8,8 +8,11 @@ of tens of milliseconds in the middle of a step. :func:`freeze_startup_objects` 
 one collection and then moves every surviving object to the permanent generation
 (``gc.freeze``, the technique CPython documents for servers), so later collections
 walk only what the loop itself creates. Garbage created afterwards is collected as
-before; the frozen objects are simply never examined again (a cycle among them that
-becomes garbage later is not reclaimed: start-up objects are not expected to).
+before; the frozen objects are not examined again until :func:`thaw_startup_objects`
+(a cycle among them that becomes garbage meanwhile waits until then; objects freed by
+their reference count are freed as usual). Worker processes stay frozen until they
+exit; the orchestrator thaws when its run ends, because ``telescope run`` may be
+called in a process that goes on (a test, a notebook).
 
 Measured on the CPU quick-start loop (150 steps; trainer rank and inference server
 frozen, the orchestrator, frozen once its run is built, added after): the 90th
@@ -34,3 +37,8 @@ def freeze_startup_objects(where: str) -> int:
     frozen = gc.get_freeze_count()
     log.debug("%s: %d start-up objects frozen out of garbage collection", where, frozen)
     return frozen
+
+
+def thaw_startup_objects() -> None:
+    """Put the frozen objects back under collection (``gc.unfreeze``); the next full collection walks them."""
+    gc.unfreeze()

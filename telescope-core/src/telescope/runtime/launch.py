@@ -45,7 +45,7 @@ from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
 from telescope.config.schema import TelescopeConfig
 from telescope.runtime import event_loop
-from telescope.runtime.garbage_collection import freeze_startup_objects
+from telescope.runtime.garbage_collection import freeze_startup_objects, thaw_startup_objects
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins
@@ -191,6 +191,7 @@ async def _train(
             await run.run()
         finally:
             run.prompts.close()
+            thaw_startup_objects()  # a caller in this process (a test, a notebook) gets its collector back
         return run.summary()
     except asyncio.CancelledError:
         if terminated.is_set():
