@@ -21,9 +21,12 @@ def test_document_starts_follow_position_ids() -> None:
     assert document_starts(positions).tolist() == [0, 3, 5, 6, 10]
 
 
-def test_length_buckets_round_up_to_powers_of_two() -> None:
-    buckets = dict(length_buckets(torch.tensor([1, 3, 4, 5, 17, 2])))
-    assert {size: idx.tolist() for size, idx in buckets.items()} == {1: [0], 2: [5], 4: [1, 2], 8: [3], 32: [4]}
+def test_length_buckets_round_up_to_four_sizes_per_octave() -> None:
+    lengths = torch.tensor([1, 3, 4, 5, 17, 2, 39, 40, 41, 64, 100])
+    buckets = {size: idx.tolist() for size, idx in length_buckets(lengths)}
+    assert buckets == {1: [0], 2: [5], 3: [1], 4: [2], 5: [3], 20: [4], 40: [6, 7], 48: [8], 64: [9], 112: [10]}
+    for size, chosen in buckets.items():  # every document fits, padded by less than a quarter of its length
+        assert all(int(lengths[i]) <= size < 1.25 * int(lengths[i]) + 1 for i in chosen)
 
 
 def _model(path: Path, implementation: str) -> torch.nn.Module:
