@@ -23,7 +23,7 @@ def test_freezes_what_lives_and_still_collects_later_garbage() -> None:
     kept = Node()
     try:
         frozen = freeze_startup_objects("test")
-        assert frozen == gc.get_freeze_count() > 0
+        assert frozen > 0 and gc.get_freeze_count() > 0  # (it shrinks as frozen objects are freed by refcount)
         assert not any(o is kept for o in gc.get_objects())  # frozen: in no generation a collection walks
         later = cycle()  # garbage made after the freeze: a full collection still finds it
         assert later() is not None
