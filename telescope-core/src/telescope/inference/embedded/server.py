@@ -199,21 +199,18 @@ def build_response(
     """Turn an engine result into the vLLM-shaped response."""
     names = token_names.of(body, result)
 
-    def token_str(token: int) -> str:
-        return names[token]
-
     choices = []
     for seq in result.sequences:
         logprobs = None
         if body.logprobs is not None:
-            tokens = [token_str(t) for t in seq.token_ids]
+            tokens = [names[t] for t in seq.token_ids]
             offsets, pos = [], 0
             for text in tokens:
                 offsets.append(pos)
                 pos += len(text)
             tops: list[dict[str, float] | None] = []
             for i in range(len(seq.token_ids)):
-                top = {token_str(t): _clamp(lp) for t, lp in (seq.top_logprobs[i].items() if seq.top_logprobs else ())}
+                top = {names[t]: _clamp(lp) for t, lp in (seq.top_logprobs[i].items() if seq.top_logprobs else ())}
                 top[tokens[i]] = _clamp(seq.logprobs[i])
                 tops.append(top)
             logprobs = CompletionLogProbs(
