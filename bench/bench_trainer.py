@@ -15,13 +15,18 @@ a measured bf16 matmul rate of the card (6 x parameters x tokens for forward and
 backward, plus 12 x layers x hidden x seq for attention; gradient checkpointing's
 recomputation is not counted as useful work).
 
-GPU figure (2026-11-25, one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, no flash-attn;
-``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256 --min-completion
-64 --max-completion 1024 --steps 3``): 100.5k tokens per step in 25 rows of 4,096,
-9.63 s per step, 10.4k tokens/s, MFU 0.054 of a measured 771.6 TFLOP/s, 21.2 GiB peak.
-A profile showed the step bound by the host (GPU busy 1.7 s of 8.5 s); see the
-README's GPU paragraph for the causes and the change made since, not yet measured on
-a GPU.
+GPU figures (``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256
+--min-completion 64 --max-completion 1024``, torch 2.11.0+cu130, no flash-attn;
+100.5k tokens per step in 25 rows of 4,096):
+
+- 2026-11-26, one NVIDIA H200: 3.57 s per step, 28.2k tokens/s, MFU 0.144 of a
+  measured 788 TFLOP/s, 19.8 GiB peak (11.8% and 14.3% in two other runs). Still
+  bound by the host: ``--profile 25`` shows the GPU busy 1.8 s of the step.
+- 2026-11-25, one NVIDIA H100, before the packed-attention plan and the plain module
+  at one rank: 9.63 s per step, 10.4k tokens/s, MFU 0.054.
+
+``--profile N`` runs one more step under ``torch.profiler`` and prints its top N ops
+(by device time on CUDA), the device's busy time, kernel launches and synchronisations.
 """
 
 from __future__ import annotations
@@ -83,6 +88,30 @@ def measured_bf16_flops(device: str) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
+def profile_one_step(backend: object, batch: object, device: str, top: int) -> None:
+    """One more step under torch.profiler: the top ops by device (or CPU) time, and how busy the device was."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        backend.train_step(batch)  # type: ignore[attr-defined]
+        if device == "cuda":
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=top))
+    if device == "cuda":
+        from torch.autograd import DeviceType
+
+        events = prof.key_averages()
+        busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+        launches = sum(e.count for e in events if e.key.startswith("cudaLaunchKernel"))
+        syncs = sum(e.count for e in events if "Synchronize" in e.key)
+        print(f"profiled step {wall:.2f} s wall, device busy {busy:.2f} s, {launches} kernel launches, {syncs} syncs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -96,7 +125,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--entropy-chunk-size", type=int, default=1024,
+        help="positions per entropy chunk (the config's default; the test config's 16 launches 64x the kernels)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="after the timed steps, profile one more step with torch.profiler and print its top N ops",
+    )  # fmt: skip
     args = parser.parse_args()
 
     import torch
@@ -113,6 +150,7 @@ def main() -> None:
             pad_to_multiple_of=64, model_dtype="bfloat16" if bf16 else "float32",
             mixed_precision_dtype="bfloat16" if bf16 else None,
             gradient_checkpointing=args.gradient_checkpointing, learning_rate=1e-6,
+            entropy_chunk_size=args.entropy_chunk_size,
         )  # fmt: skip
         backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
         backend.setup(device=args.device)
@@ -129,6 +167,8 @@ def main() -> None:
             metrics = backend.train_step(batch)
             if step >= args.warmup:
                 rows.append((metrics, batch.num_tokens))
+        if args.profile:
+            profile_one_step(backend, batch, args.device, args.profile)
         backend.close()
 
     step_time = sum(m["timing_trainer_step_total"] for m, _ in rows) / len(rows)
