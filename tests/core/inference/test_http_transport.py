@@ -96,3 +96,55 @@ def test_a_plain_answer_comes_back_whole() -> None:
             return await client.models()
 
     assert asyncio.run(go()) == ["tiny"]
+
+
+def test_a_completion_posts_json_straight_through_aiohttp_and_a_mock_transport_still_works() -> None:
+    seen: list[bytes] = []
+    answer = (
+        b'{"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m", "choices": [{"index": 0,'
+        b' "text": "", "token_ids": [4], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}],'
+        b' "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}'
+    )
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length"))
+        seen.append(head.split(b"\r\n")[0])
+        seen.append(b"json" if b"content-type: application/json" in head.lower() else b"not json")
+        seen.append(await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(answer), answer))
+        await writer.drain()
+        writer.close()
+
+    async def go() -> list[int]:
+        server, url, _ = await _serve(record)
+        async with server, InferenceClient(url) as client:
+            assert client._direct is not None  # the direct path is the one under test
+            result = await client.complete([1, 2, 3], max_tokens=1, seed=5)
+        return result.completions[0].token_ids
+
+    assert asyncio.run(go()) == [4]
+    import json
+
+    assert seen[0] == b"POST /v1/completions HTTP/1.1" and seen[1] == b"json"
+    body = json.loads(seen[2])
+    assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 1 and body["seed"] == 5
+    assert body["request_id"].startswith("cmpl-")
+
+    def mock(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["prompt"] == [7]
+        return httpx.Response(200, content=answer)
+
+    async def through_mock() -> list[int]:
+        async with InferenceClient("http://mock", http_transport=httpx.MockTransport(mock)) as client:
+            assert client._direct is None
+            return (await client.complete([7], max_tokens=1)).completions[0].token_ids
+
+    assert asyncio.run(through_mock()) == [4]
+
+
+def test_request_ids_are_unique() -> None:
+    from telescope.inference.protocol import new_request_id
+
+    ids = {new_request_id() for _ in range(10_000)}
+    assert len(ids) == 10_000

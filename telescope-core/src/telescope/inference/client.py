@@ -2,7 +2,10 @@
 
 One :class:`InferenceClient` per server, over one ``httpx.AsyncClient`` on an
 aiohttp transport (:mod:`telescope.inference.http_transport`: httpcore's pool
-cost grows with the requests in flight):
+cost grows with the requests in flight); POSTs (completions, aborts, weight RPCs)
+skip the ``httpx.AsyncClient`` layers and go to the transport's ``post_json``, with
+the body serialised by pydantic-core (a transport passed in, such as a test's
+``httpx.MockTransport``, gets every request through httpx):
 
 - :meth:`~InferenceClient.complete`: a completion from prompt token ids (or
   text), with ``return_token_ids`` and ``logprobs`` always requested, parsed
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic_core import to_json
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from telescope.inference import weight_updates
@@ -266,11 +270,12 @@ class InferenceClient:
         self.max_retries = max_retries
         self.policy_version = initial_policy_version
         self.read_timeout = read_timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None),
-            transport=http_transport or AiohttpTransport(max_connections=max_connections),
-        )
+        timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
+        transport = http_transport or AiohttpTransport(max_connections=max_connections)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
+        # POSTs go straight to aiohttp when it is the transport (AiohttpTransport.post_json)
+        self._direct = transport if isinstance(transport, AiohttpTransport) else None
+        self._timeouts = timeout.as_dict()
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -290,7 +295,10 @@ class InferenceClient:
             reraise=True,
         ):
             with attempt:
-                response = await self._http.request(method, path, json=json)
+                if self._direct is not None and method == "POST" and json is not None:
+                    response = await self._direct.post_json(self.base_url + path, to_json(json), self._timeouts)
+                else:
+                    response = await self._http.request(method, path, json=json)
                 if response.status_code >= 400:
                     raise InferenceServerError(response.status_code, response.text[:2000])
                 return response

@@ -33,6 +33,7 @@ restricted to the top-p nucleus and renormalised when ``top_p`` is set (vLLM's
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from typing import Literal
@@ -45,8 +46,14 @@ NEG_INF_LOGPROB = -9999.0
 FinishReason = Literal["stop", "length", "abort"]
 
 
+#: A random prefix per process, then a counter: unique like a uuid4 per request, without
+#: reading the OS's random source for every completion.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_id_counter = itertools.count()
+
+
 def new_request_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"
+    return f"cmpl-{_ID_PREFIX}{next(_id_counter):08x}"
 
 
 class CompletionRequest(BaseModel):

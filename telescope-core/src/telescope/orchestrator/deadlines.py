@@ -10,9 +10,14 @@ A Python thread cannot be killed, so the call keeps running in the background
 until it returns by itself (if ever). That is why these calls do not use the event
 loop's default executor (``asyncio.to_thread``): a hung call would hold one of its
 few workers for good, and its non-daemon threads would keep the process from
-exiting. Each call gets a daemon thread of its own instead, and at most
-:data:`MAX_CONCURRENT_CALLS` calls run at a time (the default executor's size, so
-the concurrency is what it was); a call that timed out gives its place back at once.
+exiting. They run on :class:`DaemonWorkers` instead: daemon threads that take calls
+one after another, a new thread started only when none is free, so a thread stuck
+in a hung call is simply left to it (starting a thread per call cost the event loop
+a thread start and a wait for it, at every reward: 15% of the orchestrator's CPU
+samples on the CPU quick start). At most :data:`MAX_CONCURRENT_CALLS` calls run at
+a time (the default executor's size, so the concurrency is what it was); a call that
+timed out gives its place back at once. A worker idle for
+:attr:`DaemonWorkers.idle_exit_s` ends.
 
 The calls still running are listed by :func:`running_calls` (the watchdog names
 them when a run stops progressing). Request timeouts of inference servers
@@ -27,6 +32,7 @@ import contextlib
 import contextvars
 import itertools
 import os
+import queue
 import threading
 import time
 import weakref
@@ -88,6 +94,52 @@ class RunningCall:
         return time.monotonic() - self.started
 
 
+class DaemonWorkers:
+    """Daemon threads that run submitted callables one after another (see the module docstring).
+
+    ``submit`` hands the callable to a free worker, or starts a new one when every
+    worker is busy (a hung call keeps its worker; the others go on). ``then`` runs
+    after the worker counts itself free again, so a caller woken by it that submits
+    its next call at once finds that worker free. Neither may raise
+    (``call_with_deadline``'s catch everything).
+    """
+
+    def __init__(self, idle_exit_s: float = 30.0, name: str = "telescope-environment") -> None:
+        self.idle_exit_s = idle_exit_s
+        self.name = name
+        self.threads_started = 0
+        self._work: queue.SimpleQueue[tuple[Callable[[], None], Callable[[], None]]] = queue.SimpleQueue()
+        self._free = 0  # workers waiting for work that no submitted call has claimed yet
+        self._lock = threading.Lock()
+
+    def submit(self, work: Callable[[], None], then: Callable[[], None] = lambda: None) -> None:
+        with self._lock:
+            start = self._free == 0
+            if not start:
+                self._free -= 1  # this call claims one waiting worker
+            else:
+                self.threads_started += 1
+        self._work.put((work, then))
+        if start:
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                work, then = self._work.get(timeout=self.idle_exit_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._free > 0:  # unclaimed: nobody counts on this worker, it may end
+                        self._free -= 1
+                        return
+                continue  # claimed by a call whose work is on its way
+            work()
+            with self._lock:
+                self._free += 1
+            then()
+
+
+_workers = DaemonWorkers()
 _ids = itertools.count()
 _running: dict[int, RunningCall] = {}
 _running_lock = threading.Lock()
@@ -133,24 +185,26 @@ async def call_with_deadline(
         else:
             future.set_result(result)  # type: ignore[arg-type]
 
+    outcome: list[tuple[T | None, BaseException | None]] = []
+
     def work() -> None:
         try:
-            result = context.run(function, *args)
+            outcome.append((context.run(function, *args), None))
         except BaseException as exc:  # handed to the awaiting coroutine
-            outcome: tuple[T | None, BaseException | None] = (None, exc)
-        else:
-            outcome = (result, None)
+            outcome.append((None, exc))
         finally:
             with _running_lock:
                 _running.pop(call_id, None)
+
+    def then() -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            loop.call_soon_threadsafe(settle, *outcome)
+            loop.call_soon_threadsafe(settle, *outcome[0])
 
     gate = _gate()
     async with gate:
         with _running_lock:
             _running[call_id] = RunningCall(kind, what, time.monotonic(), current_context(), loop)
-        threading.Thread(target=work, name=f"telescope-{kind}", daemon=True).start()
+        _workers.submit(work, then)
         try:
             if timeout_s is None:
                 return await asyncio.shield(future)

@@ -221,6 +221,19 @@ class PromptSource:
         self._taken_state = state
         return item
 
+    def next_ready(self) -> PromptItem | None:
+        """The next prompt if one is prefetched already (never blocks; None otherwise: call :meth:`next`)."""
+        if not self._prefetch or self._queue is None:
+            return None
+        try:
+            produced = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if isinstance(produced, BaseException):
+            raise produced
+        item, self._taken_state = produced
+        return item
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -288,7 +288,7 @@ class RolloutScheduler:
                     if not self.first_finished:
                         self._quota[target] = self._quota.get(target, 0) + 1
                 async with self._draw_lock:
-                    item = await asyncio.to_thread(self.prompts.next)
+                    item = self.prompts.next_ready() or await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
                 group_id = self._next_id
                 self._next_id += 1
