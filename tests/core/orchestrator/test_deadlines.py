@@ -55,7 +55,7 @@ def test_a_hung_call_keeps_its_worker_and_the_next_call_gets_another() -> None:
     release = threading.Event()
 
     async def main() -> None:
-        with pytest.raises(OperationTimeout, match="timeout/reward: hung did not finish within 0.05 s"):
+        with pytest.raises(OperationTimeout, match=r"timeout/reward: hung did not finish within 0\.05 s"):
             await call_with_deadline("reward", "hung", 0.05, release.wait)
         # the hung call still holds its thread; this one runs anyway
         assert await call_with_deadline("reward", "after", 5.0, lambda: "ok") == "ok"

@@ -288,7 +288,8 @@ class RolloutScheduler:
                     if not self.first_finished:
                         self._quota[target] = self._quota.get(target, 0) + 1
                 async with self._draw_lock:
-                    item = self.prompts.next_ready() or await asyncio.to_thread(self.prompts.next)
+                    ready = self.prompts.next_ready()
+                    item = ready if ready is not None else await asyncio.to_thread(self.prompts.next)
                     self._unsettled[item.draw] = item
                 group_id = self._next_id
                 self._next_id += 1
