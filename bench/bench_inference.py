@@ -58,12 +58,22 @@ alone takes 5.0 ms per step at 65 columns, of which the matrix products are abou
 by micro-benchmarks of the same shapes; the rest is per-op overhead of ~30 small ops
 per layer.
 
+On 2026-11-26 (same command, idle machine): 1.70 at batch 1 (1.69, 1.73, 1.73), 1.62 at
+batch 8 (1.66, 1.62, 1.55), 1.27 at batch 64 (1.22, 1.29, 1.38). The decode step alone,
+timed apart: 3.8 ms at 64 rows and 65 columns; ``torch.compile`` of it: 3.9 ms (12 s to
+compile), so it is not used on the CPU.
+
 The GPU path (``--device cuda``) uses random weights with Qwen2.5-0.5B's shapes
 (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocabulary 151936) and
 prompt token ids only, and measures the engine twice, with its decode step replayed
 as CUDA graphs and eagerly (``--cuda-graphs on,off``); on CUDA each engine figure is
 the second of two batches of the same size (the first captures the graphs), and
 ``generate`` is warmed up with a 4-token call.
+
+GPU figures on 2026-11-26, one NVIDIA H200 (same command and software): batch 64
+graphs 16,834, eager 5,996, generate 3,782 tokens/s (4.45x, 1.59x); batch 256 graphs
+43,096, eager 19,574, generate 10,577 (4.07x, 1.85x); per-run graphs/generate ratios
+15.60, 4.33, 4.45 and 10.11, 4.01, 2.54.
 
 GPU figures (2026-11-25, one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130,
 transformers 5.17.0; ``--device cuda --batches 64,256 --new-tokens 128 --repeats
