@@ -18,7 +18,10 @@ def test_a_process_under_a_pytest_directory_is_found_and_the_caller_is_not(tmp_p
     marker = str(tmp_path / "run")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
     try:
-        found = processes_mentioning(marker)
+        # until the child has exec'd, its command line is still the parent's (CI once looked too soon)
+        deadline = time.monotonic() + 20
+        while not (found := processes_mentioning(marker)) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert [line.split(":", 1)[0] for line in found] == [str(child.pid)]
         assert pid_of(marker, "time.sleep") == child.pid
         with pytest.raises(LookupError, match="no live process"):
