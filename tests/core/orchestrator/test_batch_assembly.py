@@ -151,7 +151,7 @@ def test_no_group_is_used_twice_or_lost_and_staleness_is_bounded(
     assert all(len(batch) == 3 for _, batch in batches)
     assert len(draws) == len(set(draws)), "a group was trained twice"
     assert len(draws) + not_trained == dispatched, "a group was lost"
-    assert set(draws) <= scheduler._settled
+    assert set(draws) <= scheduler._ledger.settled
     lags = [step - g.dispatch_version for step, batch in batches for g in batch]
     assert max(lags) <= 2  # max_async_rollout
     staleness = [step - r.oldest_policy_version for step, batch in batches for g in batch for r in g.group.rollouts]

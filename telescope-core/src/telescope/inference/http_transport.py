@@ -75,6 +75,13 @@ def _made(request: httpx.Request | Callable[[], httpx.Request]) -> httpx.Request
     return request if isinstance(request, httpx.Request) else request()
 
 
+def _client_timeout(timeout: dict[str, float | None]) -> aiohttp.ClientTimeout:
+    """httpx's timeout keys as aiohttp's: ``pool`` waits for a connection, ``connect`` for the socket."""
+    return aiohttp.ClientTimeout(
+        total=None, connect=timeout.get("pool"), sock_connect=timeout.get("connect"), sock_read=timeout.get("read")
+    )
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """``httpx.AsyncBaseTransport`` on one ``aiohttp.ClientSession`` (created in the loop that first uses it)."""
 
@@ -90,12 +97,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeout = request.extensions.get("timeout", {})
         session = self._session_for_loop()
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout.get("pool"), sock_connect=timeout.get("connect"),
-            sock_read=timeout.get("read"),
-        )  # fmt: skip
+        client_timeout = _client_timeout(request.extensions.get("timeout", {}))
         body = await request.aread()
         with mapped_errors(request):
             async with session.request(
@@ -116,10 +119,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         ``timeout``: httpx's keys (``connect``, ``read``, ``pool``), as ``handle_async_request`` reads them.
         """
         session = self._session_for_loop()
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout.get("pool"), sock_connect=timeout.get("connect"),
-            sock_read=timeout.get("read"),
-        )  # fmt: skip
+        client_timeout = _client_timeout(timeout)
         with mapped_errors(lambda: httpx.Request("POST", url)):
             async with session.post(
                 url, data=body, headers=_JSON_HEADERS, allow_redirects=False, timeout=client_timeout

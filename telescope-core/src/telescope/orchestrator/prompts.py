@@ -20,11 +20,13 @@ Design:
   asynchronous rollouts, prompts finish out of order; a checkpoint stores the
   position before the earliest prompt not yet settled, plus the draws after it that
   are settled (``skip_draws``), and a resume continues from there skipping those, so
-  no prompt is skipped or repeated.
+  no prompt is skipped or repeated. :class:`DrawLedger` keeps that account for the
+  scheduler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import queue
 import random
@@ -238,3 +240,45 @@ class PromptSource:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+class DrawLedger:
+    """The prompts a run has drawn and which of them are settled: the prompt position a checkpoint saves.
+
+    A drawn prompt is unsettled while its group is in flight or waits for a batch,
+    and settled once trained, discarded or cancelled. :meth:`state` is the position
+    before the earliest unsettled draw, with the later draws already settled listed in
+    ``skip_draws``, so a resume neither repeats nor skips a prompt. Drawing and reading
+    the state take one lock: a draw has moved the source's position before it is
+    recorded here.
+    """
+
+    def __init__(self, prompts: PromptSource) -> None:
+        self.prompts = prompts
+        self.unsettled: dict[int, PromptItem] = {}
+        self.settled: set[int] = set()
+        self._lock = asyncio.Lock()
+
+    async def draw(self) -> PromptItem:
+        """The next prompt (a prefetched one at once, else drawn in a thread), recorded as unsettled."""
+        async with self._lock:
+            ready = self.prompts.next_ready()
+            item = ready if ready is not None else await asyncio.to_thread(self.prompts.next)
+            self.unsettled[item.draw] = item
+            return item
+
+    def settle(self, item: PromptItem) -> None:
+        self.unsettled.pop(item.draw, None)
+        self.settled.add(item.draw)
+
+    async def state(self) -> dict[str, Any]:
+        """The prompt position to checkpoint (see the class docstring)."""
+        async with self._lock:
+            if not self.unsettled:
+                self.settled.clear()
+                return self.prompts.state_dict()
+            earliest = min(self.unsettled)
+            self.settled = {d for d in self.settled if d > earliest}
+            state = dict(self.unsettled[earliest].state_before)
+            state["skip_draws"] = sorted(self.settled)
+            return state

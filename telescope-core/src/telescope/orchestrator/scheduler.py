@@ -102,7 +102,7 @@ from telescope.orchestrator.group_records import (
     SchedulerStats,
     request_seed,
 )
-from telescope.orchestrator.prompts import EnvironmentSlot, PromptItem, PromptSource
+from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
 from telescope.recording import events
 
@@ -168,10 +168,7 @@ class RolloutScheduler:
         self._failure: BaseException | None = None
         self._next_id = first_group_id  # a scheduler after a trainer restart goes on with the ids
         self._closed = False
-        # prompt ledger: drawn but not settled (in flight or waiting), and settled draws
-        self._unsettled: dict[int, PromptItem] = {}
-        self._settled: set[int] = set()
-        self._draw_lock = asyncio.Lock()
+        self._ledger = DrawLedger(prompts)
         self._consecutive_failures = 0
         self.available = available if available is not None else (lambda server: True)
         self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
@@ -287,10 +284,7 @@ class RolloutScheduler:
                     assert target is not None
                     if not self.first_finished:
                         self._quota[target] = self._quota.get(target, 0) + 1
-                async with self._draw_lock:
-                    ready = self.prompts.next_ready()
-                    item = ready if ready is not None else await asyncio.to_thread(self.prompts.next)
-                    self._unsettled[item.draw] = item
+                item = await self._ledger.draw()
                 group_id = self._next_id
                 self._next_id += 1
                 self._start_group(ScheduledGroup(item, target, self.policy_version, server, group_id=group_id), server)
@@ -379,7 +373,7 @@ class RolloutScheduler:
         except asyncio.CancelledError:
             self._count_canceled(scheduled)
             self._in_flight.pop(group_id, None)
-            self._settle(item)
+            self._ledger.settle(item)
             for lane in lanes:
                 lane.release()
             async with self._changed:
@@ -401,7 +395,7 @@ class RolloutScheduler:
             # cancelled while _finish waited for the lock (a run's end, a stale cancel): not yet accounted
             if self._in_flight.pop(group_id, None) is not None:
                 self._count_canceled(scheduled)
-                self._settle(item)
+                self._ledger.settle(item)
                 if not self._closed:  # a stale cancel: its step's budget comes back (at the end nothing waits on it)
                     async with self._changed:
                         self._give_back(scheduled.target_step)
@@ -417,7 +411,7 @@ class RolloutScheduler:
         self.stats.failed_groups += 1
         self._consecutive_failures += 1
         self._in_flight.pop(group_id, None)
-        self._settle(item)
+        self._ledger.settle(item)
         for lane in lanes:
             lane.release()
         async with self._changed:
@@ -463,7 +457,7 @@ class RolloutScheduler:
             else:
                 scheduled.emit("group_discarded", reason=reason, errored=len(errored), rewards=rewards)
                 self._give_back(scheduled.target_step)
-                self._settle(scheduled.item)
+                self._ledger.settle(scheduled.item)
             self._changed.notify_all()
 
     def _give_back(self, target_step: int) -> None:
@@ -518,25 +512,9 @@ class RolloutScheduler:
 
     # ---------------------------------------------------------------- ledger
 
-    def _settle(self, item: PromptItem) -> None:
-        self._unsettled.pop(item.draw, None)
-        self._settled.add(item.draw)
-
     async def prompt_state(self) -> dict[str, object]:
-        """The prompt position to checkpoint: before the earliest unsettled draw.
-
-        Draws after it that are already settled (trained, discarded or cancelled)
-        are listed in ``skip_draws`` so a resume neither repeats nor skips a prompt.
-        """
-        async with self._draw_lock:
-            if not self._unsettled:
-                self._settled.clear()
-                return self.prompts.state_dict()
-            earliest = min(self._unsettled)
-            self._settled = {d for d in self._settled if d > earliest}
-            state = dict(self._unsettled[earliest].state_before)
-            state["skip_draws"] = sorted(self._settled)
-            return state
+        """The prompt position to checkpoint (:meth:`DrawLedger.state`)."""
+        return await self._ledger.state()
 
     # --------------------------------------------------------------- batches
 
@@ -557,7 +535,7 @@ class RolloutScheduler:
                 stale.scheduled.emit("group_discarded", reason="max_async", step=step)
             self.stats.discards.add_stale(stale.group.rollouts)
             self.stats.discarded_groups += 1
-            self._settle(stale.item)
+            self._ledger.settle(stale.item)
         if len(fresh) < len(candidates):
             self._changed.notify_all()
         return fresh
@@ -597,7 +575,7 @@ class RolloutScheduler:
                     last_report = time.monotonic()
             batch = ready[: self.batch_size]  # deterministic: the quota never lets more than batch_size finish
             for used in batch:
-                self._settle(used.item)
+                self._ledger.settle(used.item)
             if self.first_finished:
                 self._pool = ready[self.batch_size :]
             else:
