@@ -129,6 +129,11 @@ def main() -> None:
         "--entropy-chunk-size", type=int, default=1024,
         help="positions per entropy chunk (the config's default; the test config's 16 launches 64x the kernels)",
     )  # fmt: skip
+    parser.add_argument(
+        "--precision", choices=["auto", "fp32", "bf16"], default="auto",
+        help="bf16: bfloat16 weights and compute on CUDA, float32 weights with bfloat16 mixed precision on the "
+        "CPU; auto: bf16 on CUDA, fp32 on the CPU",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N",
@@ -142,12 +147,12 @@ def main() -> None:
     from telescope.testing.trainer import synthetic_batch, tiny_trainer_config
 
     seq_len = args.seq_len or (4096 if args.device == "cuda" else 512)
-    bf16 = args.device == "cuda"
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and args.device == "cuda")
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_model(Path(tmp), args.size)
         config = tiny_trainer_config(
             model_path, seq_len=seq_len, max_model_len=seq_len, max_tokens=args.max_completion,
-            pad_to_multiple_of=64, model_dtype="bfloat16" if bf16 else "float32",
+            pad_to_multiple_of=64, model_dtype="bfloat16" if bf16 and args.device == "cuda" else "float32",
             mixed_precision_dtype="bfloat16" if bf16 else None,
             gradient_checkpointing=args.gradient_checkpointing, learning_rate=1e-6,
             entropy_chunk_size=args.entropy_chunk_size,
@@ -176,6 +181,7 @@ def main() -> None:
     result = {
         "device": args.device,
         "size": args.size,
+        "precision": "bf16" if bf16 else "fp32",
         "parameters": params,
         "seq_len": seq_len,
         "tokens_per_step": tokens,

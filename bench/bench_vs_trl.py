@@ -42,6 +42,7 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         "--prompts_batch_size_for_trainer", str(args.prompts), "--max_tokens", str(args.max_tokens),
         "--learning_rate", str(args.learning_rate), "--discard_group_zero_advantage", "false",
         "--max_async_rollout", str(args.max_async_rollout),
+        "--mixed_precision_dtype", "bfloat16" if args.precision == "bf16" else "null",
     ]  # fmt: skip
     start = time.perf_counter()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
@@ -101,7 +102,7 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         output_dir=str(workdir / "trl"), num_generations=args.group_size,
         per_device_train_batch_size=args.prompts * args.group_size, max_completion_length=args.max_tokens,
         learning_rate=args.learning_rate, max_steps=args.steps, use_cpu=True, logging_steps=1, report_to="none",
-        temperature=1.0, bf16=False, save_strategy="no", beta=0.0, loss_type="grpo", seed=0,
+        temperature=1.0, bf16=args.precision == "bf16", save_strategy="no", beta=0.0, loss_type="grpo", seed=0,
     )  # fmt: skip
     trainer = GRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
@@ -119,12 +120,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=24)
     parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=2e-4)
     parser.add_argument("--max-async-rollout", dest="max_async_rollout", type=int, default=1)
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32",
+        help="fp32 everywhere, or bf16 mixed precision in both trainers (float32 weights, bfloat16 compute: "
+        "Telescope's mixed_precision_dtype, TRL's bf16=True). Telescope's engine still generates in float32 "
+        "(model_dtype); accelerate wraps TRL's model forward in autocast, so its generation runs in bfloat16",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
     print(
         f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
-        f"max_tokens {args.max_tokens}"
+        f"max_tokens {args.max_tokens}, {args.precision}"
     )
     print(f"{'':<18}{'samples/s':>10}{'tokens/s':>10}{'train s':>9}{'wall s':>8}")
     rates = {}

@@ -9,6 +9,7 @@ import torch
 
 from telescope.trainer.packed_attention import (
     ATTENTION_NAME,
+    attention_compute_dtype,
     document_starts,
     length_buckets,
     register_packed_attention,
@@ -105,3 +106,41 @@ def test_a_rows_plan_is_reused_by_its_layers_and_never_by_another_row(tiny_model
             packed(input_ids=first_ids, position_ids=first_positions, use_cache=False)
         assert built.call_count == 4  # the same position_ids tensor as the last row: its plan again
     assert reference.config.num_hidden_layers > 1
+
+
+def test_half_precision_attention_runs_in_float32_on_the_cpu_only() -> None:
+    for dtype in (torch.bfloat16, torch.float16):
+        assert attention_compute_dtype(torch.zeros(1, dtype=dtype)) == torch.float32
+        assert attention_compute_dtype(torch.zeros(1, dtype=dtype, device="meta")) == dtype  # accelerators keep it
+    assert attention_compute_dtype(torch.zeros(1)) == torch.float32
+
+
+def test_bfloat16_rows_attend_in_float32_and_return_bfloat16(tiny_model: Path) -> None:
+    """The CPU's bfloat16 flash-attention backward is several times slower than float32's: the SDPA gets
+    float32 inputs, the layer gets bfloat16 back, and logits and gradients match the masked bfloat16 SDPA."""
+    from unittest import mock
+
+    import telescope.trainer.packed_attention as packed_attention
+
+    reference = _model(tiny_model, "sdpa").to(torch.bfloat16)
+    packed = _model(tiny_model, register_packed_attention()).to(torch.bfloat16)
+    ids, positions = _packed_row([5, 9, 1, 30, 2], reference.config.vocab_size)
+    seen: list[torch.dtype] = []
+    real_sdpa = packed_attention.F.scaled_dot_product_attention
+
+    def recording_sdpa(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(q.dtype)
+        return real_sdpa(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    outputs = {}
+    for name, model in (("sdpa", reference), ("packed", packed)):
+        sdpa = recording_sdpa if name == "packed" else real_sdpa  # the same torch function for both models
+        with mock.patch.object(packed_attention.F, "scaled_dot_product_attention", sdpa):
+            logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        assert logits.dtype == torch.bfloat16
+        logits.float().square().mean().backward()
+        outputs[name] = (logits.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()})
+    assert seen and set(seen) == {torch.float32}
+    torch.testing.assert_close(outputs["packed"][0], outputs["sdpa"][0], atol=0.05, rtol=0.02)
+    for name, grad in outputs["sdpa"][1].items():
+        torch.testing.assert_close(outputs["packed"][1][name], grad, atol=0.02, rtol=0.05, msg=name)

@@ -36,7 +36,9 @@ the prefix rows). The result equals the masked full-row SDPA up to float roundin
 ``tests/core/trainer/test_packed_attention.py``), gradients included (the
 gather/scatter are autograd ops). Buckets bound the padding: a document pads by
 less than a quarter of its length, so the work is under 1.6x the documents' own and
-never near the full row's unless the row is one long document.
+never near the full row's unless the row is one long document. On the CPU,
+half-precision inputs attend in float32 and the output is cast back
+(:func:`attention_compute_dtype`: PyTorch's bfloat16 CPU kernel is several times slower).
 
 Limits: batch size 1 rows (how the trainer calls the model; other shapes fall back
 to transformers' ``sdpa`` with its own mask, which then must be given) and plain
@@ -77,6 +79,23 @@ def supports(config: Any) -> bool:
         return False
     softcap = getattr(config, "attn_logit_softcapping", None)
     return softcap is None and not getattr(config, "use_sinks", False)
+
+
+def attention_compute_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype the SDPA runs in: float32 for half-precision inputs on the CPU, else the inputs' own.
+
+    PyTorch's CPU flash-attention kernel is slow in bfloat16, its backward most of
+    all. Measured on 2 cores (torch 2.13, one thread), 64 documents of 24 or 40
+    tokens, 4 heads of 32: forward and backward took 22 and 43 ms in bfloat16
+    against 5.6 and 8.6 ms with the inputs cast to float32 and the output back
+    (casts included). In a bfloat16 mixed-precision train step of the ``small``
+    tiny model (2,246 tokens, ``bench/bench_trainer.py --precision bf16``) the
+    attention backward fell from 111 to 13 ms and the step from 296-321 to
+    202-229 ms (float32: 238-241 ms). On accelerators the inputs' dtype is kept.
+    """
+    if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return query.dtype
 
 
 def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
@@ -207,12 +226,13 @@ def packed_attention(
             return documents_from_positions(ids.reshape(-1)[-length:])
 
         plan = _plan_for(position_ids, from_positions, length, query.device)
+    compute_dtype = attention_compute_dtype(query)
     outputs = []
     for bucket in plan.buckets:
 
         def gather(x: torch.Tensor, bucket: _Bucket = bucket) -> torch.Tensor:
             picked = x.index_select(1, bucket.gather).view(x.shape[0], bucket.documents, bucket.size, dim)
-            return picked.transpose(0, 1)  # [documents, heads, size, dim]
+            return picked.transpose(0, 1).to(compute_dtype)  # [documents, heads, size, dim]
 
         out = F.scaled_dot_product_attention(
             gather(q),
@@ -223,7 +243,7 @@ def packed_attention(
             scale=scaling,
             enable_gqa=groups > 1,
         )
-        rows = out.transpose(1, 2).reshape(bucket.documents * bucket.size, heads, dim)
+        rows = out.to(query.dtype).transpose(1, 2).reshape(bucket.documents * bucket.size, heads, dim)
         outputs.append(rows.index_select(0, bucket.kept))
     kept = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
     if plan.inverse is not None:
