@@ -7,6 +7,12 @@ Reported for each: samples/s and tokens/s over the training steps (start-up
 excluded: Ray, servers and model loading for Telescope; trainer construction for
 TRL), the whole wall time, and the ratio.
 
+``--precision fp32`` (the default) computes in float32 on both sides;
+``--precision bf16`` trains both in bfloat16 mixed precision (float32 weights):
+Telescope's ``mixed_precision_dtype: bfloat16`` with its engine still generating in
+float32, TRL's ``bf16=True``, where accelerate's autocast also covers generation.
+Figures are in the README's performance notes.
+
 Needs ``pip install trl`` (not a dependency of the project). Run by hand:
 ``python bench/bench_vs_trl.py --steps 10``. Speed depends on the machine and on
 what else runs on it; run it on an idle machine.
