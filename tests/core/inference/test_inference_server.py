@@ -282,3 +282,22 @@ def test_requests_are_timeline_events_with_the_server_phases(server: ServerThrea
     assert set(gone) == {"inference.request"}  # aborted by disconnect: no response, no server phases
     assert gone["inference.request"]["aborted"] is True and gone["inference.request"]["finish_reason"] == "aborted"
     assert "group_id" not in gone["inference.request"]
+
+
+def test_engine_steps_and_batched_tokens_count_every_forward(server: ServerThread) -> None:
+    """A lone request of 3 prompt tokens and 6 new ones: one prefill step then 5 decode steps, 8 tokens through
+    the model (the last sampled token is never fed); two such requests together batch into the same steps."""
+
+    async def go() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        async with InferenceClient(server.base_url) as client:
+            before = await client.metrics()
+            await client.complete([5, 6, 7], max_tokens=6, ignore_eos=True, seed=1)
+            alone = await client.metrics()
+            await client.complete([5, 6, 7], max_tokens=6, ignore_eos=True, seed=2, n=2)
+            return before, alone, await client.metrics()
+
+    before, alone, together = run(go())
+    assert alone["telescope:engine_steps_total"] - before["telescope:engine_steps_total"] == 6
+    assert alone["telescope:batched_tokens_total"] - before["telescope:batched_tokens_total"] == 3 + 5
+    assert together["telescope:engine_steps_total"] - alone["telescope:engine_steps_total"] == 6
+    assert together["telescope:batched_tokens_total"] - alone["telescope:batched_tokens_total"] == 3 + 2 * 5

@@ -19,7 +19,9 @@ Routes (vLLM-compatible unless marked):
   with an identical prompt admitted in the same step (a group's samples; it keeps no
   cache across steps); plus
   ``telescope:policy_version``, ``telescope:requests_aborted_total``,
-  ``telescope:weight_updates_total``).
+  ``telescope:weight_updates_total``, and ``telescope:engine_steps_total`` with
+  ``telescope:batched_tokens_total``: their ratio is the mean batch, the number to
+  watch when generation is slower than expected).
 - ``POST /collective_rpc`` with the weight-sync methods of
   :mod:`telescope.inference.weight_updates` (vLLM's dev-mode route; only those
   methods are accepted), ``POST /reset_prefix_cache`` (a no-op here: the engine
@@ -113,7 +115,11 @@ class _MetricsCollector:
             ("vllm:prefix_cache_hits", "Prompt tokens whose prefill was shared", c["prefix_cache_hits"]),
             ("telescope:requests_aborted", "Aborted requests", c["requests_aborted"]),
             ("telescope:weight_updates", "Weight updates applied", c["weight_updates"]),
-        ]
+            ("telescope:engine_steps", "Engine steps (one batched forward: the decoding rows and any prefill)",
+             c["steps"]),
+            ("telescope:batched_tokens", "Tokens through the model over all steps (decoded and prefilled)",
+             c["batched_tokens"]),
+        ]  # fmt: skip
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self.model_name], float(value))
