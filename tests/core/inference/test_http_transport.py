@@ -118,8 +118,8 @@ def test_a_completion_posts_json_straight_through_aiohttp_and_a_mock_transport_s
 
     async def go() -> list[int]:
         server, url, _ = await _serve(record)
-        async with server, InferenceClient(url) as client:
-            assert client._direct is not None  # the direct path is the one under test
+        async with server, InferenceClient(url, batch_requests=False) as client:
+            assert client._direct is not None  # the direct path of a single POST is the one under test
             result = await client.complete([1, 2, 3], max_tokens=1, seed=5)
         return result.completions[0].token_ids
 

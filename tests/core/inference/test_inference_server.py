@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,24 @@ def test_engine_steps_and_batched_tokens_count_every_forward(server: ServerThrea
     assert alone["telescope:batched_tokens_total"] - before["telescope:batched_tokens_total"] == 3 + 5
     assert together["telescope:engine_steps_total"] - alone["telescope:engine_steps_total"] == 6
     assert together["telescope:batched_tokens_total"] - alone["telescope:batched_tokens_total"] == 3 + 2 * 5
+
+
+def test_batch_route_answers_each_request_on_its_own_line(server: ServerThread, engine: Engine) -> None:
+    """Each request of a batch is its own engine request: its own id, seed and finish; a refused one gets
+    its error line and the others still run; the same seed gives the single route's tokens."""
+    short = {"prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True, "seed": 3, "return_token_ids": True,
+             "logprobs": 0, "request_id": "short"}  # fmt: skip
+    long = {**short, "max_tokens": 12, "seed": 4, "request_id": "long"}
+    wrong_model = {**short, "model": "no-such-model", "request_id": "refused"}
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        answer = http.post("/v1/completions/batch", json={"requests": [long, wrong_model, short]})
+        single = http.post("/v1/completions", json={**long, "request_id": "single"}).json()
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in answer.text.splitlines()]
+    assert [line["index"] for line in lines] == [1, 2, 0]  # the refusal at once, then in finishing order
+    assert lines[0]["status"] == 404 and "no-such-model" in lines[0]["error"] and lines[0]["response"] is None
+    by_index = {line["index"]: line["response"] for line in lines[1:]}
+    assert by_index[0]["id"] == "long" and by_index[2]["id"] == "short"
+    assert len(by_index[0]["choices"][0]["token_ids"]) == 12 and len(by_index[2]["choices"][0]["token_ids"]) == 2
+    assert by_index[0]["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
+    assert by_index[0]["timing"]["finished"] >= by_index[2]["timing"]["finished"]

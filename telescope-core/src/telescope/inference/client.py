@@ -10,7 +10,11 @@ the body serialised by pydantic-core (a transport passed in, such as a test's
 - :meth:`~InferenceClient.complete`: a completion from prompt token ids (or
   text), with ``return_token_ids`` and ``logprobs`` always requested, parsed
   into :class:`CompletionResult` (token ids, per-token log-probabilities of the
-  temperature-scaled distribution, finish reason, policy versions);
+  temperature-scaled distribution, finish reason, policy versions). The
+  completions asked for in one event-loop iteration share one POST where the
+  server has the embedded engine's batch route, each still its own request
+  (:mod:`telescope.inference.request_batching`; ``batch_requests=False`` sends
+  each alone, as it is sent to a server without the route);
 - abort: cancel the awaiting task (``task.cancel()``) and the client closes the
   connection; both servers abort a request whose client disconnected (vLLM's
   completions route and the embedded server listen for the disconnect).
@@ -49,8 +53,9 @@ hung server fails instead of blocking forever); None waits without limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +64,13 @@ from pydantic_core import to_json
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from telescope.inference import weight_updates
-from telescope.inference.http_transport import AiohttpTransport
+from telescope.inference.http_transport import AiohttpTransport, StreamedResponse
 from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
+from telescope.inference.request_batching import BatchLineError, BatchRouteMissing, RequestBatcher
 from telescope.recording.events import emit
+
+#: The embedded server's route for several completions in one POST (:mod:`telescope.inference.request_batching`).
+BATCH_PATH = "/v1/completions/batch"
 
 
 class InferenceServerError(RuntimeError):
@@ -143,13 +152,15 @@ def build_completion_request(
 
 
 def parse_completion_response(
-    payload: dict[str, Any] | bytes, dispatch_version: int, known_version: int
+    payload: dict[str, Any] | bytes | CompletionResponse, dispatch_version: int, known_version: int
 ) -> CompletionResult:
     """Turn a vLLM or embedded ``/v1/completions`` response (parsed, or its JSON body) into a :class:`CompletionResult`.
 
     A body is parsed and validated by pydantic in one pass, without building Python dicts first.
     """
-    if isinstance(payload, bytes):
+    if isinstance(payload, CompletionResponse):
+        response = payload
+    elif isinstance(payload, bytes):
         response = CompletionResponse.model_validate_json(payload)
     else:
         response = CompletionResponse.model_validate(payload)
@@ -263,6 +274,7 @@ class InferenceClient:
         initial_policy_version: int = 0,
         http_transport: httpx.AsyncBaseTransport | None = None,
         server_index: int | None = None,
+        batch_requests: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.server_index = server_index  # the ``server`` of this client's timeline events
@@ -276,6 +288,8 @@ class InferenceClient:
         # POSTs go straight to aiohttp when it is the transport (AiohttpTransport.post_json)
         self._direct = transport if isinstance(transport, AiohttpTransport) else None
         self._timeouts = timeout.as_dict()
+        # completions of one event-loop iteration share a POST where the server has the batch route
+        self._batcher = RequestBatcher(self._send_batch, self.abort) if batch_requests and self._direct else None
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -287,13 +301,16 @@ class InferenceClient:
         await self._http.aclose()
 
     # ------------------------------------------------------------------ basics
-    async def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True) -> httpx.Response:
-        async for attempt in AsyncRetrying(
+    def _retrying(self, retry: bool = True) -> AsyncRetrying:
+        return AsyncRetrying(
             stop=stop_after_attempt(self.max_retries if retry else 1),
             wait=wait_exponential(multiplier=0.1, max=2.0),
             retry=retry_if_exception(_retryable),
             reraise=True,
-        ):
+        )
+
+    async def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True) -> httpx.Response:
+        async for attempt in self._retrying(retry):
             with attempt:
                 if self._direct is not None and method == "POST" and json is not None:
                     response = await self._direct.post_json(self.base_url + path, to_json(json), self._timeouts)
@@ -348,8 +365,8 @@ class InferenceClient:
         result: CompletionResult | None = None
         error: str | None = None
         try:
-            response = await self._request("POST", "/v1/completions", json=body)
-            result = parse_completion_response(response.content, dispatch_version, self.policy_version)
+            answer = await self._post_completion(body)
+            result = parse_completion_response(answer, dispatch_version, self.policy_version)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -361,6 +378,43 @@ class InferenceClient:
                 prompt_tokens=len(body["prompt"]) if isinstance(body["prompt"], list) else None, error=error,
             )  # fmt: skip
         return result
+
+    async def _post_completion(self, body: dict[str, Any]) -> bytes | CompletionResponse:
+        """The completion's answer: through the batcher where the server takes batches, else its own POST."""
+        if self._batcher is not None and self._batcher.supported:
+            try:
+                return await self._batcher.complete(body, self.read_timeout)
+            except BatchRouteMissing:
+                pass  # this server takes one request per POST (vLLM)
+            except BatchLineError as exc:
+                raise InferenceServerError(exc.status, exc.message) from None
+            except TimeoutError as exc:
+                request = httpx.Request("POST", self.base_url + BATCH_PATH)
+                raise httpx.ReadTimeout(f"no answer within {self.read_timeout} s", request=request) from exc
+        response = await self._request("POST", "/v1/completions", json=body)
+        return response.content
+
+    @contextlib.asynccontextmanager
+    async def _send_batch(self, bodies: list[dict[str, Any]]) -> AsyncIterator[AsyncIterator[bytes]]:
+        """POST ``bodies`` to the batch route (retried as a single POST is); yields its answer's lines."""
+        assert self._direct is not None
+        payload = to_json({"requests": bodies})
+        timeouts = {**self._timeouts, "read": None}  # each request waits for its own line (RequestBatcher)
+        response: StreamedResponse | None = None
+        async for attempt in self._retrying():
+            with attempt:
+                response = await self._direct.open_post(self.base_url + BATCH_PATH, payload, timeouts)
+                if response.status >= 400:
+                    text = await response.text()
+                    response.close()
+                    if response.status in (404, 405):
+                        raise BatchRouteMissing(text[:200])
+                    raise InferenceServerError(response.status, text[:2000])
+        assert response is not None
+        try:
+            yield response.lines()
+        finally:
+            response.close()
 
     async def abort(self, request_ids: Sequence[str]) -> list[str]:
         """Abort by id (embedded engine); vLLM aborts on disconnect only, so there this returns []."""

@@ -21,8 +21,8 @@ httpx's meaning (:func:`mapped_errors`):
   (both retried by the client);
 - no answer within the read timeout: ``httpx.ReadTimeout``;
 - the connection broke after the request went out (disconnect, reset, truncated
-  body): ``httpx.RemoteProtocolError`` / ``httpx.ReadError`` (transport errors, not
-  retried: the caller decides).
+  body) or the answer is malformed: ``httpx.RemoteProtocolError`` /
+  ``httpx.ReadError`` (transport errors, not retried: the caller decides).
 
 :meth:`AiohttpTransport.post_json` is the hot path of the client's POSTs (every
 completion): the same request and error mapping without building an ``httpx.Request``
@@ -30,7 +30,9 @@ and going through ``httpx.AsyncClient``'s URL merging, cookie jar, auth and redi
 layers, which cost the orchestrator more CPU than aiohttp's own work per request.
 
 Responses are read whole (every route the client calls answers a small JSON body),
-so no stream outlives :meth:`AiohttpTransport.handle_async_request`. Cancelling the
+so no stream outlives :meth:`AiohttpTransport.handle_async_request`; the one answer
+read as it arrives is a batch of completions (:meth:`AiohttpTransport.open_post`, a
+line per request, see :mod:`telescope.inference.request_batching`). Cancelling the
 awaiting task while a response is pending closes that connection (aiohttp does not
 return a half-read connection to its pool), which is how the servers learn that a
 request was aborted. Limits: HTTP/1.1 only, no proxies, no client certificates
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import aiohttp
 import httpx
@@ -67,6 +69,8 @@ def mapped_errors(request: httpx.Request | Callable[[], httpx.Request]) -> Itera
         raise httpx.ReadTimeout(str(exc) or "read timed out", request=_made(request)) from exc
     except aiohttp.ServerDisconnectedError as exc:
         raise httpx.RemoteProtocolError(str(exc) or "server disconnected", request=_made(request)) from exc
+    except aiohttp.ClientResponseError as exc:  # a malformed answer (a bad chunk, a bad status line)
+        raise httpx.RemoteProtocolError(str(exc) or "malformed answer", request=_made(request)) from exc
     except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ClientConnectionError) as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__, request=_made(request)) from exc
 
@@ -126,8 +130,60 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             ) as response:
                 return httpx.Response(status_code=response.status, content=await response.read())
 
+    async def open_post(self, url: str, body: bytes, timeout: dict[str, float | None]) -> StreamedResponse:
+        """``POST url`` with a JSON ``body``; the answer once its headers are in, its body still to read.
+
+        The caller reads it (:meth:`StreamedResponse.lines` or :meth:`~StreamedResponse.text`)
+        and must :meth:`~StreamedResponse.close` it.
+        """
+        session = self._session_for_loop()
+        client_timeout = _client_timeout(timeout)
+
+        def request() -> httpx.Request:
+            return httpx.Request("POST", url)
+
+        with mapped_errors(request):
+            response = await session.post(
+                url, data=body, headers=_JSON_HEADERS, allow_redirects=False, timeout=client_timeout
+            )
+        return StreamedResponse(response, request)
+
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             with contextlib.suppress(RuntimeError, asyncio.CancelledError):  # its loop may be gone already
                 await self._session.close()
         self._session = None
+
+
+class StreamedResponse:
+    """An answer read as it arrives (a batch of completions answers a line per request as each finishes)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: Callable[[], httpx.Request]) -> None:
+        self._response = response
+        self._request = request
+        self.status = response.status
+
+    async def text(self) -> str:
+        with mapped_errors(self._request):
+            return (await self._response.read()).decode("utf-8", errors="replace")
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The body's non-empty lines, each as soon as it is complete (no line length limit)."""
+        buffer = bytearray()
+        with mapped_errors(self._request):
+            async for chunk in self._response.content.iter_any():
+                buffer += chunk
+                while (end := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    if line.strip():
+                        yield line
+        if buffer.strip():
+            yield bytes(buffer)
+
+    def close(self) -> None:
+        """Back to the pool when read to the end; otherwise the connection is closed (the server sees it go)."""
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()

@@ -188,6 +188,25 @@ class CollectiveRpcRequest(BaseModel):  # type: ignore[no-redef]  # its field "k
     timeout: float | None = None
 
 
+class CompletionBatchRequest(BaseModel):
+    """``POST /v1/completions/batch`` (embedded engine extension): several completion requests in one POST.
+
+    The answer is newline-delimited JSON, one :class:`CompletionBatchLine` per request in
+    the order they finish, so each request keeps its own id, seed, timing and error.
+    """
+
+    requests: list[CompletionRequest]
+
+
+class CompletionBatchLine(BaseModel):
+    """One finished request of a batch: its position, its HTTP status, and its response or error message."""
+
+    index: int
+    status: int = 200
+    response: CompletionResponse | None = None
+    error: str | None = None
+
+
 class AbortRequest(BaseModel):
     """``POST /abort_requests`` (embedded engine extension): abort by request id."""
 

@@ -27,6 +27,12 @@ Routes (vLLM-compatible unless marked):
   methods are accepted), ``POST /reset_prefix_cache`` (a no-op here: the engine
   keeps no prefix cache).
 - ``POST /abort_requests`` (extension): abort by request id.
+- ``POST /v1/completions/batch`` (extension): several completion requests in one POST
+  (:class:`~telescope.inference.protocol.CompletionBatchRequest`), answered as
+  newline-delimited JSON, one line per request as it finishes, each with its own
+  response or error. The orchestrator's client sends the requests it makes in one
+  event-loop iteration this way (a group's samples): one HTTP exchange instead of
+  one per sample, each sample still its own engine request.
 
 A completion response carries the request's ``timing`` (queued, admitted, first
 token, finished; a Telescope extension field), and a weight update's result its
@@ -47,12 +53,13 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from pydantic_core import to_json
 
 from telescope.inference import weight_updates
 from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
@@ -60,6 +67,8 @@ from telescope.inference.protocol import (
     NEG_INF_LOGPROB,
     AbortRequest,
     CollectiveRpcRequest,
+    CompletionBatchLine,
+    CompletionBatchRequest,
     CompletionChoice,
     CompletionLogProbs,
     CompletionRequest,
@@ -274,14 +283,16 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, raw: Request) -> Response:
+    def refusal(body: CompletionRequest) -> tuple[int, str, str] | None:
+        """Why the server will not run ``body`` (status, message, error type); None when it will."""
         if body.model is not None and body.model not in (model_name, engine.settings.model_path):
-            return _error(
-                404, f"the model {body.model!r} does not exist; this server serves {model_name!r}", "NotFoundError"
-            )
+            return 404, f"the model {body.model!r} does not exist; this server serves {model_name!r}", "NotFoundError"
         if body.priority != 0 and engine.settings.scheduling_policy != "priority":
-            return _error(400, "priority other than 0 needs vllm_scheduling_policy: priority")
+            return 400, "priority other than 0 needs vllm_scheduling_policy: priority", "BadRequestError"
+        return None
+
+    def submit(body: CompletionRequest) -> tuple[str, asyncio.Future[RequestResult]]:
+        """Hand ``body`` to the engine; its result arrives in the returned future (ValueError: refused)."""
         prompt_ids = list(body.prompt) if isinstance(body.prompt, list) else engine.tokenize(body.prompt)
         request_id = body.request_id or new_request_id()
         loop = asyncio.get_running_loop()
@@ -290,8 +301,16 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
         def on_done(result: RequestResult) -> None:
             loop.call_soon_threadsafe(lambda: None if future.done() else future.set_result(result))
 
+        engine.submit(request_id, prompt_ids, _params(body), on_done)
+        return request_id, future
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        refused = refusal(body)
+        if refused is not None:
+            return _error(*refused)
         try:
-            engine.submit(request_id, prompt_ids, _params(body), on_done)
+            request_id, future = submit(body)
         except ValueError as exc:
             return _error(400, str(exc))
         disconnect: asyncio.Future[Any] = asyncio.ensure_future(_wait_for_disconnect(raw))
@@ -307,6 +326,46 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
             return Response(status_code=499)
         disconnect.cancel()
         return json_response(build_response(engine, body, future.result(), model_name, token_names))
+
+    @app.post("/v1/completions/batch", response_model=None)
+    async def completions_batch(batch: CompletionBatchRequest) -> StreamingResponse:
+        """Every request of ``batch`` submitted at once; one NDJSON line each, as each finishes.
+
+        A refused request gets its error line at once and the others run. When the
+        client disconnects, Starlette cancels the stream and the requests still running
+        are aborted, as a single request's are.
+        """
+        lines: list[bytes] = []
+        running: dict[asyncio.Future[RequestResult], tuple[int, str]] = {}
+        for index, body in enumerate(batch.requests):
+            refused = refusal(body)
+            try:
+                if refused is None:
+                    request_id, future = submit(body)
+                    running[future] = (index, request_id)
+            except ValueError as exc:
+                refused = (400, str(exc), "BadRequestError")
+            if refused is not None:
+                lines.append(to_json(CompletionBatchLine(index=index, status=refused[0], error=refused[1])))
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                for line in lines:
+                    yield line + b"\n"
+                pending = set(running)
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for future in done:
+                        index, _ = running[future]
+                        body = batch.requests[index]
+                        response = build_response(engine, body, future.result(), model_name, token_names)
+                        yield to_json(CompletionBatchLine(index=index, response=response)) + b"\n"
+            finally:  # the client went away (or the server stops): abort what still runs
+                for future, (_, request_id) in running.items():
+                    if not future.done():
+                        engine.abort(request_id)
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
 
     @app.post("/abort_requests")
     async def abort_requests(body: AbortRequest) -> dict[str, list[str]]:

@@ -1,0 +1,228 @@
+"""The client's request batching: one POST per event-loop iteration, each request still answered on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from telescope.inference.client import InferenceClient, InferenceServerError
+from telescope.inference.embedded.server import ServerThread
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def idle_metrics(client: InferenceClient) -> dict[str, float]:
+    """The server's metrics once nothing runs (an earlier test's aborts land when the server sees them)."""
+    for _ in range(250):
+        metrics = await client.metrics()
+        if metrics["vllm:num_requests_running"] == 0 and metrics["vllm:num_requests_waiting"] == 0:
+            return metrics
+        await asyncio.sleep(0.02)
+    raise AssertionError("the server kept running requests")
+
+
+def test_completions_of_one_iteration_share_one_post_and_equal_single_requests(server: ServerThread) -> None:
+    async def go() -> tuple[list[Any], list[Any], int]:
+        async with (
+            InferenceClient(server.base_url) as batched,
+            InferenceClient(server.base_url, batch_requests=False) as single,
+        ):
+            asked = [dict(max_tokens=6 + i, seed=100 + i, ignore_eos=True) for i in range(8)]
+            together = await asyncio.gather(*(batched.complete([5, 6, 7], **a) for a in asked))
+            alone = [await single.complete([5, 6, 7], **a) for a in asked]
+            assert batched._batcher is not None and single._batcher is None
+            return together, alone, batched._batcher.batches_sent
+
+    together, alone, posts = run(go())
+    assert posts == 1
+    assert len({r.request_id for r in together}) == 8
+    for i, (a, b) in enumerate(zip(together, alone, strict=True)):
+        assert len(a.completions[0].token_ids) == 6 + i
+        assert a.completions[0].token_ids == b.completions[0].token_ids  # same seed, same tokens
+        assert a.completions[0].logprobs == pytest.approx(b.completions[0].logprobs, abs=1e-5)
+        assert a.timing is not None and a.timing.finished is not None
+
+
+def test_each_request_is_answered_when_it_finishes(server: ServerThread) -> None:
+    """A short request of a batch returns while a long one of the same POST still runs."""
+
+    async def go() -> tuple[int, float]:
+        async with InferenceClient(server.base_url) as client:
+            long = asyncio.ensure_future(client.complete([5, 6], max_tokens=400, ignore_eos=True))
+            short = await client.complete([5, 6], max_tokens=2, ignore_eos=True)
+            running = (await client.metrics())["vllm:num_requests_running"]
+            long.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await long
+            return len(short.completions[0].token_ids), running
+
+    tokens, running = run(go())
+    assert tokens == 2 and running >= 1
+
+
+def test_cancelling_one_request_aborts_it_and_the_others_finish(server: ServerThread) -> None:
+    async def go() -> tuple[dict[str, float], dict[str, float], Any]:
+        async with InferenceClient(server.base_url) as client:
+            before = await idle_metrics(client)
+            doomed = asyncio.ensure_future(client.complete([5, 6], max_tokens=450, ignore_eos=True))
+            kept = asyncio.ensure_future(client.complete([5, 7], max_tokens=60, ignore_eos=True))
+            await asyncio.sleep(0.05)
+            doomed.cancel()
+            result = await kept
+            return before, await idle_metrics(client), result
+
+    before, after, result = run(go())
+    assert len(result.completions[0].token_ids) == 60
+    assert after["telescope:requests_aborted_total"] - before["telescope:requests_aborted_total"] == 1
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 450 + 60
+
+
+def test_cancelling_every_request_closes_the_post_and_aborts_them(server: ServerThread) -> None:
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
+        async with InferenceClient(server.base_url) as client:
+            before = await idle_metrics(client)
+            tasks = [asyncio.ensure_future(client.complete([5, i], max_tokens=450, ignore_eos=True)) for i in (6, 7)]
+            await asyncio.sleep(0.05)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return before, await idle_metrics(client)
+
+    before, after = run(go())
+    assert after["vllm:num_requests_running"] == 0
+    assert after["telescope:requests_aborted_total"] - before["telescope:requests_aborted_total"] == 2
+
+
+def test_a_request_waits_at_most_the_read_timeout_for_its_own_answer(server: ServerThread) -> None:
+    async def go() -> tuple[Any, BaseException, dict[str, float], dict[str, float]]:
+        async with InferenceClient(server.base_url, read_timeout=0.3) as client:
+            before = await idle_metrics(client)
+            outcomes = await asyncio.gather(
+                client.complete([5, 6], max_tokens=2, ignore_eos=True),
+                client.complete([5, 6], max_tokens=500, ignore_eos=True),
+                return_exceptions=True,
+            )
+            return outcomes[0], outcomes[1], before, await idle_metrics(client)
+
+    short, long, before, after = run(go())
+    assert len(short.completions[0].token_ids) == 2
+    assert isinstance(long, httpx.ReadTimeout)
+    assert after["telescope:requests_aborted_total"] - before["telescope:requests_aborted_total"] == 1
+
+
+def test_a_refused_request_fails_alone(server: ServerThread) -> None:
+    async def go() -> list[Any]:
+        async with InferenceClient(server.base_url) as client:
+            return await asyncio.gather(
+                client.complete([5, 6], max_tokens=3, model="no-such-model"),
+                client.complete([5, 6], max_tokens=3),
+                return_exceptions=True,
+            )
+
+    refused, served = run(go())
+    assert isinstance(refused, InferenceServerError) and refused.status == 404 and "no-such-model" in str(refused)
+    assert len(served.completions[0].token_ids) == 3
+
+
+ANSWER = {
+    "id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
+    "choices": [{"index": 0, "text": "", "token_ids": [4], "logprobs": {"token_logprobs": [-0.5]},
+                 "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+}  # fmt: skip
+
+
+async def _raw_server(respond: Any) -> tuple[asyncio.Server, str, list[bytes]]:
+    """An HTTP/1.1 server answering each request with ``respond(path, body)`` -> (raw bytes, then close?)."""
+    paths: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-len")
+                )
+                body = await reader.readexactly(length)
+                path = head.split(b" ")[1]
+                paths.append(path)
+                answer, close = respond(path, json.loads(body))
+                writer.write(answer)
+                await writer.drain()
+                if close:  # the server dies in the middle of its answer
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", paths
+
+
+def _http(status: int, body: bytes) -> tuple[bytes, bool]:
+    return b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body), False
+
+
+def test_a_server_without_the_batch_route_gets_one_request_per_post() -> None:
+    """vLLM has no batch route: its 404 sends the waiting requests alone, and every later one too."""
+
+    def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+        if path == b"/v1/completions/batch":
+            return _http(404, b'{"detail": "Not Found"}')
+        return _http(200, json.dumps(ANSWER).encode())
+
+    async def go() -> tuple[list[Any], Any, list[bytes], bool]:
+        server, url, paths = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            first = await asyncio.gather(*(client.complete([1, 2], max_tokens=1) for _ in range(3)))
+            later = await client.complete([1, 2], max_tokens=1)
+            assert client._batcher is not None
+            return first, later, paths, client._batcher.supported
+
+    first, later, paths, supported = run(go())
+    assert [r.completions[0].token_ids for r in [*first, later]] == [[4]] * 4
+    assert paths == [b"/v1/completions/batch"] + [b"/v1/completions"] * 4
+    assert not supported
+
+
+def test_a_batch_cut_off_midway_fails_the_requests_still_waiting() -> None:
+    """The server dies after answering one request of three: that one keeps its answer, the others get the
+    transport error (which the scheduler treats as an unavailable server)."""
+
+    def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+        line = json.dumps({"index": 1, "status": 200, "response": ANSWER}).encode() + b"\n"
+        chunk = b"%x\r\n%s\r\n" % (len(line), line)
+        return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk, True  # no last chunk
+
+    async def go() -> list[Any]:
+        server, url, _ = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            return await asyncio.gather(
+                *(client.complete([1, 2], max_tokens=1) for _ in range(3)), return_exceptions=True
+            )
+
+    outcomes = run(go())
+    assert outcomes[1].completions[0].token_ids == [4]
+    for failed in (outcomes[0], outcomes[2]):
+        assert isinstance(failed, httpx.TransportError), failed
+
+
+def test_a_malformed_batch_answer_is_a_transport_error() -> None:
+    def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+        return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nnot-a-chunk-size\r\n", True
+
+    async def go() -> list[Any]:
+        server, url, _ = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            return await asyncio.gather(
+                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
+            )
+
+    for failed in run(go()):
+        assert isinstance(failed, httpx.TransportError), failed
