@@ -69,7 +69,10 @@ def sample_cpu(root_pid: int, stop: threading.Event, out: dict[int, tuple[str, f
                 times = proc.cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            out[proc.pid] = (process_role(command), times.user + times.system)
+            role = process_role(command)
+            if role == "other" and proc.pid in out:  # an exiting process has no command line left
+                role = out[proc.pid][0]
+            out[proc.pid] = (role, times.user + times.system)
         stop.wait(0.5)
 
 
