@@ -226,3 +226,20 @@ def test_a_malformed_batch_answer_is_a_transport_error() -> None:
 
     for failed in run(go()):
         assert isinstance(failed, httpx.TransportError), failed
+
+
+def test_a_batch_answer_that_ends_early_fails_the_missing_requests_as_a_transport_error() -> None:
+    def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+        line = json.dumps({"index": 0, "status": 200, "response": ANSWER}).encode() + b"\n"
+        return _http(200, line)
+
+    async def go() -> list[Any]:
+        server, url, _ = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            return await asyncio.gather(
+                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
+            )
+
+    answered, missing = run(go())
+    assert answered.completions[0].token_ids == [4]
+    assert isinstance(missing, httpx.RemoteProtocolError) and "without this request" in str(missing)
