@@ -17,7 +17,8 @@ the body serialised by pydantic-core (a transport passed in, such as a test's
   each alone, as it is sent to a server without the route);
 - abort: cancel the awaiting task (``task.cancel()``) and the client closes the
   connection; both servers abort a request whose client disconnected (vLLM's
-  completions route and the embedded server listen for the disconnect).
+  completions route and the embedded server listen for the disconnect). A batched
+  request whose POST others still wait on is aborted by id instead.
   :meth:`~InferenceClient.abort` additionally aborts by id on the embedded server;
 - weight updates: :meth:`~InferenceClient.init_weight_transfer` once and
   :meth:`~InferenceClient.update_weights` per step, through ``/collective_rpc``
