@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -212,7 +213,8 @@ def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path
     stuck = final["stuck"]
     assert isinstance(stuck, dict) and stuck["component"] == "trainer_rank" and stuck["rank"] == 0
     assert any(f.get("component") == "inference_server" and f["ok"] for f in stuck["findings"])
-    assert "The orchestrator was training step" in str(final["error"])
+    # the rank stops wherever it is: in a training step or sending weights (both wait on it); CI saw both
+    assert re.search(r"The orchestrator was (training step \d+|pushing weights version \d+)", str(final["error"]))
     assert leftovers_after(str(run_dir)) == []
 
 
