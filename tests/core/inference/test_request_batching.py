@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -11,6 +13,7 @@ import pytest
 
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.server import ServerThread
+from telescope.inference.request_batching import RequestBatcher
 
 
 def run(coro: Any) -> Any:
@@ -52,7 +55,7 @@ def test_completions_of_one_iteration_share_one_post_and_equal_single_requests(s
 def test_each_request_is_answered_when_it_finishes(server: ServerThread) -> None:
     """A short request of a batch returns while a long one of the same POST still runs."""
 
-    async def go() -> tuple[int, float]:
+    async def go() -> tuple[int, float, int]:
         async with InferenceClient(server.base_url) as client:
             long = asyncio.ensure_future(client.complete([5, 6], max_tokens=400, ignore_eos=True))
             short = await client.complete([5, 6], max_tokens=2, ignore_eos=True)
@@ -60,9 +63,11 @@ def test_each_request_is_answered_when_it_finishes(server: ServerThread) -> None
             long.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await long
-            return len(short.completions[0].token_ids), running
+            assert client._batcher is not None
+            return len(short.completions[0].token_ids), running, client._batcher.batches_sent
 
-    tokens, running = run(go())
+    tokens, running, posts = run(go())
+    assert posts == 1  # both went in one POST
     assert tokens == 2 and running >= 1
 
 
@@ -127,6 +132,24 @@ def test_a_refused_request_fails_alone(server: ServerThread) -> None:
 
     refused, served = run(go())
     assert isinstance(refused, InferenceServerError) and refused.status == 404 and "no-such-model" in str(refused)
+    assert len(served.completions[0].token_ids) == 3
+
+
+def test_an_invalid_request_gets_its_own_error_line(server: ServerThread) -> None:
+    """A body the server's schema rejects (top_p 0) fails alone with 422; the batch's other request runs."""
+
+    async def go() -> list[Any]:
+        async with InferenceClient(server.base_url) as client:
+            outcomes = await asyncio.gather(
+                client.complete([5, 6], max_tokens=3, top_p=0.0),
+                client.complete([5, 6], max_tokens=3),
+                return_exceptions=True,
+            )
+            assert client._batcher is not None and client._batcher.batches_sent == 1
+            return outcomes
+
+    invalid, served = run(go())
+    assert isinstance(invalid, InferenceServerError) and invalid.status == 422 and "top_p" in str(invalid)
     assert len(served.completions[0].token_ids) == 3
 
 
@@ -213,7 +236,7 @@ def test_a_batch_cut_off_midway_fails_the_requests_still_waiting() -> None:
         assert isinstance(failed, httpx.TransportError), failed
 
 
-def test_a_malformed_batch_answer_is_a_transport_error() -> None:
+def test_a_malformed_chunk_in_the_batch_answer_is_a_transport_error() -> None:
     def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
         return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nnot-a-chunk-size\r\n", True
 
@@ -243,3 +266,62 @@ def test_a_batch_answer_that_ends_early_fails_the_missing_requests_as_a_transpor
     answered, missing = run(go())
     assert answered.completions[0].token_ids == [4]
     assert isinstance(missing, httpx.RemoteProtocolError) and "without this request" in str(missing)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"{}", b"not json", json.dumps({"index": 2, "status": 200, "response": ANSWER}).encode(),
+     json.dumps({"index": -1, "status": 200, "response": ANSWER}).encode()],
+    ids=["no-index", "not-json", "index-past-the-batch", "negative-index"],
+)  # fmt: skip
+def test_a_malformed_line_in_the_batch_answer_is_a_transport_error(line: bytes) -> None:
+    """A line that names no request of the batch fails the batch as a transport error (the scheduler then
+    re-dispatches), never another request's answer or an unmapped exception."""
+
+    def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
+        return _http(200, line + b"\n")
+
+    async def go() -> list[Any]:
+        server, url, _ = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            return await asyncio.gather(
+                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
+            )
+
+    for failed in run(go()):
+        assert isinstance(failed, httpx.RemoteProtocolError), failed
+
+
+def test_a_cancel_in_the_iteration_the_answer_arrives_is_not_lost() -> None:
+    """The caller is cancelled right after its line arrived, before it resumed: it must see the cancellation
+    (Python 3.11's ``asyncio.wait_for`` returned the result instead, so a stale rollout went on)."""
+
+    async def go() -> tuple[BaseException | None, list[list[str]]]:
+        aborted: list[list[str]] = []
+        caller: asyncio.Task[Any] | None = None
+
+        @contextlib.asynccontextmanager
+        async def send(bodies: list[dict[str, Any]]) -> AsyncIterator[AsyncIterator[bytes]]:
+            async def lines() -> AsyncIterator[bytes]:
+                yield json.dumps({"index": 0, "status": 200, "response": ANSWER}).encode()
+                assert caller is not None
+                caller.cancel()  # the answer is set; the caller has not run since
+                await asyncio.sleep(10)  # the second request still runs
+
+            yield lines()
+
+        async def abort(ids: list[str]) -> None:
+            aborted.append(ids)
+
+        batcher = RequestBatcher(send, abort)
+        caller = asyncio.ensure_future(batcher.complete({"request_id": "a"}, timeout=60.0))
+        other = asyncio.ensure_future(batcher.complete({"request_id": "b"}, timeout=60.0))
+        outcome = (await asyncio.gather(caller, return_exceptions=True))[0]
+        await asyncio.sleep(0)
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+        return outcome, aborted
+
+    outcome, aborted = run(go())
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert aborted == [["a"]]

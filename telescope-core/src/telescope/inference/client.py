@@ -358,7 +358,8 @@ class InferenceClient:
     async def complete(self, prompt: Sequence[int] | str, **options: Any) -> CompletionResult:
         """One completion request (options: see :func:`build_completion_request`).
 
-        Cancelling the awaiting task closes the connection, which aborts the request on the server.
+        Cancelling the awaiting task aborts the request on the server: by id when it went
+        in a batch others still wait on, else by closing its connection.
         """
         body = build_completion_request(prompt, model=options.pop("model", self.model), **options)
         dispatch_version = self.policy_version

@@ -69,7 +69,7 @@ def mapped_errors(request: httpx.Request | Callable[[], httpx.Request]) -> Itera
         raise httpx.ReadTimeout(str(exc) or "read timed out", request=_made(request)) from exc
     except aiohttp.ServerDisconnectedError as exc:
         raise httpx.RemoteProtocolError(str(exc) or "server disconnected", request=_made(request)) from exc
-    except aiohttp.ClientResponseError as exc:  # a malformed answer (a bad chunk, a bad status line)
+    except aiohttp.ClientResponseError as exc:  # a malformed status line or headers
         raise httpx.RemoteProtocolError(str(exc) or "malformed answer", request=_made(request)) from exc
     except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ClientConnectionError) as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__, request=_made(request)) from exc

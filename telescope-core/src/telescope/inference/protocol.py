@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -193,15 +193,17 @@ class CompletionBatchRequest(BaseModel):
 
     The answer is newline-delimited JSON, one :class:`CompletionBatchLine` per request in
     the order they finish, so each request keeps its own id, seed, timing and error.
+    Each request is validated as a :class:`CompletionRequest` on its own, so an invalid
+    one gets its own error line (422) instead of failing the whole batch.
     """
 
-    requests: list[CompletionRequest]
+    requests: list[dict[str, Any]]
 
 
 class CompletionBatchLine(BaseModel):
     """One finished request of a batch: its position, its HTTP status, and its response or error message."""
 
-    index: int
+    index: int = Field(ge=0)
     status: int = 200
     response: CompletionResponse | None = None
     error: str | None = None

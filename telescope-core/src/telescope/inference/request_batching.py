@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pydantic
 
 from telescope.inference.protocol import CompletionBatchLine, CompletionResponse
 
@@ -68,7 +69,7 @@ class _Waiting:
 @dataclass(eq=False)
 class _Batch:
     items: list[_Waiting]
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] = field(init=False)  # set by the flush that creates the batch
     cancelled: list[str] = field(default_factory=list)
 
 
@@ -98,7 +99,10 @@ class RequestBatcher:
         if len(self._waiting) == 1:
             loop.call_soon(self._flush)
         try:
-            return await asyncio.wait_for(item.future, timeout) if timeout is not None else await item.future
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result
+            # and swallows a cancellation that lands in the iteration the future completes
+            async with asyncio.timeout(timeout):
+                return await item.future
         except (asyncio.CancelledError, TimeoutError):
             self._withdraw(item)
             raise
@@ -119,18 +123,14 @@ class RequestBatcher:
         try:
             async with self._send([item.body for item in items]) as lines:
                 async for raw in lines:
-                    line = CompletionBatchLine.model_validate_json(raw)
-                    item = items[line.index]
+                    item, line = self._match(items, raw)
                     if item.future.done():
                         continue
                     if line.response is not None:
                         item.future.set_result(line.response)
                     else:
                         item.future.set_exception(BatchLineError(line.status, line.error or "refused"))
-            ended = httpx.RemoteProtocolError("the batch answer ended without this request's line")
-            for item in items:
-                if not item.future.done():
-                    item.future.set_exception(ended)
+            self._fail(items, httpx.RemoteProtocolError("the batch answer ended without this request's line"))
         except asyncio.CancelledError:
             for item in items:
                 item.future.cancel()
@@ -142,6 +142,17 @@ class RequestBatcher:
             self._fail(items, exc)
 
     @staticmethod
+    def _match(items: list[_Waiting], raw: bytes) -> tuple[_Waiting, CompletionBatchLine]:
+        """The request a line of the answer is for; a malformed line is a transport error."""
+        try:
+            line = CompletionBatchLine.model_validate_json(raw)
+        except pydantic.ValidationError as exc:
+            raise httpx.RemoteProtocolError(f"a malformed line in the batch answer: {exc}") from exc
+        if line.index >= len(items):
+            raise httpx.RemoteProtocolError(f"the batch answer has a line for request {line.index} of {len(items)}")
+        return items[line.index], line
+
+    @staticmethod
     def _fail(items: list[_Waiting], exc: Exception) -> None:
         for item in items:
             if not item.future.done():
@@ -150,7 +161,7 @@ class RequestBatcher:
     def _withdraw(self, item: _Waiting) -> None:
         """A caller stopped waiting: abort its request (at the end of this iteration, with the others')."""
         batch = item.batch
-        if batch is None or batch.task is None or batch.task.done():
+        if batch is None or batch.task.done():
             return  # not sent yet (the flush skips it) or already over
         batch.cancelled.append(str(item.body["request_id"]))
         if len(batch.cancelled) == 1:
@@ -158,7 +169,7 @@ class RequestBatcher:
 
     def _settle(self, batch: _Batch) -> None:
         ids, batch.cancelled = batch.cancelled, []
-        if batch.task is None or batch.task.done():
+        if batch.task.done():
             return
         if all(item.future.done() for item in batch.items):
             batch.task.cancel()  # nobody waits: closing the connection aborts what still runs

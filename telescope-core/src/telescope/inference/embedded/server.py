@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core import to_json
 
 from telescope.inference import weight_updates
@@ -85,6 +85,10 @@ if TYPE_CHECKING:
     import uvicorn
 
 log = logging.getLogger(__name__)
+
+
+def _batch_error_line(index: int, status: int, message: str) -> bytes:
+    return to_json(CompletionBatchLine(index=index, status=status, error=message)) + b"\n"
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -331,36 +335,41 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     async def completions_batch(batch: CompletionBatchRequest) -> StreamingResponse:
         """Every request of ``batch`` submitted at once; one NDJSON line each, as each finishes.
 
-        A refused request gets its error line at once and the others run. When the
-        client disconnects, Starlette cancels the stream and the requests still running
-        are aborted, as a single request's are.
+        Each request is validated and refused on its own: an invalid or refused one gets
+        its error line at once and the others run. The requests are submitted inside
+        the stream, so whatever ends it (the client going away, Starlette cancelling it
+        before the first line, an error while submitting) aborts those still running,
+        as a single request's are.
         """
-        lines: list[bytes] = []
-        running: dict[asyncio.Future[RequestResult], tuple[int, str]] = {}
-        for index, body in enumerate(batch.requests):
-            refused = refusal(body)
-            try:
-                if refused is None:
-                    request_id, future = submit(body)
-                    running[future] = (index, request_id)
-            except ValueError as exc:
-                refused = (400, str(exc), "BadRequestError")
-            if refused is not None:
-                lines.append(to_json(CompletionBatchLine(index=index, status=refused[0], error=refused[1])))
 
         async def stream() -> AsyncIterator[bytes]:
+            bodies: dict[int, CompletionRequest] = {}
+            running: dict[asyncio.Future[RequestResult], tuple[int, str]] = {}
             try:
-                for line in lines:
-                    yield line + b"\n"
+                for index, raw_body in enumerate(batch.requests):
+                    try:
+                        body = CompletionRequest.model_validate(raw_body)
+                    except ValidationError as exc:
+                        yield _batch_error_line(index, 422, str(exc))
+                        continue
+                    refused = refusal(body)
+                    try:
+                        if refused is None:
+                            request_id, future = submit(body)
+                            running[future] = (index, request_id)
+                            bodies[index] = body
+                    except ValueError as exc:
+                        refused = (400, str(exc), "BadRequestError")
+                    if refused is not None:
+                        yield _batch_error_line(index, refused[0], refused[1])
                 pending = set(running)
                 while pending:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for future in done:
                         index, _ = running[future]
-                        body = batch.requests[index]
-                        response = build_response(engine, body, future.result(), model_name, token_names)
+                        response = build_response(engine, bodies[index], future.result(), model_name, token_names)
                         yield to_json(CompletionBatchLine(index=index, response=response)) + b"\n"
-            finally:  # the client went away (or the server stops): abort what still runs
+            finally:  # the client went away, the stream failed, or the server stops: abort what still runs
                 for future, (_, request_id) in running.items():
                     if not future.done():
                         engine.abort(request_id)
