@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--model", default="small")
     parser.add_argument("--max-tokens", dest="max_tokens", type=int, default=24)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts_batch_size_for_trainer (8: 64 samples a step)")
     args = parser.parse_args()
     from telescope.recording.run_reader import RunReader
 
@@ -93,6 +94,7 @@ def main() -> None:
             "--environments", json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}]),
             "--evals", "[]", "--warm_start_steps", "0", "--number_of_steps", str(args.steps),
             "--max_tokens", str(args.max_tokens), "--discard_group_zero_advantage", "false",
+            "--prompts_batch_size_for_trainer", str(args.prompts),
         ]  # fmt: skip
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
         started = time.perf_counter()
