@@ -106,14 +106,18 @@ def test_cancelling_every_request_closes_the_post_and_aborts_them(server: Server
 
 def test_a_request_waits_at_most_the_read_timeout_for_its_own_answer(server: ServerThread) -> None:
     async def go() -> tuple[Any, BaseException, dict[str, float], dict[str, float]]:
-        async with InferenceClient(server.base_url, read_timeout=0.3) as client:
-            before = await idle_metrics(client)
+        # the metrics go through a client of its own: only the completions carry the short read timeout
+        async with (
+            InferenceClient(server.base_url, read_timeout=0.3) as client,
+            InferenceClient(server.base_url) as observer,
+        ):
+            before = await idle_metrics(observer)
             outcomes = await asyncio.gather(
                 client.complete([5, 6], max_tokens=2, ignore_eos=True),
                 client.complete([5, 6], max_tokens=500, ignore_eos=True),
                 return_exceptions=True,
             )
-            return outcomes[0], outcomes[1], before, await idle_metrics(client)
+            return outcomes[0], outcomes[1], before, await idle_metrics(observer)
 
     short, long, before, after = run(go())
     assert len(short.completions[0].token_ids) == 2
