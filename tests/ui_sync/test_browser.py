@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.ui_sync.conftest import REPO, write_run
 
 from telescope.recording.run_store import RunStore
@@ -90,7 +91,9 @@ def test_every_page_shows_the_real_run(page, serve, real_runs: Path) -> None:  #
 
     page.goto(f"{served.url}/#/rollouts")
     page.locator(".sample-dot").first.wait_for()
-    assert page.locator(".group").count() == 8
+    # one step's groups: the quick start's prompts per step, as the real run used them
+    shipped = yaml.safe_load((REPO / "configs/examples/countdown_tiny.yaml").read_text())
+    assert page.locator(".group").count() == shipped["prompts_batch_size_for_trainer"]
     page.locator(".sample-dot").nth(3).click()
     page.locator(".pane .sample-head").filter(has_text="Sample 3").wait_for()
     page.locator(".search-input").fill("answer")
