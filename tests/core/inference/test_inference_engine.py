@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,28 @@ def test_weight_update_between_steps_changes_logprobs_and_versions(engine: Engin
         assert torch.allclose(torch.tensor(seq.logprobs), ref, atol=1e-4)
         with pytest.raises(KeyError, match="no counterpart"):
             engine.update_weights([("nope.weight", new)], version=8)
+    finally:
+        engine.update_weights(list(original.items()), version=0)
+
+
+def test_a_streamed_update_that_fails_part_way_holds_the_engine_until_a_whole_version_loads(engine: Engine) -> None:
+    """Half of a streamed version is loaded when its sender fails: no step may run on that mix of versions."""
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    names = list(original)[:2]
+
+    def failing() -> Iterator[tuple[str, torch.Tensor]]:
+        yield names[0], original[names[0]] * 2.0
+        raise TimeoutError("the sender stopped writing weights version 5 after 1 of 2 tensors")
+
+    try:
+        with pytest.raises(TimeoutError, match="after 1 of 2"):
+            engine.update_weights(failing(), version=5, streamed=True)
+        assert engine.policy_version != 5
+        done = threading.Event()
+        engine.submit("waits", PROMPTS[0], GenerationParams(max_tokens=2, ignore_eos=True), lambda _: done.set())
+        assert not done.wait(0.5)  # held: the request waits
+        engine.update_weights(iter(list(original.items())), version=6, streamed=True)
+        assert done.wait(30) and engine.policy_version == 6  # a whole version loaded: the engine runs again
     finally:
         engine.update_weights(list(original.items()), version=0)
 

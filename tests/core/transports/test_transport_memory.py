@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from telescope.inference.weight_updates import load_named_tensors
+from telescope.transports import memory
 from telescope.transports.memory import MemoryTransport
 
 
@@ -103,6 +104,94 @@ def test_load_rejects_unknown_names_and_shapes() -> None:
         load_named_tensors(module, [("nope", torch.zeros(2, 2))])
     with pytest.raises(ValueError, match="shape"):
         load_named_tensors(module, [("weight", torch.zeros(3, 2))])
+
+
+class _SenderHeldAfterOneTensor:
+    """Patches the transport so that a sender in another thread stops after its first tensor until ``go`` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.go = threading.Event()
+        self.views = 0
+        real = memory._slot_view
+
+        def view(buffer: torch.Tensor, spec: object, base: int) -> torch.Tensor:
+            if threading.current_thread() is not threading.main_thread():  # the sender's thread; receivers run in main
+                self.views += 1
+                if self.views == 2:
+                    assert self.go.wait(10)
+            return real(buffer, spec, base)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(memory, "_slot_view", view)
+
+
+@pytest.mark.skipif(not memory.STREAMS, reason="streaming needs x86-64's store order")
+def test_a_receiver_takes_each_tensor_while_the_sender_still_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first tensor is received (with its new bytes) while the sender is held before its second."""
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=10)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    try:
+        sender.send(_weights(1.0), version=1)
+        assert dict(receiver.receive(1))["b"][2] == 2.0
+        held = _SenderHeldAfterOneTensor(monkeypatch)
+        sending = threading.Thread(target=sender.send, args=(_weights(3.0), 2))
+        sending.start()
+        stream = receiver.receive(2)
+        name, first = next(stream)
+        assert name == "w" and float(first[0, 0]) == 3.0
+        assert sending.is_alive()  # the sender has not finished: the receive overlaps the send
+        held.go.set()
+        name, second = next(stream)
+        assert name == "b" and float(second[2]) == 6.0
+        assert list(stream) == []
+        sending.join()
+    finally:
+        sender.close()
+
+
+@pytest.mark.skipif(not memory.STREAMS, reason="streaming needs x86-64's store order")
+def test_a_sender_that_stops_part_way_times_the_receiver_out_with_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=0.3)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    held = _SenderHeldAfterOneTensor(monkeypatch)
+    sending = threading.Thread(target=sender.send, args=(_weights(3.0), 1))
+    sending.start()
+    try:
+        stream = receiver.receive(1)
+        assert next(stream)[0] == "w"
+        with pytest.raises(TimeoutError, match="after 1 of 2 tensors"):
+            next(stream)
+    finally:
+        held.go.set()
+        sending.join()
+        sender.close()
+
+
+class _WholeVersions(MemoryTransport):
+    """The transport as it runs where the CPU's stores may be seen out of order (not x86-64)."""
+
+    streams_while_sent = False
+
+
+def test_without_streaming_a_version_is_published_once_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    sender = _WholeVersions(None)
+    receiver = _WholeVersions(None, timeout_s=0.3)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    held = _SenderHeldAfterOneTensor(monkeypatch)
+    sending = threading.Thread(target=sender.send, args=(_weights(3.0), 1))
+    sending.start()
+    try:
+        with pytest.raises(TimeoutError, match="did not appear"):  # half written: not published yet
+            next(receiver.receive(1))
+        held.go.set()
+        sending.join()
+        got = dict(_WholeVersions(None, root=sender.root, timeout_s=5).receive(1))
+        assert float(got["w"][0, 0]) == 3.0 and float(got["b"][2]) == 6.0
+    finally:
+        held.go.set()
+        sending.join()
+        sender.close()
 
 
 @pytest.mark.slow

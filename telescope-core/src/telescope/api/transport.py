@@ -21,9 +21,15 @@ Protocol (the same for every transport, so the orchestrator needs no special cas
 tensor parallelism ``tp`` holds ``tp`` receivers (every TP rank gets the full
 weights and shards them itself). ``send`` and ``receive`` of one version must be
 running at the same time for a collective transport (NCCL), so the orchestrator
-starts both together; a store-and-forward transport (memory) makes ``receive``
-wait for ``send`` to publish. The tensors ``receive`` yields stay valid until the
-next ``receive``.
+starts both together; the memory transport makes ``receive`` wait for each
+tensor to be written. The tensors ``receive`` yields stay valid until the next
+``receive``.
+
+``streams_while_sent``: True when ``receive`` yields each tensor while the sender
+is still writing later ones, so a receiver that loads each tensor as it comes
+finishes about when the sender does (the embedded engine then loads them paused,
+one at a time); False (the default) tells the receiver to take the whole version
+first, as NCCL's receive, whose transfer is long, lets decoding go on meanwhile.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class WeightTransport(ABC):
     """Base class of weight transports."""
 
     name: ClassVar[str] = ""
+    #: ``receive`` yields each tensor while later ones are still being sent (see the module docstring)
+    streams_while_sent: ClassVar[bool] = False
 
     def __init__(self, context: TransportContext | None = None, settings: PluginSettings | None = None) -> None:
         from telescope.api.context import TransportContext

@@ -100,6 +100,11 @@ class WeightReceiver:
         self.transport.connect_receiver(dict(data.get("init_info") or {}), self.rank, self.device)
         return {"rank": self.rank, "transport": self.transport.name}
 
+    @property
+    def streams(self) -> bool:
+        """Whether :meth:`receive` yields tensors while later ones are still sent (load each as it comes)."""
+        return self.transport is not None and self.transport.streams_while_sent
+
     def receive(self, payload: str | dict[str, Any]) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
         if self.transport is None:
             raise RuntimeError(f"weight transfer is not initialised; call {INIT_METHOD} first")

@@ -7,14 +7,25 @@ of one version laid out by a :class:`~telescope.transports.bucketing.Manifest`
 (the *layout*, written once next to the region as ``region-<n>.json``). Both sides
 map the region once and keep the mapping; a version then costs:
 
-- sender: one ``copy_`` of each tensor straight into its place in the next slot
-  (a non-contiguous tensor is copied strided, without a contiguous copy first),
-  then the slot's header word is set to the version and ``current.json`` (a few
-  dozen bytes: version, region, slot) is replaced atomically, which publishes it;
-- receiver: waits for ``current.json`` to name the version, then yields
-  zero-copy views of the slot; loading them into the model in place
+- sender: the slot's header is set to the version (its count of written tensors
+  to 0 first), ``current.json`` (a few dozen bytes: version, region, slot) is
+  replaced atomically, which publishes the version, then one ``copy_`` of each
+  tensor goes straight into its place in the slot (a non-contiguous tensor is
+  copied strided, without a contiguous copy first), the count raised after each;
+- receiver: waits for ``current.json`` to name the version, then yields a
+  zero-copy view of each tensor of the slot as soon as the count says it is
+  written; loading them into the model in place
   (:func:`~telescope.inference.weight_updates.load_named_tensors`, a
   ``Tensor.copy_`` per parameter) is the one copy on its side.
+
+The two copies overlap (:attr:`MemoryTransport.streams_while_sent`): the
+orchestrator starts the send and the receives together, and a receiver that loads
+each tensor as it comes (the embedded engine does, paused) copies tensor ``i``
+while the sender writes ``i + 1``, so a version takes about one copy plus the last
+tensor's rather than two copies end to end (``bench/bench_weight_sync.py``). This
+needs a CPU whose stores reach the other cores in program order (x86-64), so
+that a receiver that sees a tensor counted also sees its bytes; elsewhere
+(:data:`STREAMS` False) the sender publishes a version once it is all written.
 
 So an update is two memory copies whatever the number of receivers, with no page
 faults after the first version (the pages of the region stay mapped on both
@@ -27,9 +38,9 @@ version ``v`` stay valid while the sender writes ``v + 1``; they are overwritten
 by ``v + 2``. The orchestrator sends ``v + 2`` only after every server has loaded
 ``v + 1`` (:meth:`~telescope.runtime.ray_services.RayTrainingService.push_weights`
 awaits both sides), which is the contract of :mod:`telescope.api.transport`
-("valid until the next receive"). As a guard, each slot starts with a header word
-(``-1`` while written, then the version); a receiver checks it before and after
-yielding and raises instead of loading a slot that is being overwritten.
+("valid until the next receive"). As a guard, a receiver checks the slot's version
+word before each tensor and after the last, and raises instead of loading a slot
+that is being overwritten with a newer version.
 
 Why shared memory and not Ray's object store: the inference server is a plain
 process (an HTTP server or a vLLM worker), not necessarily a Ray worker, and a
@@ -41,13 +52,17 @@ Limits: one machine only (receivers must see the sender's ``/dev/shm``);
 held while it replaced one version's file by the next); the latest version only
 (a receiver asking for one already replaced gets a clear error); publication
 relies on the atomic rename of ``current.json`` (the kernel's locking orders the
-sender's writes before the receiver's reads).
+sender's writes before the receiver's reads). A sender that stops in the middle of
+a version leaves a streaming receiver with part of its tensors (and a
+``TimeoutError`` that says how many); the embedded engine then stays paused until
+a version loads whole (:meth:`~telescope.inference.embedded.engine.Engine.update_weights`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -67,10 +82,15 @@ if TYPE_CHECKING:
     from telescope.api.settings import PluginSettings
 
 _ONE_BUCKET = 1 << 62
-#: Bytes before a slot's data: the slot's header word (int64: the version, -1 while written), padded.
+#: Bytes before a slot's data: two int64 words, the version the slot holds (or is being written with) and how
+#: many of its tensors are written so far; padded to the alignment.
 _SLOT_HEADER = ALIGN
-_WRITING = -1
+_EMPTY = -1
 _CURRENT = "current.json"
+#: Publish a version as soon as its writing starts (receivers take each tensor once it is written)? Only where
+#: the CPU makes one core's stores visible to the others in program order (x86-64's total store order), so a
+#: receiver that sees a tensor counted also sees its bytes; elsewhere a version is published once written.
+STREAMS = platform.machine().lower() in {"x86_64", "amd64"}
 
 
 def _shm_parent() -> str | None:
@@ -107,6 +127,7 @@ class _Region:
             self.buffer = torch.from_numpy(mapped)
         self._mapped = mapped
         self.words = np.ndarray((2,), dtype=np.int64, buffer=mapped, offset=0, strides=(self.stride,))
+        self.written = np.ndarray((2,), dtype=np.int64, buffer=mapped, offset=8, strides=(self.stride,))
 
     def header(self, slot: int) -> int:
         return int(self.words[slot])
@@ -119,6 +140,7 @@ class MemoryTransport(WeightTransport):
     """Weights through one reused shared-memory region per run (see the module docstring)."""
 
     name = "memory"
+    streams_while_sent = STREAMS
 
     def __init__(
         self,
@@ -161,7 +183,8 @@ class MemoryTransport(WeightTransport):
         tmp.write_text(layout.to_json(), encoding="utf-8")
         os.replace(tmp, layout_path)
         new = _Region(path, layout, writable=True)
-        new.words[:] = _WRITING
+        new.words[:] = _EMPTY
+        new.written[:] = 0
         if region is not None:  # receivers still mapping it keep their pages until they remap
             region.path.unlink(missing_ok=True)
             region.path.with_suffix(".json").unlink(missing_ok=True)
@@ -177,16 +200,25 @@ class MemoryTransport(WeightTransport):
         region = self._sender_region(plan(items, version, _ONE_BUCKET, mode="memory"))
         slot = self._sends % 2
         base = region.base(slot)
-        region.words[slot] = _WRITING
-        with torch.no_grad():
-            for (_, tensor), spec in zip(items, region.layout.tensors, strict=True):
-                _slot_view(region.buffer, spec, base).copy_(tensor.detach())
+        region.written[slot] = 0  # first: a receiver of this slot's old version must not count its tensors
         region.words[slot] = version
+        if self.streams_while_sent:
+            self._publish(version, region, slot)
+        with torch.no_grad():
+            for count, ((_, tensor), spec) in enumerate(zip(items, region.layout.tensors, strict=True), start=1):
+                _slot_view(region.buffer, spec, base).copy_(tensor.detach())
+                region.written[slot] = count
+        if not self.streams_while_sent:
+            self._publish(version, region, slot)
+        self._sends += 1
+        self.last_send_seconds = time.perf_counter() - start
+
+    def _publish(self, version: int, region: _Region, slot: int) -> None:
+        """Name ``version`` in ``current.json`` (atomically replaced): receivers waiting for it start."""
+        assert self.root is not None
         tmp = self.root / f".{_CURRENT}.tmp"
         tmp.write_text(json.dumps({"version": version, "region": region.path.stem, "slot": slot}), encoding="utf-8")
         os.replace(tmp, self.root / _CURRENT)
-        self._sends += 1
-        self.last_send_seconds = time.perf_counter() - start
 
     # ---------------------------------------------------------------- receiver
     def connect_receiver(self, init_info: dict[str, Any], rank: int, device: str = "cpu") -> None:
@@ -238,10 +270,26 @@ class MemoryTransport(WeightTransport):
         region = self._receiver_region(str(published["region"]))
         slot = int(published["slot"])
         base = region.base(slot)
-        self._check_slot(region, slot, version)
-        for spec in region.layout.tensors:
+        deadline = time.monotonic() + self.timeout_s
+        for count, spec in enumerate(region.layout.tensors, start=1):
+            self._wait_written(region, slot, version, count, deadline)
             yield spec.name, _slot_view(region.buffer, spec, base)
         self._check_slot(region, slot, version)
+
+    def _wait_written(self, region: _Region, slot: int, version: int, count: int, deadline: float) -> None:
+        """Until the sender has written ``count`` tensors of ``version`` (at once where it is complete)."""
+        while True:
+            self._check_slot(region, slot, version)
+            written = int(region.written[slot])
+            if written >= count:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the sender stopped writing weights version {version} after {written} of "
+                    f"{len(region.layout.tensors)} tensors (waited {self.timeout_s:.0f} s, "
+                    "ray_broadcast_init_timeout_s)"
+                )
+            time.sleep(0.0001)
 
     @staticmethod
     def _check_slot(region: _Region, slot: int, version: int) -> None:

@@ -59,7 +59,10 @@ bfloat16 on GPU).
 Weight updates and in-flight requests: :meth:`Engine.update_weights` first
 receives every tensor (for NCCL, the network transfer happens here while
 decoding goes on), then waits for the current step to end, copies all weights
-in place at once and sets the policy version. Running sequences continue with
+in place at once and sets the policy version. With a transport that streams
+(the memory transport: each tensor can be read as soon as the sender wrote it)
+it waits for the first tensor, then pauses and copies each as it arrives, so its
+copy overlaps the sender's. Running sequences continue with
 the new weights; the KV entries they computed before the update are kept (not
 recomputed), as vLLM does. Every generated token records the version of the
 weights that produced its logits, and a result reports the versions of its
@@ -74,6 +77,7 @@ phases without an event per token.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
 import threading
@@ -148,6 +152,7 @@ class Engine:
         self._lock = threading.Lock()  # held for a whole step; weight updates take it between steps
         self._wakeup = threading.Condition()
         self._pause_requests = 0
+        self._weights_incomplete = False  # a streamed update failed part-way: paused until one loads whole
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = {
@@ -258,15 +263,50 @@ class Engine:
                 self._pause_requests -= 1
                 self._wakeup.notify_all()
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        """Receive all tensors, then swap them in between two steps; returns the number loaded."""
-        received = list(weights)
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int, streamed: bool = False) -> int:
+        """Load ``version`` between two steps; returns the number of tensors loaded.
+
+        By default every tensor is received first (decoding goes on meanwhile), then
+        all are copied in while the engine is paused. ``streamed`` (a transport that
+        yields each tensor while later ones are still sent: the memory transport)
+        pauses first and copies each tensor as it arrives, so the copy overlaps the
+        send and the pause lasts about as long as the send. If a streamed version
+        fails part-way, the model holds a mix of two versions: the engine then stays
+        paused (requests wait) until a version loads whole.
+        """
+        if streamed:  # wait for the sender's first tensor unpaused (decoding goes on), then take each as it comes
+            stream = iter(weights)
+            first = next(stream, None)
+            received: Iterable[tuple[str, torch.Tensor]] = itertools.chain([] if first is None else [first], stream)
+        else:
+            received = list(weights)
         with self.paused():
-            count = load_named_tensors(self.model, received)
+            try:
+                count = load_named_tensors(self.model, received)
+            except BaseException:
+                if streamed:
+                    self._hold_until_whole_weights()
+                raise
             self.runner.weights_updated()
             self.policy_version = version
             self.stats["weight_updates"] += 1
+            self._release_weights_hold()
         return count
+
+    def _hold_until_whole_weights(self) -> None:
+        """Keep the engine paused past this update (a streamed version failed part-way)."""
+        with self._wakeup:
+            if not self._weights_incomplete:
+                self._weights_incomplete = True
+                self._pause_requests += 1
+        log.error("a streamed weight update failed part-way: the engine waits for a version that loads whole")
+
+    def _release_weights_hold(self) -> None:
+        with self._wakeup:
+            if self._weights_incomplete:
+                self._weights_incomplete = False
+                self._pause_requests -= 1
+                self._wakeup.notify_all()
 
     # -------------------------------------------------------------------- stats
     def counts(self) -> dict[str, float]:

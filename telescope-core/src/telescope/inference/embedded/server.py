@@ -394,7 +394,7 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
                 started_at, start = time.time(), time.perf_counter()
                 version, tensors = receiver.receive(arg)
                 if weight_updates.should_load(arg):
-                    count = await asyncio.to_thread(engine.update_weights, tensors, version)
+                    count = await asyncio.to_thread(engine.update_weights, tensors, version, receiver.streams)
                 else:  # held: take part in the transfer, keep the weights
                     count = await asyncio.to_thread(weight_updates.discard, tensors)
                 result = {"policy_version": engine.policy_version, "num_tensors": count,
