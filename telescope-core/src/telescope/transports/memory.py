@@ -56,6 +56,8 @@ sender's writes before the receiver's reads). A sender that stops in the middle 
 a version leaves a streaming receiver with part of its tensors (and a
 ``TimeoutError`` that says how many); the embedded engine then stays paused until
 a version loads whole (:meth:`~telescope.inference.embedded.engine.Engine.update_weights`).
+A receiver waiting for the sender polls the header every 0.1 ms (no cross-process
+notification is used: a wait is as long as one tensor's copy).
 """
 
 from __future__ import annotations
