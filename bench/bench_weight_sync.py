@@ -55,7 +55,8 @@ def bench_sync(
     gigabytes = sum(t.numel() * 4 for _, t in source) / 1e9
     sender, receiver = factory(), factory()
     receiver.connect_receiver(sender.prepare_sender(1), rank=1)
-    timings: dict[str, list[float]] = {"overlapped": [], "end_to_end": [], "bound": []}
+    #: per way, (sync, the copy timed right after it) for each version sent that way
+    timings: dict[str, list[tuple[float, float]]] = {"overlapped": [], "end_to_end": []}
     try:
         for version in range(2 * versions):
             overlapped = version % 2 == 0  # alternate, so a burst of load hits both ways alike
@@ -70,22 +71,24 @@ def bench_sync(
             else:
                 sender.send(source, version)
                 load_named_tensors(target, receiver.receive(version))
-            timings["overlapped" if overlapped else "end_to_end"].append(time.perf_counter() - start)
+            sync = time.perf_counter() - start
             start = time.perf_counter()
             for (_, tensor), out in zip(source, copies, strict=True):
                 out.copy_(tensor)
-            timings["bound"].append(time.perf_counter() - start)
+            timings["overlapped" if overlapped else "end_to_end"].append((sync, time.perf_counter() - start))
             loaded = dict(target.named_parameters())
             assert all(torch.equal(loaded[name], tensor) for name, tensor in source), "the loaded state differs"
     finally:
         sender.close()
         receiver.close()
-    bounds = timings["bound"]
-    result = {"first": timings["overlapped"][0] / gigabytes, "bound": statistics.median(bounds[2:]) / gigabytes}
-    for way, offset in (("overlapped", 0), ("end_to_end", 1)):
-        later = timings[way][1:]  # the first of each way is apart (the first version creates the region)
-        result[way] = statistics.median(later) / gigabytes
-        result[f"ratio_{way}"] = statistics.median(t / bounds[2 * i + 2 + offset] for i, t in enumerate(later))
+    later = {way: pairs[1:] for way, pairs in timings.items()}  # each way's first is apart (it creates the region)
+    result = {
+        "first": timings["overlapped"][0][0] / gigabytes,
+        "bound": statistics.median(b for pairs in later.values() for _, b in pairs) / gigabytes,
+    }
+    for way, pairs in later.items():
+        result[way] = statistics.median(s for s, _ in pairs) / gigabytes
+        result[f"ratio_{way}"] = statistics.median(s / b for s, b in pairs)
     return result
 
 

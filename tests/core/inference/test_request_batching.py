@@ -192,6 +192,19 @@ async def _raw_server(respond: Any) -> tuple[asyncio.Server, str, list[bytes]]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", paths
 
 
+def _outcomes(respond: Any, count: int) -> list[Any]:
+    """``count`` one-token completions asked together of a raw server answering with ``respond``: results or errors."""
+
+    async def go() -> list[Any]:
+        server, url, _ = await _raw_server(respond)
+        async with server, InferenceClient(url) as client:
+            return await asyncio.gather(
+                *(client.complete([1, 2], max_tokens=1) for _ in range(count)), return_exceptions=True
+            )
+
+    return run(go())
+
+
 def _http(status: int, body: bytes) -> tuple[bytes, bool]:
     return b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body), False
 
@@ -227,14 +240,7 @@ def test_a_batch_cut_off_midway_fails_the_requests_still_waiting() -> None:
         chunk = b"%x\r\n%s\r\n" % (len(line), line)
         return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunk, True  # no last chunk
 
-    async def go() -> list[Any]:
-        server, url, _ = await _raw_server(respond)
-        async with server, InferenceClient(url) as client:
-            return await asyncio.gather(
-                *(client.complete([1, 2], max_tokens=1) for _ in range(3)), return_exceptions=True
-            )
-
-    outcomes = run(go())
+    outcomes = _outcomes(respond, 3)
     assert outcomes[1].completions[0].token_ids == [4]
     for failed in (outcomes[0], outcomes[2]):
         assert isinstance(failed, httpx.TransportError), failed
@@ -244,14 +250,7 @@ def test_a_malformed_chunk_in_the_batch_answer_is_a_transport_error() -> None:
     def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
         return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nnot-a-chunk-size\r\n", True
 
-    async def go() -> list[Any]:
-        server, url, _ = await _raw_server(respond)
-        async with server, InferenceClient(url) as client:
-            return await asyncio.gather(
-                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
-            )
-
-    for failed in run(go()):
+    for failed in _outcomes(respond, 2):
         assert isinstance(failed, httpx.TransportError), failed
 
 
@@ -260,14 +259,7 @@ def test_a_batch_answer_that_ends_early_fails_the_missing_requests_as_a_transpor
         line = json.dumps({"index": 0, "status": 200, "response": ANSWER}).encode() + b"\n"
         return _http(200, line)
 
-    async def go() -> list[Any]:
-        server, url, _ = await _raw_server(respond)
-        async with server, InferenceClient(url) as client:
-            return await asyncio.gather(
-                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
-            )
-
-    answered, missing = run(go())
+    answered, missing = _outcomes(respond, 2)
     assert answered.completions[0].token_ids == [4]
     assert isinstance(missing, httpx.RemoteProtocolError) and "without this request" in str(missing)
 
@@ -285,14 +277,7 @@ def test_a_malformed_line_in_the_batch_answer_is_a_transport_error(line: bytes) 
     def respond(path: bytes, body: dict[str, Any]) -> tuple[bytes, bool]:
         return _http(200, line + b"\n")
 
-    async def go() -> list[Any]:
-        server, url, _ = await _raw_server(respond)
-        async with server, InferenceClient(url) as client:
-            return await asyncio.gather(
-                *(client.complete([1, 2], max_tokens=1) for _ in range(2)), return_exceptions=True
-            )
-
-    for failed in run(go()):
+    for failed in _outcomes(respond, 2):
         assert isinstance(failed, httpx.RemoteProtocolError), failed
 
 

@@ -284,29 +284,15 @@ class Engine:
             try:
                 count = load_named_tensors(self.model, received)
             except BaseException:
-                if streamed:
-                    self._hold_until_whole_weights()
+                if streamed:  # the loop stays paused while this is set (paused() notifies it on exit)
+                    self._weights_incomplete = True
+                    log.error("a streamed weight update failed part-way: the engine waits for one that loads whole")
                 raise
             self.runner.weights_updated()
             self.policy_version = version
             self.stats["weight_updates"] += 1
-            self._release_weights_hold()
+            self._weights_incomplete = False
         return count
-
-    def _hold_until_whole_weights(self) -> None:
-        """Keep the engine paused past this update (a streamed version failed part-way)."""
-        with self._wakeup:
-            if not self._weights_incomplete:
-                self._weights_incomplete = True
-                self._pause_requests += 1
-        log.error("a streamed weight update failed part-way: the engine waits for a version that loads whole")
-
-    def _release_weights_hold(self) -> None:
-        with self._wakeup:
-            if self._weights_incomplete:
-                self._weights_incomplete = False
-                self._pause_requests -= 1
-                self._wakeup.notify_all()
 
     # -------------------------------------------------------------------- stats
     def counts(self) -> dict[str, float]:
@@ -329,7 +315,7 @@ class Engine:
         with torch.inference_mode():
             while True:
                 with self._wakeup:
-                    while not self._stopping and (self._pause_requests or self._idle()):
+                    while not self._stopping and (self._pause_requests or self._weights_incomplete or self._idle()):
                         self._wakeup.wait(timeout=0.1)
                     if self._stopping:
                         break

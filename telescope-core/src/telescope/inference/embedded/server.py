@@ -87,8 +87,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _batch_error_line(index: int, status: int, message: str) -> bytes:
-    return to_json(CompletionBatchLine(index=index, status=status, error=message)) + b"\n"
+def _batch_line(index: int, **fields: Any) -> bytes:
+    """One line of a batch answer (NDJSON)."""
+    return to_json(CompletionBatchLine(index=index, **fields)) + b"\n"
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -343,34 +344,32 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
         """
 
         async def stream() -> AsyncIterator[bytes]:
-            bodies: dict[int, CompletionRequest] = {}
-            running: dict[asyncio.Future[RequestResult], tuple[int, str]] = {}
+            running: dict[asyncio.Future[RequestResult], tuple[int, str, CompletionRequest]] = {}
             try:
                 for index, raw_body in enumerate(batch.requests):
                     try:
                         body = CompletionRequest.model_validate(raw_body)
                     except ValidationError as exc:
-                        yield _batch_error_line(index, 422, str(exc))
+                        yield _batch_line(index, status=422, error=str(exc))
                         continue
                     refused = refusal(body)
                     try:
                         if refused is None:
                             request_id, future = submit(body)
-                            running[future] = (index, request_id)
-                            bodies[index] = body
+                            running[future] = (index, request_id, body)
                     except ValueError as exc:
                         refused = (400, str(exc), "BadRequestError")
                     if refused is not None:
-                        yield _batch_error_line(index, refused[0], refused[1])
+                        yield _batch_line(index, status=refused[0], error=refused[1])
                 pending = set(running)
                 while pending:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for future in done:
-                        index, _ = running[future]
-                        response = build_response(engine, bodies[index], future.result(), model_name, token_names)
-                        yield to_json(CompletionBatchLine(index=index, response=response)) + b"\n"
+                        index, _, body = running[future]
+                        response = build_response(engine, body, future.result(), model_name, token_names)
+                        yield _batch_line(index, response=response)
             finally:  # the client went away, the stream failed, or the server stops: abort what still runs
-                for future, (_, request_id) in running.items():
+                for future, (_, request_id, _) in running.items():
                     if not future.done():
                         engine.abort(request_id)
 
