@@ -13,6 +13,15 @@ Telescope's ``mixed_precision_dtype: bfloat16`` with its engine still generating
 float32, TRL's ``bf16=True``, where accelerate's autocast also covers generation.
 Figures are in the README's performance notes.
 
+Also printed, to say how far the overlap can go: TRL's time per step split into
+generation (``_generate_and_score_completions``: generating and scoring the
+completions) and the rest (training), and Telescope's first step and the median of
+its later ones. Telescope's loop overlaps generation with training, so at best a
+step costs its trainer's step, and the ratio is bounded by TRL's (generation +
+training) over Telescope's steady step; the first step also waits for the first
+batch. The split uses a private TRL method; where a TRL version lacks it, the split
+is not printed.
+
 Needs ``pip install trl`` (not a dependency of the project). Run by hand:
 ``python bench/bench_vs_trl.py --steps 10``. Speed depends on the machine and on
 what else runs on it; run it on an idle machine.
@@ -23,11 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
@@ -56,9 +67,11 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     wall = time.perf_counter() - start
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     rollouts = RunReader(run_dir).rollouts()
-    train_time = sum(m["timing_step_total"] for m in metrics)
+    steps = [m["timing_step_total"] for m in metrics]
     tokens = sum(r["total_tokens"] for r in rollouts)
-    return {"samples": len(rollouts), "tokens": tokens, "train_s": train_time, "wall_s": wall}
+    later = statistics.median(steps[1:]) if len(steps) > 1 else float("nan")
+    return {"samples": len(rollouts), "tokens": tokens, "train_s": sum(steps), "wall_s": wall,
+            "first_step_s": steps[0], "later_step_s": later}  # fmt: skip
 
 
 def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
@@ -110,11 +123,30 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         learning_rate=args.learning_rate, max_steps=args.steps, use_cpu=True, logging_steps=1, report_to="none",
         temperature=1.0, bf16=args.precision == "bf16", save_strategy="no", beta=0.0, loss_type="grpo", seed=0,
     )  # fmt: skip
-    trainer = GRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
+    generation = {"s": 0.0, "calls": 0}
+
+    class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        """Times generation and scoring apart from the rest of each step (a private TRL method)."""
+
+        def _generate_and_score_completions(self, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(*a, **k)
+            finally:
+                generation["s"] += time.perf_counter() - start
+                generation["calls"] += 1
+
+    split = hasattr(GRPOTrainer, "_generate_and_score_completions")
+    trainer_class = TimedGRPOTrainer if split else GRPOTrainer
+    trainer = trainer_class(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
+                            processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
     trainer.train()
-    return {"samples": counted["samples"], "tokens": counted["tokens"], "train_s": timing["train_s"],
-            "wall_s": time.perf_counter() - start_wall}  # fmt: skip
+    result = {"samples": counted["samples"], "tokens": counted["tokens"], "train_s": timing["train_s"],
+              "wall_s": time.perf_counter() - start_wall}  # fmt: skip
+    if split and generation["calls"]:
+        result["generation_s"] = generation["s"] / args.steps
+        result["training_s"] = (timing["train_s"] - generation["s"]) / args.steps
+    return result
 
 
 def main() -> None:
@@ -146,6 +178,14 @@ def main() -> None:
         print(f"{name:<18}{rates[name][0]:>10.1f}{rates[name][1]:>10.0f}{r['train_s']:>9.1f}{r['wall_s']:>8.1f}")
     t, trl = rates["telescope"], rates["trl GRPOTrainer"]
     print(f"{'ratio':<18}{t[0] / trl[0]:>10.2f}{t[1] / trl[1]:>10.2f}   (telescope / trl, training steps only)")
+    ours, theirs = results["telescope"], results["trl GRPOTrainer"]
+    print(f"telescope: first step {ours['first_step_s']:.3f} s (waits for the first batch), "
+          f"later steps median {ours['later_step_s']:.3f} s")  # fmt: skip
+    if "generation_s" in theirs:
+        both = theirs["generation_s"] + theirs["training_s"]
+        print(f"trl per step: generation and scoring {theirs['generation_s']:.3f} s, "
+              f"training {theirs['training_s']:.3f} s; overlap bound "
+              f"(trl step / telescope later step) {both / ours['later_step_s']:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
