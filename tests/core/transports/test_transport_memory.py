@@ -60,6 +60,45 @@ def test_receive_waits_for_the_sender() -> None:
         sender.close()
 
 
+def test_a_waiting_receiver_polls_every_tenth_of_a_millisecond_then_every_millisecond(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fake clock: the receiver waits 20 ms for the version; its first 10 ms of polls are 0.1 ms apart."""
+    sender = MemoryTransport(None)
+    receiver = MemoryTransport(None, timeout_s=10)
+    receiver.connect_receiver(sender.prepare_sender(1), rank=1)
+    now = [0.0]
+    sleeps: list[float] = []
+    sent: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+        if now[0] >= 0.02 and not sent:  # the sender publishes 20 ms into the wait
+            sent.append(True)
+            sender.send(_weights(3.0), 1)
+
+    fake_time = type(
+        "FakeTime",
+        (),
+        {
+            "monotonic": staticmethod(lambda: now[0]),
+            "perf_counter": staticmethod(lambda: now[0]),
+            "sleep": staticmethod(sleep),
+        },
+    )
+    monkeypatch.setattr(memory, "time", fake_time)
+    try:
+        got = dict(receiver.receive(1))
+        assert float(got["w"][0, 0]) == 3.0
+        fast = [s for s in sleeps if s < 0.0005]
+        assert 99 <= len(fast) <= 101  # 10 ms at 0.1 ms
+        assert sleeps[: len(fast)] == fast  # all before the slower ones
+        assert sleeps[len(fast) :] and all(s == 0.001 for s in sleeps[len(fast) :])
+    finally:
+        sender.close()
+
+
 def test_the_region_is_reused_and_replaced_only_when_the_layout_changes() -> None:
     sender = MemoryTransport(None)
     receiver = MemoryTransport(None, timeout_s=5)

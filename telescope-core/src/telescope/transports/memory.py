@@ -56,8 +56,10 @@ sender's writes before the receiver's reads). A sender that stops in the middle 
 a version leaves a streaming receiver with part of its tensors (and a
 ``TimeoutError`` that says how many); the embedded engine then stays paused until
 a version loads whole (:meth:`~telescope.inference.embedded.engine.Engine.update_weights`).
-A receiver waiting for the sender polls the header every 0.1 ms (no cross-process
-notification is used: a wait is as long as one tensor's copy).
+A receiver waiting for the sender polls (no cross-process notification is used):
+``current.json`` every 0.1 ms for its first 10 ms of waiting, then every 1 ms (a file
+read each time), and the slot's count of written tensors every 0.1 ms (a wait is as
+long as one tensor's copy).
 """
 
 from __future__ import annotations
@@ -93,6 +95,17 @@ _CURRENT = "current.json"
 #: the CPU makes one core's stores visible to the others in program order (x86-64's total store order), so a
 #: receiver that sees a tensor counted also sees its bytes; elsewhere a version is published once written.
 STREAMS = platform.machine().lower() in {"x86_64", "amd64"}
+
+
+#: How a receiver polls for ``current.json`` to name its version: every 0.1 ms for the first 10 ms (the
+#: orchestrator starts a receive with its send, so the version is usually named within a few tenths of a
+#: millisecond, and a 1 ms poll was most of a small model's sync), then every 1 ms (a file read per poll).
+_FAST_POLL_S, _FAST_POLL_FOR_S, _SLOW_POLL_S = 0.0001, 0.01, 0.001
+
+
+def _poll_interval(waited: float) -> float:
+    """The sleep before the next look at ``current.json``, ``waited`` seconds into a receive."""
+    return _FAST_POLL_S if waited < _FAST_POLL_FOR_S else _SLOW_POLL_S
 
 
 def _shm_parent() -> str | None:
@@ -237,7 +250,8 @@ class MemoryTransport(WeightTransport):
         """``current.json`` once it names ``version``; raises when it names a newer one or on timeout."""
         assert self.root is not None
         current = self.root / _CURRENT
-        deadline = time.monotonic() + self.timeout_s
+        began = time.monotonic()
+        deadline = began + self.timeout_s
         while True:
             try:
                 published: dict[str, Any] = json.loads(current.read_text(encoding="utf-8"))
@@ -256,7 +270,7 @@ class MemoryTransport(WeightTransport):
                     f"weights version {version} did not appear in {self.root} within "
                     f"{self.timeout_s:.0f} s (ray_broadcast_init_timeout_s)"
                 )
-            time.sleep(0.001)
+            time.sleep(_poll_interval(time.monotonic() - began))
 
     def _receiver_region(self, name: str) -> _Region:
         if self._region is None or self._region.path.stem != name:
