@@ -4,6 +4,12 @@ Runs ``telescope run configs/examples/countdown_tiny.yaml --seed S`` for each se
 and reports, per seed and as mean +- standard deviation, the eval's mean reward and
 correct rate before training (after the warm start) and after the RL steps, and the
 run's wall time. Run by hand: ``python bench/bench_quickstart.py --seeds 0 1 2``.
+
+A run whose held-out correct rate gains less than ``--keep-below`` points (default 15,
+issue 14's bar) is kept: its run directory is moved to ``runs/bench_quickstart/`` (the
+path is printed), so that a run that did not learn can be looked at afterwards
+(``telescope ui``, its metrics and rollouts). The others are deleted with the
+temporary directory.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +52,10 @@ def run(seed: int, workdir: Path, extra: list[str]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--keep-below", dest="keep_below", type=float, default=15.0,
+        help="keep the run directory of a run whose correct rate gains fewer points than this",
+    )  # fmt: skip
     args, extra = parser.parse_known_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,6 +64,12 @@ def main() -> None:
             r = results[-1]
             print(f"seed {seed}: wall {r['wall_s']:.0f} s | reward {r['reward_before']:.3f} -> {r['reward_after']:.3f}"
                   f" | correct {r['correct_before']:.3f} -> {r['correct_after']:.3f}", flush=True)  # fmt: skip
+            gain = 100 * (r["correct_after"] - r["correct_before"])
+            if gain < args.keep_below:
+                kept = REPO / "runs" / "bench_quickstart" / f"seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(Path(tmp) / f"seed{seed}"), kept)
+                print(f"  gained {gain:+.1f} points (< {args.keep_below:g}): run directory kept at {kept}", flush=True)
     for key in ("wall_s", "reward_before", "reward_after", "correct_before", "correct_after"):
         values = [r[key] for r in results]
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
