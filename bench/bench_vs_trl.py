@@ -136,14 +136,12 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                 generation["s"] += time.perf_counter() - start
                 generation["calls"] += 1
 
-    split = hasattr(GRPOTrainer, "_generate_and_score_completions")
-    trainer_class = TimedGRPOTrainer if split else GRPOTrainer
-    trainer = trainer_class(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
-                            processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
+    trainer = TimedGRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
+                               processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
     trainer.train()
     result = {"samples": counted["samples"], "tokens": counted["tokens"], "train_s": timing["train_s"],
               "wall_s": time.perf_counter() - start_wall}  # fmt: skip
-    if split and generation["calls"]:
+    if generation["calls"]:  # a TRL version without the method never calls it: no split
         result["generation_s"] = generation["s"] / args.steps
         result["training_s"] = (timing["train_s"] - generation["s"]) / args.steps
     return result

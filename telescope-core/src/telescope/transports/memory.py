@@ -56,10 +56,9 @@ sender's writes before the receiver's reads). A sender that stops in the middle 
 a version leaves a streaming receiver with part of its tensors (and a
 ``TimeoutError`` that says how many); the embedded engine then stays paused until
 a version loads whole (:meth:`~telescope.inference.embedded.engine.Engine.update_weights`).
-A receiver waiting for the sender polls (no cross-process notification is used):
-``current.json`` every 0.1 ms for its first 10 ms of waiting, then every 1 ms (a file
-read each time), and the slot's count of written tensors every 0.1 ms (a wait is as
-long as one tensor's copy).
+A receiver waiting for the sender polls (no cross-process notification is used)
+``current.json`` and then the slot's count of written tensors, each wait every 0.1 ms
+for its first 10 ms, then every 1 ms (:func:`_poll_interval`).
 """
 
 from __future__ import annotations
@@ -97,9 +96,10 @@ _CURRENT = "current.json"
 STREAMS = platform.machine().lower() in {"x86_64", "amd64"}
 
 
-#: How a receiver polls for ``current.json`` to name its version: every 0.1 ms for the first 10 ms (the
-#: orchestrator starts a receive with its send, so the version is usually named within a few tenths of a
-#: millisecond, and a 1 ms poll was most of a small model's sync), then every 1 ms (a file read per poll).
+#: How a receiver polls, for ``current.json`` to name its version and for the next tensor to be written: every
+#: 0.1 ms for the first 10 ms of a wait (the orchestrator starts a receive with its send, so the version is
+#: usually named within a few tenths of a millisecond, a tensor within one tensor's copy, and a 1 ms poll was
+#: most of a small model's sync), then every 1 ms (a sender that stalls is not polled 10,000 times a second).
 _FAST_POLL_S, _FAST_POLL_FOR_S, _SLOW_POLL_S = 0.0001, 0.01, 0.001
 
 
@@ -294,6 +294,7 @@ class MemoryTransport(WeightTransport):
 
     def _wait_written(self, region: _Region, slot: int, version: int, count: int, deadline: float) -> None:
         """Until the sender has written ``count`` tensors of ``version`` (at once where it is complete)."""
+        began = time.monotonic()
         while True:
             self._check_slot(region, slot, version)
             written = int(region.written[slot])
@@ -305,7 +306,7 @@ class MemoryTransport(WeightTransport):
                     f"{len(region.layout.tensors)} tensors (waited {self.timeout_s:.0f} s, "
                     "ray_broadcast_init_timeout_s)"
                 )
-            time.sleep(0.0001)
+            time.sleep(_poll_interval(time.monotonic() - began))
 
     @staticmethod
     def _check_slot(region: _Region, slot: int, version: int) -> None:
