@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -215,7 +216,19 @@ def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path
     assert any(f.get("component") == "inference_server" and f["ok"] for f in stuck["findings"])
     # the rank stops wherever it is: in a training step or sending weights (both wait on it); CI saw both
     assert re.search(r"The orchestrator was (training step \d+|pushing weights version \d+)", str(final["error"]))
+    # the stopped rank is killed without waiting for a close it cannot answer (the shutdown waited 30 s for it)
+    log = (run_dir / "logs" / "orchestrator.log").read_text()
+    assert "trainer rank 0 does not answer a ping within 5 s: killed without closing it" in log
+    stuck_at = _logged_at(log, "ERROR telescope.orchestrator.watchdog")
+    failed_at = _logged_at(log, "run failed")
+    assert failed_at - stuck_at < 25, f"the run took {failed_at - stuck_at:.0f} s to stop after the watchdog fired"
     assert leftovers_after(str(run_dir)) == []
+
+
+def _logged_at(log: str, marker: str) -> float:
+    """The time (s since the epoch) of the first line of ``log`` that holds ``marker``."""
+    line = next(line for line in log.splitlines() if marker in line)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) -> None:

@@ -39,7 +39,8 @@ are drained and published as ``trainer.<phase>`` with ``rank`` and ``step``; eac
 rank's ``weights.send`` is published when the weights are pushed; servers' weight
 loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
 
-Shutdown asks every server's worker to stop its server, kills every actor
+Shutdown asks every server's worker to stop its server and every answering trainer
+rank to close (together, in one bounded wait), kills every actor
 (samplers included), stops the trace receiver and removes the placement groups.
 Nothing is killed by PID from the driver's host: a server process dies with its
 worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
@@ -107,6 +108,8 @@ def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
 
 #: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
 PING_TIMEOUT_S = 5.0
+#: Seconds the servers' stops and the trainer ranks' closes get, all together, at shutdown.
+CLOSE_TIMEOUT_S = 30.0
 
 
 def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
@@ -564,13 +567,22 @@ class RayServices:
             log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
 
     def shutdown(self) -> None:
-        """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice)."""
-        for server in self.servers:
-            with contextlib.suppress(Exception):
-                ray.get(server.stop.remote(), timeout=30)
-        for trainer in self.trainers:
-            with contextlib.suppress(Exception):
-                ray.get(trainer.close.remote(), timeout=30)
+        """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice).
+
+        The servers' stops and the trainer ranks' closes run together, within one
+        ``CLOSE_TIMEOUT_S``; a rank that does not answer a ping within
+        ``PING_TIMEOUT_S`` (stopped, or stuck holding its interpreter) is killed
+        without a close, which would only wait behind whatever holds it.
+        """
+        with contextlib.suppress(Exception):
+            answering = _answering(self.trainers, PING_TIMEOUT_S)
+            for rank, trainer in enumerate(self.trainers):
+                if trainer not in answering:
+                    log.warning("trainer rank %d does not answer a ping within %g s: killed without closing it",
+                                rank, PING_TIMEOUT_S)  # fmt: skip
+            calls = [server.stop.remote() for server in self.servers] + [t.close.remote() for t in answering]
+            if calls:
+                ray.wait(calls, num_returns=len(calls), timeout=CLOSE_TIMEOUT_S)
         for actor in [*self.servers, *self.trainers, *self.node_samplers]:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
@@ -583,6 +595,16 @@ class RayServices:
                 remove_placement_group(group)
         self.servers, self.trainers, self.groups = [], [], []
         self.node_samplers = []
+
+
+def _answering(actors: list[Any], timeout_s: float) -> list[Any]:
+    """The trainer actors whose ping returns (a value or an error) within ``timeout_s``, pinged together."""
+    if not actors:
+        return []
+    pings = [actor.ping.remote() for actor in actors]
+    ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+    done = set(ready)
+    return [actor for actor, ping in zip(actors, pings, strict=True) if ping in done]
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
