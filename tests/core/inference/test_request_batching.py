@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from telescope.inference.client import InferenceClient, InferenceServerError
+from telescope.inference.embedded.engine import Engine
 from telescope.inference.embedded.server import ServerThread
 from telescope.inference.request_batching import RequestBatcher
 
@@ -104,7 +106,19 @@ def test_cancelling_every_request_closes_the_post_and_aborts_them(server: Server
     assert after["telescope:requests_aborted_total"] - before["telescope:requests_aborted_total"] == 2
 
 
-def test_a_request_waits_at_most_the_read_timeout_for_its_own_answer(server: ServerThread) -> None:
+def test_a_request_waits_at_most_the_read_timeout_for_its_own_answer(
+    server: ServerThread, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each engine step takes at least 2 ms, so the 500-token request needs at least 1 s, well past the 0.3 s read
+    # timeout, and the 2-token one a few steps (the tiny model alone decodes 500 tokens in about 0.25 s)
+    step = engine._step
+
+    def slow_step() -> None:
+        time.sleep(0.002)
+        step()
+
+    monkeypatch.setattr(engine, "_step", slow_step)
+
     async def go() -> tuple[Any, BaseException, dict[str, float], dict[str, float]]:
         # the metrics go through a client of its own: only the completions carry the short read timeout
         async with (
