@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cores_check import report
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -57,6 +59,7 @@ def main() -> None:
         help="keep the run directory of a run whose correct rate gains fewer points than this",
     )  # fmt: skip
     args, extra = parser.parse_known_args()
+    print(report("before"), flush=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -78,6 +81,7 @@ def main() -> None:
     print(
         f"reward gain     mean {statistics.mean(gains):.3f}  std {statistics.stdev(gains) if len(gains) > 1 else 0:.3f}"
     )
+    print(report("after"))
 
 
 if __name__ == "__main__":

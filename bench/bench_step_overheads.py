@@ -34,6 +34,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from cores_check import report
+
 REPO = Path(__file__).resolve().parents[1]
 ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
               "prompt_style": "compact"}  # fmt: skip
@@ -85,6 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     from telescope.recording.run_reader import RunReader
 
+    before = report("before")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [
@@ -143,6 +146,7 @@ def main() -> None:
     rewards = [float(e["duration_s"]) for e in events if e["kind"] == "reward.compute"]
     print(f"tiny:{args.model}, {args.steps} steps, max_tokens {args.max_tokens}; wall {wall:.1f} s, "
           f"first training step {first_step:.1f} s after the run started")  # fmt: skip
+    print(f"{before}\n{report('after')}")
     print("\nper step (median, ms)")
     for name, value in rows:
         print(f"  {name:<56}{value * 1000:>8.1f}")

@@ -22,7 +22,9 @@ training) over Telescope's steady step; the first step also waits for the first
 batch. The split uses a private TRL method; where a TRL version lacks it, the split
 is not printed.
 
-Needs ``pip install trl`` (not a dependency of the project). Run by hand:
+Before and after, one line says how many cores two busy processes got
+(``cores_check.py``): a machine that gives fewer than its cores makes the figures
+incomparable. Needs ``pip install trl`` (not a dependency of the project). Run by hand:
 ``python bench/bench_vs_trl.py --steps 10``. Speed depends on the machine and on
 what else runs on it; run it on an idle machine.
 """
@@ -39,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from cores_check import report
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
@@ -163,8 +167,11 @@ def main() -> None:
         "(model_dtype); accelerate wraps TRL's model forward in autocast, so its generation runs in bfloat16",
     )  # fmt: skip
     args = parser.parse_args()
+    before = report("before")
     with tempfile.TemporaryDirectory() as tmp:
         results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
+    print(before)
+    print(report("after"))
     print(
         f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
         f"max_tokens {args.max_tokens}, {args.precision}"
