@@ -1,6 +1,9 @@
-"""Trainer-side recomputation used by the correctness tests (plain transformers)."""
+"""Helpers of the inference tests: the trainer-side recomputation (plain transformers), an idle server's metrics."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import torch
 
@@ -20,3 +23,21 @@ def trainer_logprobs(
 def mean_k3(inference: list[float], trainer: torch.Tensor) -> float:
     d = torch.tensor(inference) - trainer
     return float((torch.exp(d) - 1 - d).mean())
+
+
+async def idle_metrics(client: Any) -> dict[str, float]:
+    """The server's metrics once nothing runs (an earlier test's aborts land when the server sees them).
+
+    Idle: no request running or waiting, and no engine step taken over 20 ms (the step
+    that drops an aborted request ends after the request stops counting as running).
+    """
+    previous: dict[str, float] | None = None
+    for _ in range(250):
+        metrics: dict[str, float] = await client.metrics()
+        idle = metrics["vllm:num_requests_running"] == 0 and metrics["vllm:num_requests_waiting"] == 0
+        steps = metrics["telescope:engine_steps_total"]
+        if idle and previous is not None and steps == previous["telescope:engine_steps_total"]:
+            return metrics
+        previous = metrics if idle else None
+        await asyncio.sleep(0.02)
+    raise AssertionError("the server kept running requests")

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import mean_k3, trainer_logprobs
+from inference_helpers import idle_metrics, mean_k3, trainer_logprobs
 
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
@@ -291,7 +291,7 @@ def test_engine_steps_and_batched_tokens_count_every_forward(server: ServerThrea
 
     async def go() -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         async with InferenceClient(server.base_url) as client:
-            before = await client.metrics()
+            before = await idle_metrics(client)  # the previous test's aborted request may still take a step
             await client.complete([5, 6, 7], max_tokens=6, ignore_eos=True, seed=1)
             alone = await client.metrics()
             await client.complete([5, 6, 7], max_tokens=6, ignore_eos=True, seed=2, n=2)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from inference_helpers import idle_metrics
 
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
@@ -20,16 +21,6 @@ from telescope.inference.request_batching import RequestBatcher
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-async def idle_metrics(client: InferenceClient) -> dict[str, float]:
-    """The server's metrics once nothing runs (an earlier test's aborts land when the server sees them)."""
-    for _ in range(250):
-        metrics = await client.metrics()
-        if metrics["vllm:num_requests_running"] == 0 and metrics["vllm:num_requests_waiting"] == 0:
-            return metrics
-        await asyncio.sleep(0.02)
-    raise AssertionError("the server kept running requests")
 
 
 def test_completions_of_one_iteration_share_one_post_and_equal_single_requests(server: ServerThread) -> None:
