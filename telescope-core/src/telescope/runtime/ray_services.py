@@ -40,7 +40,7 @@ rank's ``weights.send`` is published when the weights are pushed; servers' weigh
 loads (``weights.load``) and requests (``inference.*``) are emitted by their clients.
 
 Shutdown asks every server's worker to stop its server and every answering trainer
-rank to close (together, in one bounded wait), kills every actor
+rank to close (together, in one bounded wait: :mod:`telescope.runtime.worker_shutdown`), kills every actor
 (samplers included), stops the trace receiver and removes the placement groups.
 Nothing is killed by PID from the driver's host: a server process dies with its
 worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
@@ -82,6 +82,7 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
+from telescope.runtime.worker_shutdown import bounded, stop_workers
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -108,8 +109,6 @@ def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
 
 #: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
 PING_TIMEOUT_S = 5.0
-#: Seconds the servers' stops and the trainer ranks' closes get, all together, at shutdown.
-CLOSE_TIMEOUT_S = 30.0
 
 
 def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
@@ -562,30 +561,16 @@ class RayServices:
             self.shutdown()
             return
         if gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
-            await asyncio.to_thread(_bounded, budget_s, self.shutdown)
+            await asyncio.to_thread(bounded, budget_s, self.shutdown)
         else:
             log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
 
     def shutdown(self) -> None:
         """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice).
 
-        The servers' stops and the trainer ranks' closes run together, within one
-        ``CLOSE_TIMEOUT_S``; a rank that does not answer a ping within
-        ``PING_TIMEOUT_S`` (stopped, or stuck holding its interpreter) is killed
-        without a close, which would only wait behind whatever holds it.
+        Graceful stops and kills: :func:`telescope.runtime.worker_shutdown.stop_workers`.
         """
-        with contextlib.suppress(Exception):
-            answering = _answering(self.trainers, PING_TIMEOUT_S)
-            for rank, trainer in enumerate(self.trainers):
-                if trainer not in answering:
-                    log.warning("trainer rank %d does not answer a ping within %g s: killed without closing it",
-                                rank, PING_TIMEOUT_S)  # fmt: skip
-            calls = [server.stop.remote() for server in self.servers] + [t.close.remote() for t in answering]
-            if calls:
-                ray.wait(calls, num_returns=len(calls), timeout=CLOSE_TIMEOUT_S)
-        for actor in [*self.servers, *self.trainers, *self.node_samplers]:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+        stop_workers(self.servers, self.trainers, self.node_samplers, PING_TIMEOUT_S)
         if self.trace_receiver is not None:
             with contextlib.suppress(Exception):
                 self.trace_receiver.stop()
@@ -597,26 +582,5 @@ class RayServices:
         self.node_samplers = []
 
 
-def _answering(actors: list[Any], timeout_s: float) -> list[Any]:
-    """The trainer actors whose ping returns (a value or an error) within ``timeout_s``, pinged together."""
-    if not actors:
-        return []
-    pings = [actor.ping.remote() for actor in actors]
-    ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
-    done = set(ready)
-    return [actor for actor, ping in zip(actors, pings, strict=True) if ping in done]
-
-
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
-
-
-def _bounded(seconds: float, function: Callable[[], Any]) -> None:
-    """Run ``function`` in a daemon thread and wait at most ``seconds`` for it (it may block on a dead Ray)."""
-    import threading
-
-    worker = threading.Thread(target=function, name="telescope-ray-cleanup", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        log.warning("the Ray cleanup did not finish within %.0f s (Ray's processes are gone); skipping it", seconds)
