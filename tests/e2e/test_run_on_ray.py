@@ -172,7 +172,7 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
 EXPECTED_KINDS = {
     "inference.request", "inference.queue", "inference.prefill", "inference.decode",
     "trainer.step", "trainer.data_to_device", "trainer.forward", "trainer.loss_computation", "trainer.backward",
-    "trainer.optimizer", "weights.send", "weights.load", "weights.sync",
+    "trainer.optimizer", "trainer.prewarm", "weights.send", "weights.load", "weights.sync",
     "orchestrator.group_dispatched", "orchestrator.group_completed", "orchestrator.batch_assembled",
     "orchestrator.step", "orchestrator.checkpoint", "reward.compute", "eval.run",
 }  # fmt: skip

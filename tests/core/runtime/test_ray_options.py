@@ -32,9 +32,28 @@ def test_runtime_env_options_can_be_turned_off(tmp_path: Path, monkeypatch: pyte
     for name in ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TELESCOPE_CACHE", "TOKENIZERS_PARALLELISM"):
         monkeypatch.delenv(name, raising=False)
     env = runtime_env(
-        config(ray_propagate_active_venv=False, ray_propagate_run_dir=False, ray_pin_py_executable=False), tmp_path
-    )
+        config(
+            ray_propagate_active_venv=False, ray_propagate_run_dir=False, ray_pin_py_executable=False,
+            ray_worker_keep_freed_memory=False,
+        ),
+        tmp_path,
+    )  # fmt: skip
     assert env == {}
+
+
+def test_workers_keep_freed_memory_unless_the_user_chose_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")  # the environment's value wins over the default
+    env_vars = runtime_env(config(), tmp_path)["env_vars"]
+    assert env_vars["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)
+    assert env_vars["MALLOC_TRIM_THRESHOLD_"] == "4096"
+    chosen = runtime_env(config(ray_runtime_env={"env_vars": {"MALLOC_MMAP_THRESHOLD_": "65536"}}), tmp_path)
+    assert chosen["env_vars"]["MALLOC_MMAP_THRESHOLD_"] == "65536"  # ray_runtime_env's value wins
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    off = runtime_env(config(ray_worker_keep_freed_memory=False), tmp_path).get("env_vars", {})
+    assert not any(name.startswith("MALLOC_") for name in off)
 
 
 def test_auto_attaches_only_to_ray_address_or_a_ray_start_cluster(monkeypatch: pytest.MonkeyPatch) -> None:

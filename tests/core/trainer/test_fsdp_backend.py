@@ -392,6 +392,8 @@ def test_phases_are_timeline_records_per_microbatch(tiny_model: Path) -> None:
     """With track_gpu_events every section of a step is a record (wall clock on the CPU) that adds up to its metric."""
     backend = started(tiny_model, number_of_minibatches=2, use_ppo_clip=True, ppo_clip_ref_logprobs="batch")
     try:
+        [prewarm] = backend.drain_events()  # set-up's one forward and backward
+        assert prewarm["kind"] == "trainer.prewarm" and prewarm["tokens"] == backend.context.seq_len
         wall = time.time()
         metrics = backend.train_step(synthetic_batch(num_groups=4))
         records = backend.drain_events()

@@ -417,6 +417,12 @@ class TelescopeConfig(BaseModel):
     ray_pin_py_executable: bool = Field(True, description="Pin the Python executable path in workers")
     ray_propagate_active_venv: bool = Field(True, description="Propagate the active virtualenv to workers")
     ray_propagate_run_dir: bool = Field(True, description="Propagate the run directory to workers")
+    ray_worker_keep_freed_memory: bool = Field(
+        True,
+        description="Workers keep the memory they free for their next allocations (glibc malloc: "
+        "MALLOC_MMAP_THRESHOLD_=1 GiB, MALLOC_TRIM_THRESHOLD_=1 TiB) instead of returning it to the OS and faulting "
+        "it in again every step; values set in ray_runtime_env's env_vars or in the environment win",
+    )
     ray_broadcast_init_timeout_s: int = Field(300, ge=1, description="Timeout for weight broadcast initialization")
     ray_broadcast_prefer_loopback_if_single_node: bool = Field(
         True, description="Prefer the loopback interface for single-node broadcasts"

@@ -3,7 +3,9 @@
 One instance per rank. ``setup`` joins the process group (gloo on CPU, NCCL on
 CUDA), loads ``AutoModelForCausalLM`` from a local folder, ``tiny:<preset>`` or a
 hub id, optionally enables gradient checkpointing, shards every decoder layer and
-then the root with ``fully_shard``, and builds AdamW and the LR schedule. One rank
+then the root with ``fully_shard``, builds AdamW and the LR schedule, and (with
+``trainer_prewarm``) runs one forward and backward on a synthetic row
+(:mod:`telescope.trainer.prewarm`) so the first step is not the slowest. One rank
 with no dtype cast to make keeps the plain module: FSDP there would only add
 DTensor dispatch to every optimizer op, hooks and parameter copies to every layer
 (17% of a CPU step of the ``small`` model, and 0.5 s of first-step set-up), and the
@@ -36,7 +38,8 @@ same code path runs either way (``_full`` and the state-dict API take both).
 Timeline: with ``track_gpu_events`` each section of a step (``data_to_device``,
 ``forward``, ``loss_computation``, ``backward``, ``optimizer``, ...) is also a record
 with its ``minibatch`` and ``microbatch`` (CUDA events on a GPU, see
-:mod:`telescope.trainer.metrics`), plus one ``trainer.step``; :meth:`FSDPBackend.drain_events`
+:mod:`telescope.trainer.metrics`), plus one ``trainer.step`` (and one
+``trainer.prewarm`` from set-up); :meth:`FSDPBackend.drain_events`
 hands them over.
 
 Attention: ``flash_attention_2`` when the ``flash_attn`` package is installed and
@@ -93,6 +96,7 @@ from telescope.trainer.packing import (
 )
 from telescope.trainer.plugin import FSDPSettings
 from telescope.trainer.prefix_sharing import pack_with_shared_prefixes
+from telescope.trainer.prewarm import prewarm
 from telescope.trainer.schedule import build_lr_scheduler
 
 if TYPE_CHECKING:
@@ -179,6 +183,11 @@ class FSDPBackend(TrainerBackend):
         model_config = self.model.config
         pad = model_config.pad_token_id if model_config.pad_token_id is not None else model_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
+        if self.fsdp.trainer_prewarm:
+            vocab = int(self.model.get_input_embeddings().num_embeddings)
+            record = prewarm(self.model, self._logits, self.context.seq_len, vocab, self.device)
+            if self.context.track_gpu_events:
+                self._events.append(record)
 
     def _needs_fsdp(self) -> bool:
         """Whether the model is wrapped with ``fully_shard``: several ranks, or a mixed-precision cast to make."""

@@ -36,6 +36,12 @@ class FSDPSettings(PluginSettings):
         "logits and gradients, fewer tokens). Applies where the trainer runs its own packed attention (no "
         "flash-attn varlen kernel, no context parallelism)",
     )
+    trainer_prewarm: bool = Field(
+        True,
+        description="At set-up, one forward and backward on a synthetic packed row of seq_len tokens (no update; "
+        "the run trains the same), so the first training step does not pay for first-touch memory and kernel "
+        "set-up",
+    )
 
     @classmethod
     def config_problems(cls, config: TelescopeConfig) -> list[str]:
