@@ -47,7 +47,7 @@ class RayStartError(RuntimeError):
 #: machine backed by the host again too). With blocks up to 1 GiB served from the heap and no
 #: trimming below 1 TiB, freed memory is reused. The cost: a worker's resident memory stays at
 #: its peak. Measured (``tiny:small`` loop, 2-core CPU VM): the first train step 1.05-1.11 s
-#: without, 0.79-0.82 s with these settings; with the trainer's prewarm as well, 0.35-0.38 s
+#: without, 0.79-0.85 s with these settings; with the trainer's prewarm as well, 0.35-0.38 s
 #: (see :mod:`telescope.trainer.prewarm`). Only glibc reads them; other C libraries ignore them.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
