@@ -22,6 +22,15 @@ training) over Telescope's steady step; the first step also waits for the first
 batch. The split uses a private TRL method; where a TRL version lacks it, the split
 is not printed.
 
+``--trl-keep-freed-memory`` runs the whole benchmark (TRL runs in this process) with
+the glibc settings Telescope gives its Ray workers
+(:data:`telescope.runtime.ray_cluster.KEEP_FREED_MEMORY`, ``ray_worker_keep_freed_memory``),
+by starting this script again with them in its environment (Telescope's command is
+started without them, so its workers get them from their own setting only), so both
+loops allocate alike; ``--telescope-args "..."`` appends options to Telescope's command (for example
+``"--trainer_prewarm false --ray_worker_keep_freed_memory false"``, to measure without
+the prewarm and the kept memory).
+
 Before and after, one line says how many cores two busy processes got
 (``cores_check.py``): a machine that gives fewer than its cores makes the figures
 incomparable. Needs ``pip install trl`` (not a dependency of the project). Run by hand:
@@ -34,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,9 +74,14 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
         "--learning_rate", str(args.learning_rate), "--discard_group_zero_advantage", "false",
         "--max_async_rollout", str(args.max_async_rollout),
         "--mixed_precision_dtype", "bfloat16" if args.precision == "bf16" else "null",
+        *shlex.split(args.telescope_args),
     ]  # fmt: skip
     start = time.perf_counter()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
+    if args.trl_keep_freed_memory:  # set for TRL only: Telescope's workers get them from their own setting
+        from telescope.runtime.ray_cluster import KEEP_FREED_MEMORY
+
+        env = {name: value for name, value in env.items() if name not in KEEP_FREED_MEMORY}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
@@ -166,7 +181,20 @@ def main() -> None:
         "Telescope's mixed_precision_dtype, TRL's bf16=True). Telescope's engine still generates in float32 "
         "(model_dtype); accelerate wraps TRL's model forward in autocast, so its generation runs in bfloat16",
     )  # fmt: skip
+    parser.add_argument(
+        "--trl-keep-freed-memory", dest="trl_keep_freed_memory", action="store_true",
+        help="run TRL (in this process) with the glibc settings Telescope gives its workers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--telescope-args", dest="telescope_args", default="", help="options appended to Telescope's command"
+    )
     args = parser.parse_args()
+    if args.trl_keep_freed_memory:
+        from telescope.runtime.ray_cluster import KEEP_FREED_MEMORY
+
+        if any(os.environ.get(name) != value for name, value in KEEP_FREED_MEMORY.items()):
+            # glibc reads them when a process starts: start this script again with them set
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_FREED_MEMORY})
     before = report("before")
     with tempfile.TemporaryDirectory() as tmp:
         results = {"telescope": run_telescope(args, Path(tmp)), "trl GRPOTrainer": run_trl(args, Path(tmp))}
@@ -175,6 +203,8 @@ def main() -> None:
     print(
         f"tiny:{args.model}, {args.steps} steps x {args.prompts} prompts x {args.group_size} samples, "
         f"max_tokens {args.max_tokens}, {args.precision}"
+        + (", TRL with the workers' glibc settings" if args.trl_keep_freed_memory else "")
+        + (f", telescope {args.telescope_args}" if args.telescope_args else "")
     )
     print(f"{'':<18}{'samples/s':>10}{'tokens/s':>10}{'train s':>9}{'wall s':>8}")
     rates = {}
