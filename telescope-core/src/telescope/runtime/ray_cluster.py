@@ -48,7 +48,8 @@ class RayStartError(RuntimeError):
 #: trimming below 1 TiB, freed memory is reused. The cost: a worker's resident memory stays at
 #: its peak. Measured (``tiny:small`` loop, 2-core CPU VM): the first train step 1.05-1.11 s
 #: without, 0.79-0.85 s with these settings; with the trainer's prewarm as well, 0.35-0.38 s
-#: (see :mod:`telescope.trainer.prewarm`). Only glibc reads them; other C libraries ignore them.
+#: (see :mod:`telescope.trainer.prewarm`); later that day, with first touches cheaper on that
+#: machine, no difference beyond the spread. Only glibc reads them; other C libraries ignore them.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 

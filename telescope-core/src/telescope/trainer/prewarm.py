@@ -12,6 +12,9 @@ that cost into set-up, where the trainer waits for the inference server anyway (
 server is the last worker to come up); with the allocator settings of
 :func:`telescope.runtime.ray_cluster.runtime_env` (freed memory stays in the process,
 so the prewarm's pages are the first step's) the first train step took 0.35-0.38 s.
+How much it saves depends on how dear the machine makes a first touch: later the same
+day, both settings off gave first train steps of 0.32-0.39 s on that machine, and the
+prewarm made no difference beyond the spread.
 
 What. :func:`prewarm` runs the backend's own forward (``logits_of``: the same path
 as a training micro-batch, so packed attention, context parallelism and sharded
