@@ -67,6 +67,13 @@ def all_reduce_sum(
     return [float(x) for x in tensor.cpu()]
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The unsharded value of a (possibly DTensor) tensor; collective for DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 

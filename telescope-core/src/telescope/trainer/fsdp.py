@@ -9,7 +9,7 @@ then the root with ``fully_shard``, builds AdamW and the LR schedule, and (with
 with no dtype cast to make keeps the plain module: FSDP there would only add
 DTensor dispatch to every optimizer op, hooks and parameter copies to every layer
 (17% of a CPU step of the ``small`` model, and 0.5 s of first-step set-up), and the
-same code path runs either way (``_full`` and the state-dict API take both).
+same code path runs either way (``full_tensor`` and the state-dict API take both).
 
 ``train_step(batch)`` — every rank receives the *same* full :class:`TrainingBatch`:
 
@@ -78,6 +78,7 @@ from telescope.trainer.context_parallel import ContextParallelLayout, register_a
 from telescope.trainer.distributed import (
     all_reduce_sum,
     destroy_process_group,
+    full_tensor,
     init_process_group,
     resolve_device,
 )
@@ -104,13 +105,6 @@ if TYPE_CHECKING:
     from telescope.api.context import TrainerContext
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The unsharded value of a (possibly DTensor) tensor; collective for DTensors."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 class FSDPBackend(TrainerBackend):
@@ -539,7 +533,7 @@ class FSDPBackend(TrainerBackend):
     def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Clip to ``grad_clip``, step unless the norm is non-finite, zero the gradients; returns the norm."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = float(_full(torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)))
+        norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(params, self.context.grad_clip, foreach=True)))
         if math.isfinite(norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -570,7 +564,7 @@ class FSDPBackend(TrainerBackend):
         out: dict[str, torch.Tensor] = {}
         for name, param in self.model.named_parameters():
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            out[name] = _full(grad).detach().float().cpu().clone()
+            out[name] = full_tensor(grad).detach().float().cpu().clone()
         return out
 
     def zero_grad(self) -> None:
@@ -581,7 +575,7 @@ class FSDPBackend(TrainerBackend):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights in Hugging Face names, each shared (tied) tensor once. Collective: iterate on every rank."""
         for name, param in self.model.named_parameters():
-            yield name, _full(param.detach())
+            yield name, full_tensor(param.detach())
 
     # ----------------------------------------------------------- checkpoints
 
