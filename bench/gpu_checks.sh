@@ -10,6 +10,16 @@
 # 3. bench/bench_trainer.py: the FSDP trainer's tokens/s and MFU on the same shape.
 #
 # Each part has its own time limit and log, so one failing part leaves the others' figures.
+#
+# The benchmarks import telescope-core (the trainer one builds a config, so pydantic and the
+# plugin manager's importlib-metadata too). On a GPU image that has torch and transformers
+# but not the project, build the wheels here and install them there without an index:
+#     pip wheel --no-deps -w wheels ./telescope-core
+#     pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#         --platform manylinux2014_x86_64 -d wheels pydantic \
+#         pydantic-core annotated-types typing-inspection typing-extensions importlib-metadata \
+#         lazy-importer zipp
+#     pip install --no-index --no-deps wheels/*.whl      # on the GPU machine
 set -u
 out=${1:-gpu-results}
 mkdir -p "$out"
