@@ -78,7 +78,7 @@ from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainerFailure, TrainingService
 from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
-from telescope.orchestrator.warm_start import demonstration_examples
+from telescope.orchestrator.warm_start import demonstration_examples, warm_start_batches
 from telescope.orchestrator.watchdog import StuckReport, Watchdog
 from telescope.recording import events
 
@@ -170,15 +170,12 @@ class Orchestrator:
 
     async def warm_start(self) -> None:
         """``warm_start_steps`` supervised steps on demonstrations, through the trainer backend."""
-        import random
-
         c = self.config
         examples = demonstration_examples(
             self.prompts.slots, self.renderer, c.warm_start_batch_size * c.warm_start_steps, c.seed
         )
-        rng = random.Random(c.seed)
-        for step in range(c.warm_start_steps):
-            batch = [examples[rng.randrange(len(examples))] for _ in range(c.warm_start_batch_size)]
+        batches = warm_start_batches(examples, c.warm_start_steps, c.warm_start_batch_size, c.seed)
+        for step, batch in enumerate(batches):
             with self._doing(f"taking warm-start step {step + 1}/{c.warm_start_steps}", "trainer"):
                 metrics = await self.training.supervised_step(batch, c.warm_start_learning_rate)
             self.watchdog.beat()

@@ -11,12 +11,20 @@ before/after comparison measures what the RL steps added.
 
 This module picks the examples: eval items reserved by ``separate_eval_samples``
 are excluded (they are not in a slot's usable samples), and the choice is a
-deterministic function of the seed.
+deterministic function of the seed. :func:`warm_start_batches` draws each step's
+batch from them (with replacement, seeded), the order the orchestrator trains on.
+
+The learning rate matters more than the step count on a tiny model: the CPU quick
+start's loss first falls to a plateau (about 0.45, well-formed answers of numbers
+that are not in the prompt) and learning to copy the prompt's numbers ends it. At
+3e-3 some seeds sat on it for 300 steps, and which ones depended on floating-point
+rounding (the host's vector kernels); at 1.5e-3 every seed tried left it by step 100.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from telescope.api.records import SupervisedExample
 from telescope.orchestrator.chat import ChatRenderer
@@ -48,3 +56,12 @@ def demonstration_examples(
             "set warm_start_steps: 0"
         )
     return examples
+
+
+def warm_start_batches(
+    examples: list[SupervisedExample], steps: int, batch_size: int, seed: int
+) -> Iterator[list[SupervisedExample]]:
+    """``steps`` batches of ``batch_size`` examples drawn with replacement, a deterministic function of the seed."""
+    rng = random.Random(seed)
+    for _ in range(steps):
+        yield [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
