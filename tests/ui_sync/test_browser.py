@@ -3,7 +3,9 @@
 Every page shows the real run's data; a step appended while a page is open shows within
 2 s; two runs are compared on one chart; a completion holding ``<script>`` is shown as
 text and never runs; a run deleted while open is reported and the server stays up.
-Screenshots go to docs/images/ (shown in the package README; the overview also in the root README).
+Screenshots are taken on every run; they replace docs/images/ (shown in the package README, the
+overview also in the root README) only with ``TELESCOPE_UPDATE_SCREENSHOTS=1``, so that a test run
+leaves the checkout as it was. Otherwise they go to a folder under the system's temporary directory.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +31,11 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Chromium (./dev setup installs Debian's)"),
 ]
-IMAGES = REPO / "docs" / "images"
+IMAGES = (
+    REPO / "docs" / "images"
+    if os.environ.get("TELESCOPE_UPDATE_SCREENSHOTS") == "1"
+    else Path(tempfile.gettempdir()) / "telescope-ui-screenshots"
+)
 
 
 @pytest.fixture(scope="module")
