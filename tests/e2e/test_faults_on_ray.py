@@ -96,6 +96,7 @@ def status(run_dir: Path) -> dict[str, object]:
     return data
 
 
+@pytest.mark.exclusive  # asserts how fast the run reacts: not beside other tests
 def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(run_dir, "--number_of_steps", LONGER_THAN_THE_TEST, "--inference_base_port", "8251")
@@ -112,6 +113,7 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_p
     assert leftovers_after(str(run_dir)) == []
 
 
+@pytest.mark.exclusive  # asserts how fast the run reacts: not beside other tests
 def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(run_dir, "--number_of_steps", "6", "--inference_base_port", "8253")
@@ -188,6 +190,7 @@ def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_star
     assert leftovers_after(str(run_dir)) == []
 
 
+@pytest.mark.exclusive  # asserts how fast the run reacts: not beside other tests
 def test_the_watchdog_names_a_trainer_rank_that_stopped_answering(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = telescope(

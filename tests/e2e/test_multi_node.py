@@ -49,7 +49,7 @@ import pytest
 
 from telescope.recording.run_reader import RunReader
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # asserts learning; its nodes share the 2 cores
 
 #: Training reward (0..2), mean of the last 20 steps minus the first 20's, the run must gain at least
 #: (measured +0.044 to +0.056 on one and two nodes; the difference's noise has a standard deviation of

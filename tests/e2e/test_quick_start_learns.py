@@ -57,6 +57,7 @@ MEGATRON = pytest.param(
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # asserts learning, measured on 2 free cores
 @pytest.mark.parametrize("backend", ["fsdp", MEGATRON])
 def test_quick_start_reward_rises(tmp_path: Path, backend: str) -> None:
     """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, no recomputation as the FSDP run)."""

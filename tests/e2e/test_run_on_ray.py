@@ -237,6 +237,7 @@ def test_workers_that_cannot_be_placed_fail_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # two Ray start-ups at once: not beside a third
 def test_two_runs_on_one_machine_at_once_both_complete(tmp_path: Path) -> None:
     """With ``ray_address: auto`` and no `ray start` cluster, each run starts a Ray cluster of its own.
 
