@@ -114,12 +114,32 @@ def write_run(
 
 @pytest.fixture(scope="session")
 def real_run_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 3-step training run's directory (made once per session)."""
+    """A real 3-step training run's directory (made once per test session).
+
+    Under pytest-xdist each worker has a session of its own; the workers' base temp
+    folders share a parent that is new with every ``pytest -n`` call, so the first
+    worker to get here makes the run there, under a file lock, and the others wait for
+    it and read the same one (xdist's ``loadgroup`` would have kept these tests on one
+    worker, but it does not group with pytest 9.2: pytest-xdist issue 1386).
+    """
     reuse = os.environ.get("TELESCOPE_UI_TEST_RUN")
     if reuse:
         return Path(reuse)
     pytest.importorskip("telescope_envs")
-    run_dir = tmp_path_factory.mktemp("real") / "countdown-tiny"
+    from filelock import FileLock
+
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.getbasetemp()
+    run_dir, made = root / "real-run" / "countdown-tiny", root / "real-run.made"
+    with FileLock(str(root / "real-run.lock")):
+        if not made.exists():
+            _make_real_run(run_dir)
+            made.write_text(str(run_dir))
+    return run_dir
+
+
+def _make_real_run(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)  # what a failed attempt left
     code = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     result = subprocess.run(
@@ -145,7 +165,6 @@ def real_run_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = os.environ.get("TELESCOPE_CHROMIUM", "/usr/bin/chromium")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("real_run"),  # one pytest-xdist worker makes the real run (a session fixture) once
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Chromium (./dev setup installs Debian's)"),
 ]
 IMAGES = (

@@ -26,7 +26,6 @@ def test_sections_keep_the_reference_order() -> None:
     assert sorted(["Zeta", *reversed(SECTION_ORDER), "Alpha"], key=section_rank) == [*SECTION_ORDER, "Alpha", "Zeta"]
 
 
-@pytest.mark.xdist_group("real_run")  # with the browser tests: the real run is made once
 def test_every_metric_a_real_run_writes_has_a_section(real_run_source: Path) -> None:
     names = set()
     for line in (real_run_source / "metrics.jsonl").read_text().splitlines():

@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 from tests.ui_sync.conftest import write_run
 
 from telescope.recording.run_store import RunStore
@@ -166,7 +165,6 @@ def test_discover_takes_a_run_or_a_folder_of_runs(tmp_path: Path) -> None:
     assert discover([tmp_path / "absent"]) == []
 
 
-@pytest.mark.xdist_group("real_run")  # with the browser tests: the real run is made once
 def test_the_real_run_syncs_every_stream(real_runs: Path) -> None:
     con = connect(":memory:")
     run = real_runs / "countdown-tiny"

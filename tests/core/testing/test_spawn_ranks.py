@@ -1,0 +1,42 @@
+"""spawn_ranks: ranks forked from a preloaded fork server still get the caller's environment and errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from telescope.testing.trainer import spawn_ranks
+
+
+def environment_worker(rank: int, world_size: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    seen = {"probe": os.environ.get("TELESCOPE_SPAWN_PROBE"), "port": os.environ.get("MASTER_PORT"),
+            "world": dist.get_world_size()}  # fmt: skip
+    Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def failing_worker(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+
+
+def test_each_rank_sees_the_environment_as_it_is_at_the_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for value in ("first", "second"):  # the second call reuses the fork server, started during the first
+        monkeypatch.setenv("TELESCOPE_SPAWN_PROBE", value)
+        spawn_ranks(environment_worker, 2, str(tmp_path))
+        seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+        assert [s["probe"] for s in seen] == [value, value]
+        assert seen[0]["port"] == seen[1]["port"] and seen[0]["port"] and [s["world"] for s in seen] == [2, 2]
+    assert "MASTER_PORT" not in os.environ  # the caller's environment is left as it was
+
+
+def test_an_error_in_a_rank_fails_the_call() -> None:
+    with pytest.raises(Exception, match="rank 1 fails on purpose"):
+        spawn_ranks(failing_worker, 2)
