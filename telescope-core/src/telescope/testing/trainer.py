@@ -109,8 +109,8 @@ def spawn_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     The ranks are forked from a fork server (``multiprocessing``'s ``forkserver``: one
     per calling process, started at the first call) that has imported
     :data:`RANK_PRELOAD`, so a rank starts in milliseconds instead of importing torch,
-    transformers and megatron-core again; the server itself has run nothing (no
-    threads, no process group, no CUDA), which is what makes forking it safe. A rank
+    transformers and megatron-core again; the server only imports (no process group,
+    no CUDA context: what would make forking it unsafe). A rank
     gets the caller's environment as it is at the call (a forked rank would otherwise
     have the server's, from its start), plus ``MASTER_ADDR``/``MASTER_PORT``; a module
     that reads a variable at import time read it in the server.
