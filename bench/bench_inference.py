@@ -102,6 +102,7 @@ from typing import Any
 
 import torch
 from bench_weight_sync import bench_sync
+from cores_check import cpu_description
 
 
 def build_model(kind: str, root: Path) -> Path:
@@ -233,6 +234,8 @@ def main() -> None:
             f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens per request, "
             f"torch threads {torch.get_num_threads()}"
         )
+        if args.device == "cpu":  # hosts differ in vector instructions, and so in speed
+            print(cpu_description())
         print(f"engine forward {args.forward}; medians of {args.repeats} run(s), engine and generate alternating")
         modes = [m == "on" for m in args.cuda_graphs.split(",")] if args.device.startswith("cuda") else [False]
         label = {True: "graphs", False: "eager"}

@@ -4,6 +4,7 @@ Run by hand::
 
     .venv/bin/python bench/bench_trainer.py                          # tiny model, CPU
     .venv/bin/python bench/bench_trainer.py --device cuda --size 0.5b  # ~0.5B Qwen2 from a config, bf16
+    .venv/bin/python bench/bench_trainer.py --size medium             # bench_vs_trl.py's larger model
 
 The model is built locally from a config (random weights; nothing is downloaded).
 Batches are synthetic: ``--groups`` x ``--group-size`` samples with a prompt of
@@ -25,6 +26,13 @@ GPU figures (``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256
 - 2026-11-25, one NVIDIA H100, before the packed-attention plan and the plain module
   at one rank: 9.63 s per step, 10.4k tokens/s, MFU 0.054.
 
+On the CPU torch uses all the machine's cores unless ``OMP_NUM_THREADS`` says
+otherwise, where the loop gives its trainer one thread per Ray CPU (one in the quick
+start): ``taskset -c 0`` or ``OMP_NUM_THREADS=1`` times what the loop's trainer does.
+For example, 2026-11-27 (an AVX2-only AMD EPYC, the tiny ``medium`` model, 8 x 8
+samples, prompt 16, completions 100-128, 8.3k tokens a step): 3.8-4.0 s a step on two
+threads, 6.2-7.5 s pinned to one core.
+
 ``--profile N`` runs one more step under ``torch.profiler`` and prints its top N ops
 (by device time on CUDA), the device's busy time, kernel launches and synchronisations.
 """
@@ -37,10 +45,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from cores_check import cpu_description
+
 SIZES = {
     # name: (hidden, intermediate, layers, heads, kv heads, vocab)
     "tiny": (64, 192, 2, 4, 2, None),
     "small": (128, 384, 4, 4, 2, None),
+    "medium": (256, 768, 8, 8, 4, None),  # the tiny "medium" preset (bench_vs_trl.py's larger configuration)
     "0.5b": (896, 4864, 24, 14, 2, 151936),  # the Qwen2.5-0.5B shape
 }
 
@@ -49,7 +60,7 @@ def build_model(folder: Path, size: str) -> Path:
     from telescope.models.tiny import PRESETS, TinyModelSpec, build_tiny_model
 
     if SIZES[size][5] is None:
-        spec = PRESETS["test"] if size == "tiny" else PRESETS["small"]
+        spec = PRESETS["test"] if size == "tiny" else PRESETS[size]
         return build_tiny_model(folder / size, spec)
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -189,7 +200,10 @@ def main() -> None:
         "tokens_per_s": tokens / step_time,
         "packing_efficiency": sum(m["packing/efficiency"] for m, _ in rows) / len(rows),
         "microbatches_per_step": sum(m["packing/sequences"] for m, _ in rows) / len(rows),
+        "torch_threads": torch.get_num_threads(),
     }
+    if args.device == "cpu":  # hosts differ in vector instructions (see cores_check.cpu_description)
+        result["cpu"] = cpu_description()
     if args.device == "cuda":
         peak = measured_bf16_flops(args.device)
         flops_per_token = 6 * params + 12 * layers * hidden * seq_len

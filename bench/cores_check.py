@@ -11,13 +11,25 @@ timing taken then is off by up to 2x, TRL's included.
 time they got, divided by the wall time. The benchmarks print it before and after
 their runs, so figures taken on a machine that gave less than its cores can be set
 aside. Run alone: ``python bench/cores_check.py``.
+
+:func:`cpu_description` names the CPU and its widest vector instructions. This
+project's sessions have run on different hosts behind the same 2-vCPU shape (an AMD
+EPYC with AVX-512 and ``avx512_bf16`` on some days, one with AVX2 only on others),
+and float32 and bfloat16 matrix products run at different speeds on each, so
+figures from two hosts are not comparable either; the benchmarks print it with the
+cores check.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import time
+from pathlib import Path
+
+#: The vector-instruction flags of /proc/cpuinfo that change how fast CPU kernels run.
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def _spin(seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -42,11 +54,32 @@ def effective_cores(seconds: float = 1.0, processes: int | None = None) -> float
     return float(cpu / seconds)
 
 
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and which of :data:`VECTOR_FLAGS` it has (Linux; elsewhere the platform's name)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if not path.exists():
+            return f"CPU {platform.processor() or platform.machine()}"
+        cpuinfo = path.read_text()
+    fields = dict(
+        (key.strip(), value.strip())
+        for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+        if key.strip() in ("model name", "flags")
+    )
+    flags = set(fields.get("flags", "").split())
+    have = [flag for flag in VECTOR_FLAGS if flag in flags]
+    missing = [flag for flag in VECTOR_FLAGS if flag not in flags]
+    name = fields.get("model name", platform.machine())
+    if not have:
+        return f"CPU {name}: none of {' '.join(VECTOR_FLAGS)}"
+    return f"CPU {name}: {' '.join(have)}" + (f" (not {' '.join(missing)})" if missing else "")
+
+
 def report(when: str) -> str:
     """One line saying how many cores busy processes got ``when`` (a warning if fewer than the CPUs)."""
     have = os.cpu_count() or 1
     got = effective_cores()
-    line = f"cores check ({when}): {have} spinning processes got {got:.2f} of {have} CPUs"
+    line = f"cores check ({when}): {have} spinning processes got {got:.2f} of {have} CPUs; {cpu_description()}"
     if got < 0.9 * have:
         line += "; the machine gives fewer cores than it has, so two-process timings are not comparable"
     return line

@@ -92,6 +92,26 @@ def test_auto_transport_is_nccl_only_with_a_gpu(monkeypatch: pytest.MonkeyPatch,
     assert default_transport_name(gpu=not cuda) == ("memory" if cuda else "nccl")  # the cluster's view wins
 
 
+def test_the_embedded_backend_chooses_a_device_without_importing_torch() -> None:
+    """Importing torch in the Ray worker only to look for a GPU cost ~2 s before the server could start."""
+    import subprocess
+    import sys
+
+    code = """
+import dataclasses, sys
+from telescope.api.context import InferenceContext
+from telescope.config.schema import TelescopeConfig
+from telescope.inference.embedded.backend import EmbeddedBackend
+context = InferenceContext.from_config(TelescopeConfig.model_validate({"environments": [{"name": "countdown"}]}))
+print(EmbeddedBackend(context)._device(), EmbeddedBackend(dataclasses.replace(context, gpu_ids=["3"]))._device())
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    # no assignment: the server process picks (worker i takes GPU i mod count, else the CPU); an assigned
+    # worker's process sees only its GPUs
+    assert out == ["auto", "cuda:0", "False"]
+
+
 @pytest.mark.slow
 def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_path: Path) -> None:
     from telescope.api.context import InferenceContext
@@ -119,7 +139,11 @@ def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_pat
 
         assert len(asyncio.run(go())) == 4
         # log records in logs/, the raw console (uvicorn, tracebacks) in logs/stdout/
-        assert "embedded engine serving" in (tmp_path / "logs" / "inference_0.log").read_text()
+        serving = (tmp_path / "logs" / "inference_0.log").read_text()
+        assert "embedded engine serving" in serving
+        # the backend left the device to the server ("auto"), which chose the GPU or the CPU itself
+        assert '"device": "auto"' in (tmp_path / "logs" / "inference_0_engine.json").read_text()
+        assert f"({'cuda:0' if torch.cuda.is_available() else 'cpu'})" in serving
         assert (tmp_path / "logs" / "stdout" / "inference_0.log").exists()
     finally:
         server.stop()

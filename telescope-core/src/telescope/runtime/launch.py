@@ -3,7 +3,8 @@
 Order: run directory and store (resolved config, status, ``metadata.json`` and the
 code snapshot, timeline events to the store, sandbox events to ``logs/sandboxes.log``)
 -> loggers (each also subscribed to the timeline events) -> lifecycle hook
-``telescope_run_start`` -> Ray (attach or start) -> workers and the infrastructure
+``telescope_run_start`` -> Ray (attach or start; the tokenizer, with transformers and
+torch, loads on a thread beside it) -> workers and the infrastructure
 monitor (:mod:`telescope.runtime.monitoring`) -> initial weights -> the training
 loop -> evals -> shutdown. Whatever happens, the status
 file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -37,6 +39,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -130,6 +133,50 @@ def _prepare_model(config: TelescopeConfig) -> None:
     config.model = resolve_model_path(config.model)
 
 
+@dataclasses.dataclass
+class _EarlyTokenizer:
+    """The run's tokenizer, loading on a daemon thread while Ray starts (:func:`_load_tokenizer_early`)."""
+
+    #: set once transformers and torch are imported (or their import failed)
+    imported: threading.Event
+    tokenizer: Future[Any]
+
+    def wait_until_imported(self, timeout_s: float = 120.0) -> None:
+        """Until the thread's imports are done: transformers' lazy module must not be imported from two threads."""
+        self.imported.wait(timeout_s)
+
+
+def _load_tokenizer_early(model: str) -> _EarlyTokenizer:
+    """Start loading the run's tokenizer on a daemon thread; it also imports torch.
+
+    The orchestrator needs both, and their imports (transformers, torch: 3-4 s of CPU on
+    a 2-core machine) used to run after ``ray.init``, ahead of the workers' placement,
+    so every worker started that much later. ``ray.init`` mostly waits for Ray's own
+    processes, so the thread runs beside it. transformers imports its submodules lazily
+    and not safely from two threads at once (a concurrent ``from transformers import``
+    can fail with an ImportError), so code that may import it waits for
+    :meth:`_EarlyTokenizer.wait_until_imported` first, and :func:`launch_run` does not
+    return before the imports are done. A daemon thread, not an executor (which is joined
+    at exit): a run that fails early does not wait for the tokenizer itself.
+    """
+    loading = _EarlyTokenizer(threading.Event(), Future())
+
+    def load() -> None:
+        try:
+            try:
+                from transformers import AutoTokenizer
+
+                import telescope.trainer.checkpoint  # noqa: F401  (torch; RayServices.start needs it)
+            finally:
+                loading.imported.set()
+            loading.tokenizer.set_result(AutoTokenizer.from_pretrained(model))
+        except BaseException as exc:  # raised where the tokenizer is awaited
+            loading.tokenizer.set_exception(exc)
+
+    threading.Thread(target=load, name="telescope-tokenizer", daemon=True).start()
+    return loading
+
+
 async def _train(
     config: TelescopeConfig,
     run_dir: Path,
@@ -137,6 +184,7 @@ async def _train(
     loggers: list[Any],
     plugins: Plugins,
     terminated: threading.Event | None = None,
+    tokenizer_loading: _EarlyTokenizer | None = None,
 ) -> dict[str, Any]:
     from telescope.orchestrator.assembly import build_orchestrator
     from telescope.recording.progress import StepProgress
@@ -169,19 +217,14 @@ async def _train(
     progress = StepProgress(config.number_of_steps)
     monitor = None
 
-    def load_tokenizer() -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(config.model)
-
+    tokenizer_loading = tokenizer_loading or _load_tokenizer_early(config.model)
     try:
-        # transformers' import and the tokenizer (~2 s of CPU) load while Ray starts the workers, which waits
-        tokenizer_loading = asyncio.ensure_future(asyncio.to_thread(load_tokenizer))
+        await asyncio.to_thread(tokenizer_loading.wait_until_imported)  # the workers' start imports plugins
         await asyncio.to_thread(services.start)
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         await services.connect_weights()
         services.supervise(on_fatal)  # dead inference servers are restarted (inference_health_check_interval_s)
-        tokenizer = await tokenizer_loading
+        tokenizer = await asyncio.wrap_future(tokenizer_loading.tokenizer)
         run = build_orchestrator(
             config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
             loggers=loggers, progress=progress,
@@ -251,14 +294,16 @@ def launch_run(loaded: LoadedConfig) -> int:
     code = 0
     error: BaseException | None = None
     started_ray = started_run = False
+    tokenizer_loading: _EarlyTokenizer | None = None
     print(f"telescope: run directory {run_dir}", file=sys.stderr)
     try:
         _prepare_model(config)
         plugins.run_start(config, run_dir)
         started_run = True
+        tokenizer_loading = _load_tokenizer_early(config.model)  # beside ray.init
         started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
-        summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated))
+        summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated, tokenizer_loading))
         log.info("run completed: %s", summary)
     except (KeyboardInterrupt, _Terminated) as exc:
         status, code, error = "interrupted", 130, exc
@@ -286,6 +331,8 @@ def launch_run(loaded: LoadedConfig) -> int:
             file=sys.stderr,
         )
     finally:
+        if tokenizer_loading is not None:  # a run that ended early: the hooks below may import transformers
+            tokenizer_loading.wait_until_imported()
         signal.signal(signal.SIGTERM, previous_sigterm)
         store.set_status(status, error=str(error) if error else None)
         if started_run:  # observers see run_end only for a run they saw start

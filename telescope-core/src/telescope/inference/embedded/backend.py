@@ -39,12 +39,15 @@ class EmbeddedBackend(InferenceBackend):
     name = "embedded"
     health_timeout_s: float = 300.0
 
-    def _device(self, worker_index: int) -> str:
-        import torch
+    def _device(self) -> str:
+        """``cuda:0`` for a worker Ray assigned GPUs to (its process sees only those), else ``auto``.
 
-        if not torch.cuda.is_available():
-            return "cpu"
-        return embedded_device(self.context.gpu_ids, worker_index, torch.cuda.device_count())
+        ``auto`` lets the server process choose (:func:`telescope.inference.embedded.server.main`,
+        by its ``--worker-index``). Choosing here would import torch in this process only to
+        look for a GPU: about 2 s before the server could be spawned, where the server
+        imports torch anyway.
+        """
+        return embedded_device(self.context.gpu_ids, 0, 0) if self.context.gpu_ids else "auto"
 
     def start_server(self, worker_index: int, run_dir: Path | None = None) -> InferenceServer:
         context = self.context
@@ -65,8 +68,8 @@ class EmbeddedBackend(InferenceBackend):
             os.close(handle)
             config_file = Path(name)
             cleanup.append(config_file)
-        device = self._device(worker_index)
-        config_file.write_text(EngineSettings.from_context(context, device=device).to_json(), encoding="utf-8")
+        settings = EngineSettings.from_context(context, device=self._device())
+        config_file.write_text(settings.to_json(), encoding="utf-8")
         command = [
             sys.executable,
             "-m",
@@ -77,6 +80,8 @@ class EmbeddedBackend(InferenceBackend):
             context.host,
             "--port",
             str(port),
+            "--worker-index",
+            str(worker_index),
         ]
         if run_dir is not None:  # the server writes its log records; its console goes to log_file
             command += ["--log-dir", str(run_dir), "--log-name", f"inference_{worker_index}"]

@@ -100,6 +100,7 @@ from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import WaitingQueue
 from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
+from telescope.runtime.devices import embedded_device
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class Engine:
                 "every running sequence decodes one token per step"
             )
         self.settings = settings
-        self.device = torch.device(settings.device)
+        device = settings.device
+        self.device = torch.device(embedded_device(None, 0, torch.cuda.device_count()) if device == "auto" else device)
         dtype = getattr(torch, settings.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
         model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)

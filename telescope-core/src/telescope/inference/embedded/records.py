@@ -24,6 +24,8 @@ class EngineSettings:
 
     model_path: str
     dtype: str = "float32"
+    #: a torch device, or "auto": the first GPU when there is one, else the CPU (the server process
+    #: resolves it with :func:`~telescope.runtime.devices.embedded_device` and its worker index)
     device: str = "cpu"
     max_num_seqs: int = 64
     #: tokens one engine step may process (prefill + decode); None = no limit (prompts prefilled whole)

@@ -79,6 +79,7 @@ from telescope.inference.protocol import (
     UsageInfo,
     new_request_id,
 )
+from telescope.runtime.devices import embedded_device
 from telescope.runtime.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
@@ -453,7 +454,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine-json", required=True, help="file holding the EngineSettings as JSON")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: the settings' device)")
+    parser.add_argument(
+        "--worker-index", type=int, default=0, help="for the settings' device 'auto': worker i takes GPU i mod count"
+    )
     parser.add_argument("--log-dir", default=None, help="run directory: log records go to its logs/ folder")
     parser.add_argument("--log-name", default="inference", help="the log files' name under logs/")
     args = parser.parse_args(argv)
@@ -463,6 +467,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = EngineSettings.from_json(handle.read())
     if args.device is not None:
         settings.device = args.device
+    if settings.device == "auto":
+        import torch
+
+        settings.device = embedded_device(None, args.worker_index, torch.cuda.device_count())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_dir is not None:
         from telescope.recording.run_logs import capture_process_logs

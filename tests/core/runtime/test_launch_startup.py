@@ -1,0 +1,46 @@
+"""A run's start-up: the tokenizer (with transformers and torch) loads beside ``ray.init``, not after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from telescope.runtime import launch, ray_cluster
+
+
+def test_the_tokenizer_starts_loading_before_ray_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Loaded after ``ray.init``, its imports (3-4 s of CPU) delayed every worker's placement."""
+    from telescope.config import load_config
+
+    calls: list[str] = []
+    started: list[launch._EarlyTokenizer] = []
+    load_early = launch._load_tokenizer_early
+
+    def tokenizer(model: str) -> launch._EarlyTokenizer:
+        calls.append("tokenizer")
+        started.append(load_early(model))
+        return started[-1]
+
+    def connect(config: object, run_dir: Path) -> bool:
+        calls.append("ray")
+        raise ray_cluster.RayStartError("stopped here by the test")
+
+    monkeypatch.setattr(launch, "_load_tokenizer_early", tokenizer)
+    monkeypatch.setattr(ray_cluster, "connect_ray", connect)
+    args = ["--model", "tiny:test", "--environments", "[{name: countdown}]", "--use_wandb", "false"]
+    code = launch.launch_run(load_config(None, [*args, "--run_dir", str(tmp_path / "run")]))
+    assert code == 2  # the RayStartError, a user error at start
+    assert calls == ["tokenizer", "ray"]
+    # the run ended before it needed the tokenizer, but not while its thread was importing transformers
+    assert started[0].imported.is_set()
+
+
+def test_the_early_tokenizer_is_the_models_and_a_failure_reaches_the_awaiting_code(tmp_path: Path) -> None:
+    from telescope.models.tiny import PRESETS, build_tiny_model
+
+    path = build_tiny_model(tmp_path / "tiny", PRESETS["test"])
+    tokenizer = launch._load_tokenizer_early(str(path)).tokenizer.result(timeout=120)
+    assert tokenizer.decode(tokenizer.encode("1 + 2 = 3")) == "1 + 2 = 3"
+    with pytest.raises(OSError):
+        launch._load_tokenizer_early(str(tmp_path / "no-such-model")).tokenizer.result(timeout=120)
