@@ -24,8 +24,9 @@ class EngineSettings:
 
     model_path: str
     dtype: str = "float32"
-    #: a torch device, or "auto": the first GPU when there is one, else the CPU (the server process
-    #: resolves it with :func:`~telescope.runtime.devices.embedded_device` and its worker index)
+    #: a torch device, or "auto": a GPU when there is one, else the CPU (by
+    #: :func:`~telescope.runtime.devices.embedded_device`: the server process with its worker index,
+    #: an Engine built directly as worker 0)
     device: str = "cpu"
     max_num_seqs: int = 64
     #: tokens one engine step may process (prefill + decode); None = no limit (prompts prefilled whole)
