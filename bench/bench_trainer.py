@@ -28,10 +28,10 @@ GPU figures (``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256
 
 On the CPU torch uses all the machine's cores unless ``OMP_NUM_THREADS`` says
 otherwise, where the loop gives its trainer one thread per Ray CPU (one in the quick
-start): ``taskset -c 0`` or ``OMP_NUM_THREADS=1`` times what the loop's trainer does.
-For example, 2026-11-27 (an AVX2-only AMD EPYC, the tiny ``medium`` model, 8 x 8
-samples, prompt 16, completions 100-128, 8.3k tokens a step): 3.8-4.0 s a step on two
-threads, 6.2-7.5 s pinned to one core.
+start): ``OMP_NUM_THREADS=1`` times what the loop's trainer does. For example,
+2026-11-27 (an AVX2-only AMD EPYC, the tiny ``medium`` model, 8 x 8 samples, prompt 16,
+completions 100-128, 8.3k tokens a step): 3.8-4.0 s a step on two threads, 7.1-7.6 s
+on one.
 
 ``--profile N`` runs one more step under ``torch.profiler`` and prints its top N ops
 (by device time on CUDA), the device's busy time, kernel launches and synchronisations.

@@ -54,13 +54,12 @@ def effective_cores(seconds: float = 1.0, processes: int | None = None) -> float
     return float(cpu / seconds)
 
 
-def cpu_description(cpuinfo: str | None = None) -> str:
+def cpu_description() -> str:
     """The CPU's model name and which of :data:`VECTOR_FLAGS` it has (Linux; elsewhere the platform's name)."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        if not path.exists():
-            return f"CPU {platform.processor() or platform.machine()}"
-        cpuinfo = path.read_text()
+    path = Path("/proc/cpuinfo")
+    if not path.exists():
+        return f"CPU {platform.processor() or platform.machine()}"
+    cpuinfo = path.read_text()
     fields = dict(
         (key.strip(), value.strip())
         for key, _, value in (line.partition(":") for line in cpuinfo.splitlines())

@@ -164,9 +164,8 @@ def _load_tokenizer_early(model: str) -> _EarlyTokenizer:
     def load() -> None:
         try:
             try:
+                import torch  # noqa: F401  (the workers' start needs it: the algorithm, the checkpoint settings)
                 from transformers import AutoTokenizer
-
-                import telescope.trainer.checkpoint  # noqa: F401  (torch; RayServices.start needs it)
             finally:
                 loading.imported.set()
             loading.tokenizer.set_result(AutoTokenizer.from_pretrained(model))
@@ -183,14 +182,13 @@ async def _train(
     store: Any,
     loggers: list[Any],
     plugins: Plugins,
-    terminated: threading.Event | None = None,
-    tokenizer_loading: _EarlyTokenizer | None = None,
+    terminated: threading.Event,
+    tokenizer_loading: _EarlyTokenizer,
 ) -> dict[str, Any]:
     from telescope.orchestrator.assembly import build_orchestrator
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
 
-    terminated = terminated if terminated is not None else threading.Event()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
 
@@ -217,7 +215,6 @@ async def _train(
     progress = StepProgress(config.number_of_steps)
     monitor = None
 
-    tokenizer_loading = tokenizer_loading or _load_tokenizer_early(config.model)
     try:
         await asyncio.to_thread(tokenizer_loading.wait_until_imported)  # the workers' start imports plugins
         await asyncio.to_thread(services.start)
