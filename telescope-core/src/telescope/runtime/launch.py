@@ -29,7 +29,6 @@ command that resumes from the last checkpoint.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -87,19 +86,6 @@ def _resume_command(run_dir: Path, checkpoint: Path | None) -> str:
     if checkpoint is not None:
         kept += ["--resume_from_checkpoint", "true"]
     return shlex.join(["telescope", "run", *kept])
-
-
-def _within(seconds: float, function: Any, *args: Any) -> bool:
-    """Run ``function`` in a daemon thread; whether it returned within ``seconds`` (it may block on a dead Ray)."""
-    done = threading.Event()
-
-    def call() -> None:
-        with contextlib.suppress(Exception):
-            function(*args)
-        done.set()
-
-    threading.Thread(target=call, name="telescope-cleanup", daemon=True).start()
-    return done.wait(seconds)
 
 
 def _setup_file_logging(run_dir: Path, debug: bool) -> Callable[[], None]:
@@ -263,6 +249,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.recording.run_logs import SandboxLog
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
     from telescope.runtime.ray_cluster import RayStartError, connect_ray, gcs_reachable
+    from telescope.runtime.worker_shutdown import bounded
 
     config = loaded.config.model_copy(deep=True)
     run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
@@ -347,7 +334,7 @@ def launch_run(loaded: LoadedConfig) -> int:
         if ray.is_initialized() and (started_ray or config.ray_shutdown_on_exit):
             if not terminated.is_set():
                 ray.shutdown()
-            elif not (gcs_reachable() and _within(TERMINATION_CLEANUP_S, ray.shutdown)):
+            elif not (gcs_reachable() and bounded(TERMINATION_CLEANUP_S, ray.shutdown)):
                 # Ray's GCS died with the process group: nothing is left to disconnect from, and Ray's
                 # exit hooks would block until its core worker kills the process. Everything is written.
                 sys.stdout.flush()

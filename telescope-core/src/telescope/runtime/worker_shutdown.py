@@ -54,10 +54,22 @@ def _answering(actors: Sequence[Any], timeout_s: float) -> list[Any]:
     return [actor for actor, ping in zip(actors, pings, strict=True) if ping in done]
 
 
-def bounded(seconds: float, function: Callable[[], Any]) -> None:
-    """Run ``function`` in a daemon thread and wait at most ``seconds`` for it (it may block on a dead Ray)."""
-    worker = threading.Thread(target=function, name="telescope-ray-cleanup", daemon=True)
+def bounded(seconds: float, function: Callable[[], Any]) -> bool:
+    """Run ``function`` in a daemon thread and wait at most ``seconds`` for it (it may block on a dead Ray).
+
+    Returns whether it finished in time; an exception it raises is logged, not raised.
+    """
+
+    def call() -> None:
+        try:
+            function()
+        except Exception as exc:  # a cleanup of a Ray that is going away: nothing left to do about it
+            log.debug("the Ray cleanup %s failed: %s", getattr(function, "__name__", function), exc)
+
+    worker = threading.Thread(target=call, name="telescope-ray-cleanup", daemon=True)
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
         log.warning("the Ray cleanup did not finish within %.0f s (Ray's processes are gone); skipping it", seconds)
+        return False
+    return True
