@@ -59,7 +59,7 @@ KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESH
 #: :func:`runtime_env`), so Ray starts fresh processes for them and the prestarted ones only
 #: import Ray (about 0.7 s of CPU each), on the cores the run's start-up is waiting for.
 #: Measured on 2 cores: Ray's processes used 7.2 s of CPU in their first seconds with the
-#: prestart, 5.7 s without, and ``ray.init`` itself returned 1.5-2 s sooner in a run.
+#: prestart, 5.7 s without, and ``ray.init`` itself returned 1-2 s sooner in a run.
 PRIVATE_CLUSTER_SYSTEM_CONFIG: dict[str, Any] = {"prestart_worker_first_driver": False}
 
 
