@@ -14,7 +14,9 @@ the run while it runs (psutil), and reads the run's own records back:
 - reward computation per sample (median of the ``reward.compute`` events);
 - CPU seconds per step of each process (orchestrator, inference server, trainer
   rank, Ray's own processes), start-up included, so the last column says where
-  the machine's cores went.
+  the machine's cores went;
+- the start-up, from the run's own timeline: Ray's start, the workers' start, each
+  worker's process start to its readiness, and the end of the first training step.
 
 Run by hand: ``python bench/bench_step_overheads.py --steps 40``. Figures depend on
 the machine and its load; run it on an idle machine.
@@ -53,6 +55,17 @@ def process_role(command: str) -> str:
     if "ray::" in command or "/ray/" in command or "raylet" in command or "gcs_server" in command:
         return "Ray (GCS, raylet, agents, samplers)"
     return "other"
+
+
+def startup_phases(events: list[dict]) -> list[tuple[str, dict]]:
+    """The run's start-up events (see telescope.runtime.launch), labelled, in the order they began."""
+    labels = {"run.ray_start": "Ray started (ray.init)", "run.workers_start": "workers placed, started and set up"}
+    phases = [(labels[e["kind"]], e) for e in events if e["kind"] in labels]
+    for e in events:
+        if e["kind"] == "worker.startup":
+            who = f"trainer rank {e['rank']}" if e["component"] == "trainer" else f"inference server {e['server']}"
+            phases.append((f"  {who}: process start -> ready", e))
+    return sorted(phases, key=lambda phase: float(phase[1]["start"]))
 
 
 def sample_cpu(root_pid: int, stop: threading.Event, out: dict[int, tuple[str, float]]) -> None:
@@ -154,6 +167,12 @@ def main() -> None:
     http = statistics.median(overheads) * 1000
     print(f"  {'HTTP + JSON + event loops (client time - server phases)':<56}{http:>8.2f}")
     print(f"  {'reward computation':<56}{statistics.median(rewards) * 1000:>8.2f}")
+    print("\nstart-up (seconds after the run started: its status file's start_time)")
+    zero = float(status.get("start_time", 0.0))
+    for label, event in startup_phases(events):
+        begin, end = event["start"] - zero, event["start"] + event["duration_s"] - zero
+        print(f"  {label:<56}{begin:>6.1f} -> {end:.1f}")
+    print(f"  {'first training step ended':<56}{first_step:>6.1f}")
     by_role: dict[str, float] = defaultdict(float)
     for role, seconds in cpu.values():
         by_role[role] += seconds

@@ -175,7 +175,28 @@ EXPECTED_KINDS = {
     "trainer.optimizer", "trainer.prewarm", "weights.send", "weights.load", "weights.sync",
     "orchestrator.group_dispatched", "orchestrator.group_completed", "orchestrator.batch_assembled",
     "orchestrator.step", "orchestrator.checkpoint", "reward.compute", "eval.run",
+    "run.ray_start", "run.workers_start", "worker.startup", "worker.placed",
 }  # fmt: skip
+
+
+def assert_startup_phases(events: list[dict]) -> None:
+    """Ray's start, then the workers' (each worker's own start-up inside it), then the first train step."""
+
+    def end(event: dict) -> float:
+        return float(event["start"] + event["duration_s"])
+
+    [ray_start] = [e for e in events if e["kind"] == "run.ray_start"]
+    [workers_start] = [e for e in events if e["kind"] == "run.workers_start"]
+    startups = [e for e in events if e["kind"] == "worker.startup"]
+    assert sorted((e["component"], e.get("rank", e.get("server"))) for e in startups) == [
+        ("inference", 0), ("trainer", 0)
+    ]  # fmt: skip
+    assert end(ray_start) <= workers_start["start"]
+    slack = 0.05  # a process's start time comes from /proc, in clock ticks
+    for startup in startups:
+        assert startup["duration_s"] > 0 and startup["node"]
+        assert ray_start["start"] - slack <= startup["start"] and end(startup) <= end(workers_start) + slack
+    assert end(workers_start) <= min(e["start"] for e in events if e["kind"] == "trainer.step")
 
 
 def assert_timeline_and_metadata(reader: RunReader) -> None:
@@ -190,6 +211,7 @@ def assert_timeline_and_metadata(reader: RunReader) -> None:
     assert {e["step"] for e in trainer} == {0, 1, 2} and {e["rank"] for e in trainer} == {0}
     assert {e["version"] for e in events if e["kind"] == "weights.load"} == {0, 1, 2, 3}
     assert [e["step"] for e in events if e["kind"] == "orchestrator.step"] == [0, 1, 2]
+    assert_startup_phases(events)
     run_dir = reader.run_dir
     metadata = json.loads((run_dir / "metadata.json").read_text())
     assert metadata["environments"][0]["name"] == "countdown" and metadata["host"]["versions"]["ray"]

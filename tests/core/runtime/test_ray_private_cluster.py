@@ -12,9 +12,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-#: Starts a private cluster the way a run does, waits, then reports the raylet's worker processes.
-SCRIPT = """
-import json, os, sys, time
+#: Starts a private cluster the way a run does, then reports the raylet's Python workers.
+SCRIPT = r"""
+import json, sys, time
 from pathlib import Path
 import ray
 from telescope.config.loader import load_config
@@ -24,17 +24,26 @@ config = load_config(None, {"environments": [{"name": "countdown"}], "ray_addres
                      check_plugins=False).config
 assert connect_ray(config, Path(sys.argv[1]))
 raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
-deadline = time.monotonic() + 4.0  # a prestart happens as the driver registers, well within this
-while time.monotonic() < deadline:
-    time.sleep(0.25)
-children = Path(f"/proc/{raylet}/task/{raylet}/children").read_text().split()
-names = []
-for pid in children:
-    try:
-        names.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\\0")[0].decode())
-    except OSError:
-        pass
-print(json.dumps({"workers": [n for n in names if n.startswith("ray::")]}))
+
+
+def workers():
+    # the raylet's idle Python workers: default_worker.py until Ray renames them ray::IDLE (its agents are
+    # ray::DashboardAgent and ray::RuntimeEnvAgent)
+    found = []
+    for pid in Path(f"/proc/{raylet}/task/{raylet}/children").read_text().split():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if command.startswith("ray::IDLE") or "default_worker.py" in command:
+            found.append(command.split(" ")[0])
+    return found
+
+
+deadline = time.monotonic() + 3.0  # a prestart is asked for as the driver registers: its processes fork at once
+while time.monotonic() < deadline and not workers():
+    time.sleep(0.1)
+print(json.dumps({"workers": workers()}))
 ray.shutdown()
 """
 
@@ -48,5 +57,4 @@ def test_a_private_cluster_prestarts_no_idle_workers(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     workers = json.loads(done.stdout.strip().splitlines()[-1])["workers"]
-    # Ray's own agents are not "ray::" workers of the raylet's pool; prestarted ones show as ray::IDLE
-    assert [w for w in workers if w.startswith("ray::IDLE")] == []
+    assert workers == []

@@ -6,7 +6,10 @@ code snapshot, timeline events to the store, sandbox events to ``logs/sandboxes.
 ``telescope_run_start`` -> Ray (attach or start; the tokenizer, with transformers and
 torch, loads on a thread beside it) -> workers and the infrastructure
 monitor (:mod:`telescope.runtime.monitoring`) -> initial weights -> the training
-loop -> evals -> shutdown. Whatever happens, the status
+loop -> evals -> shutdown. The start-up is on the run's timeline: ``run.ray_start``
+(attaching to or starting Ray), ``run.workers_start`` (placing, starting and setting up
+every worker) and one ``worker.startup`` per server and trainer rank (its process's
+start to its readiness). Whatever happens, the status
 file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
 every actor and server is stopped, and a local Ray cluster this run started is shut
 down. Exit codes: 0 completed, 1 failed (the message and the path of the full
@@ -172,6 +175,7 @@ async def _train(
     tokenizer_loading: _EarlyTokenizer,
 ) -> dict[str, Any]:
     from telescope.orchestrator.assembly import build_orchestrator
+    from telescope.recording import events
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
 
@@ -203,7 +207,8 @@ async def _train(
 
     try:
         await asyncio.to_thread(tokenizer_loading.wait_until_imported)  # the workers' start imports plugins
-        await asyncio.to_thread(services.start)
+        with events.timed("run.workers_start", component="orchestrator"):  # placed, started and set up
+            await asyncio.to_thread(services.start)
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         await services.connect_weights()
         services.supervise(on_fatal)  # dead inference servers are restarted (inference_health_check_interval_s)
@@ -285,7 +290,8 @@ def launch_run(loaded: LoadedConfig) -> int:
         plugins.run_start(config, run_dir)
         started_run = True
         tokenizer_loading = _load_tokenizer_early(config.model)  # beside ray.init
-        started_ray = connect_ray(config, run_dir)
+        with events.timed("run.ray_start", component="orchestrator"):  # the start-up's phases: see _train
+            started_ray = connect_ray(config, run_dir)
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
         summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated, tokenizer_loading))
         log.info("run completed: %s", summary)

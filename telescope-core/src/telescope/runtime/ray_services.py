@@ -280,14 +280,20 @@ class RayServices:
                 )
 
     def _record_placements(self) -> None:
-        """One ``worker.placed`` event per server and trainer rank: where Ray put it."""
+        """Per server and trainer rank: where Ray put it (``worker.placed``) and its start-up (``worker.startup``).
+
+        ``worker.startup`` spans the worker's process start to its readiness: a server's
+        first answer, a rank's set-up end (its imports, the model's load and the prewarm).
+        """
         from telescope.recording.events import emit
 
         for index, placed in enumerate(self.server_placements):
             emit("worker.placed", component="inference", server=index, node=placed["node"], url=placed["url"],
                  gpu_ids=placed["gpu_ids"])  # fmt: skip
+            _emit_startup(placed, component="inference", server=index)
         for rank, placed in enumerate(self.trainer_placements):
             emit("worker.placed", component="trainer", rank=rank, node=placed["node"], gpu_ids=placed["gpu_ids"])
+            _emit_startup(placed, component="trainer", rank=rank)
 
     def _start_monitoring(
         self, backend: str, settings: PluginSettings | None, context: InferenceContext
@@ -584,3 +590,12 @@ class RayServices:
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+def _emit_startup(placed: dict[str, Any], **fields: Any) -> None:
+    """A ``worker.startup`` event from a placement's ``started_at`` and ``ready_at`` (none when either is missing)."""
+    from telescope.recording.events import emit
+
+    if placed.get("started_at") is not None and placed.get("ready_at") is not None:
+        duration = max(0.0, placed["ready_at"] - placed["started_at"])
+        emit("worker.startup", start=placed["started_at"], duration_s=duration, node=placed["node"], **fields)

@@ -60,6 +60,13 @@ if TYPE_CHECKING:
     from telescope.trainer.checkpoint import TrainerCheckpoints
 
 
+def _process_started_at() -> float:
+    """When this worker's process started (wall clock): where its start-up span begins."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
 def _limit_threads(cpus: float) -> None:
     import torch
 
@@ -90,6 +97,8 @@ class TrainerWorker:
         _limit_threads(cpus)
         self.rank = rank
         self.world_size = world_size
+        self._started_at = _process_started_at()
+        self._ready_at: float | None = None  # set-up done (see placement)
         self.checkpoints = checkpoints
         self.backend = get_plugins().trainer_backend(backend)(context, algorithm, settings)
         self.transport: WeightTransport | None = None
@@ -110,10 +119,15 @@ class TrainerWorker:
         return ray.util.get_node_ip_address(), port
 
     def placement(self) -> dict[str, Any]:
-        """Where this rank runs: ``node`` (Ray's address of it), ``gpu_ids`` (Ray's assignment), ``pid``."""
+        """Where this rank runs: ``node`` (Ray's address of it), ``gpu_ids`` (Ray's assignment), ``pid``.
+
+        Also its start-up: ``started_at`` (the process's start) and ``ready_at`` (set-up's end,
+        None before it; asked after ``setup``, the call queues behind it).
+        """
         from telescope.runtime.devices import ray_gpu_ids
 
-        return {"node": ray.util.get_node_ip_address(), "gpu_ids": list(ray_gpu_ids() or ()), "pid": os.getpid()}
+        return {"node": ray.util.get_node_ip_address(), "gpu_ids": list(ray_gpu_ids() or ()), "pid": os.getpid(),
+                "started_at": self._started_at, "ready_at": self._ready_at}  # fmt: skip
 
     def setup(self, master_addr: str, master_port: int) -> None:
         from telescope.runtime.addressing import interface_of, is_loopback, local_address_towards
@@ -130,6 +144,7 @@ class TrainerWorker:
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
         self.backend.setup(self.rank, self.world_size)
         freeze_startup_objects(f"trainer rank {self.rank}")
+        self._ready_at = time.time()
         import torch
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -246,14 +261,21 @@ class InferenceWorker:
         self._backend = backend_class(context, settings)
         self._index = index
         self._run_dir = Path(run_dir) if run_dir else None
+        self._started_at = _process_started_at()
         self.server = self._backend.start_server(index, self._run_dir)
+        self._ready_at = time.time()  # start_server returns once the server answers
 
     def base_url(self) -> str:
         return str(self.server.address.base_url)
 
     def placement(self) -> dict[str, Any]:
-        """Where this server runs: ``node``, ``url``, ``gpu_ids`` (Ray's assignment), ``pid`` (the server's)."""
-        return {"node": self.node, "url": self.base_url(), "gpu_ids": list(self.gpu_ids or ()), "pid": self.pid()}
+        """Where this server runs: ``node``, ``url``, ``gpu_ids`` (Ray's assignment), ``pid`` (the server's).
+
+        Also its start-up: ``started_at`` (this worker's process start) and ``ready_at`` (when
+        its server first answered).
+        """
+        return {"node": self.node, "url": self.base_url(), "gpu_ids": list(self.gpu_ids or ()), "pid": self.pid(),
+                "started_at": self._started_at, "ready_at": self._ready_at}  # fmt: skip
 
     def pid(self) -> int | None:
         process = getattr(self.server, "process", None)
