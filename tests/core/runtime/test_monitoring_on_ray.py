@@ -83,6 +83,7 @@ def test_the_run_starts_the_receiver_for_vllm_and_stops_it(tmp_path: Path) -> No
     port = free_port()
     services = RayServices(config, tmp_path)
     context = services._start_monitoring("vllm", VLLMSettings(otlp_receiver_port=port), InferenceContext(model="m"))
+    services._start_node_samplers()  # started after the workers' actors in a run
     try:
         assert context.traces_endpoint == f"http://127.0.0.1:{port}/v1/traces"  # one node: loopback
         assert httpx.post(context.traces_endpoint, content=b"", timeout=10).status_code == 200  # an empty export

@@ -11,6 +11,9 @@
 - with the ``vllm`` backend and ``enable_vllm_tracing``, the OTLP trace receiver
   (:func:`start_trace_receiver`).
 
+Once the workers are up, :func:`record_placements` records where each one runs
+(``worker.placed``) and how long it took to start (``worker.startup``).
+
 :func:`build_infra_monitor` then gives the orchestrator one
 :class:`~telescope.recording.infra_monitor.InfraMonitor` whose collectors drain the
 node samplers (every ``max(1 s, system interval)``: ``infra.system`` events with
@@ -167,3 +170,26 @@ def start_trace_receiver(port: int, multi_node: bool) -> tuple[OtlpTraceReceiver
         log.warning("the OTLP trace receiver could not start (%s); vLLM runs without tracing", exc)
         return None, None
     return receiver, receiver.endpoint(advertised)
+
+
+def record_placements(servers: Sequence[dict[str, Any]], trainers: Sequence[dict[str, Any]]) -> None:
+    """Per server and trainer rank (their ``placement()``): ``worker.placed`` and ``worker.startup`` events.
+
+    ``worker.startup`` spans the worker's process start to its readiness (a server's
+    first answer, a rank's set-up end: its imports, the model's load and the prewarm);
+    a placement without both times gets none.
+    """
+    from telescope.recording.events import emit
+
+    def startup(placed: dict[str, Any], **fields: Any) -> None:
+        if placed.get("started_at") is not None and placed.get("ready_at") is not None:
+            duration = max(0.0, placed["ready_at"] - placed["started_at"])
+            emit("worker.startup", start=placed["started_at"], duration_s=duration, node=placed["node"], **fields)
+
+    for index, placed in enumerate(servers):
+        emit("worker.placed", component="inference", server=index, node=placed["node"], url=placed["url"],
+             gpu_ids=placed["gpu_ids"])  # fmt: skip
+        startup(placed, component="inference", server=index)
+    for rank, placed in enumerate(trainers):
+        emit("worker.placed", component="trainer", rank=rank, node=placed["node"], gpu_ids=placed["gpu_ids"])
+        startup(placed, component="trainer", rank=rank)

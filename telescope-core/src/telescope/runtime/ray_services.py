@@ -14,11 +14,13 @@ cluster or starts a private one. :class:`RayServices` then
   rank 0's node address). Each worker takes the address and the GPUs Ray gives it
   on its node (:mod:`telescope.runtime.workers`): a server's URL is its node's
   address, and each placement is recorded as a ``worker.placed`` event
-  (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``). A server
+  (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``), its
+  start-up as a ``worker.startup`` event (the process's start to its readiness). A server
   on another node that listens on loopback only (``inference_host: 127.0.0.1``)
   is a clear error;
 - starts the infrastructure monitoring (:mod:`telescope.runtime.monitoring`):
-  a system sampler per node, torch memory sampling in each trainer rank, and with
+  a system sampler per node (its actors after the workers', which thus get the
+  worker processes Ray has already started), torch memory sampling in each trainer rank, and with
   vLLM and ``enable_vllm_tracing`` the OTLP trace receiver whose address the
   servers get; :meth:`RayServices.infra_monitor` builds the orchestrator's
   collector of all of it;
@@ -151,6 +153,7 @@ class RayServices:
         from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
+        from telescope.runtime.monitoring import record_placements
         from telescope.runtime.workers import InferenceWorker, TrainerWorker
         from telescope.trainer.checkpoint import TrainerCheckpoints
 
@@ -218,13 +221,17 @@ class RayServices:
         self._new_server, self._new_trainer = new_server, new_trainer
         self.servers = [new_server(i) for i in range(servers)]
         self.trainers = [new_trainer(r) for r in range(c.trainer_num_workers)]
+        # After the workers: the first actors get the worker processes Ray started for the run
+        # as it began (a new one takes 1-2 s to start, one per CPU at a time), and the trainer
+        # rank's start-up is the run's critical path.
+        self._start_node_samplers()
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
         master_addr, master_port = ray.get(self.trainers[0].rendezvous_address.remote())
         setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
         self.server_placements = ray.get([s.placement.remote() for s in self.servers])
         self.trainer_placements = ray.get([t.placement.remote() for t in self.trainers])
         self._check_reachable(self.server_placements)
-        self._record_placements()
+        record_placements(self.server_placements, self.trainer_placements)
         ray.get(setups)
         urls = [p["url"] for p in self.server_placements]
         log.info("servers up at %s; trainer ranks set up on %s", urls, [p["node"] for p in self.trainer_placements])
@@ -279,33 +286,22 @@ class RayServices:
                     "reach; set inference_host: 0.0.0.0 (the default) or that node's address"
                 )
 
-    def _record_placements(self) -> None:
-        """Per server and trainer rank: where Ray put it (``worker.placed``) and its start-up (``worker.startup``).
+    def _start_node_samplers(self) -> None:
+        """One system-metrics sampler per node (:func:`telescope.runtime.monitoring.start_node_samplers`)."""
+        from telescope.runtime.monitoring import start_node_samplers
 
-        ``worker.startup`` spans the worker's process start to its readiness: a server's
-        first answer, a rank's set-up end (its imports, the model's load and the prewarm).
-        """
-        from telescope.recording.events import emit
-
-        for index, placed in enumerate(self.server_placements):
-            emit("worker.placed", component="inference", server=index, node=placed["node"], url=placed["url"],
-                 gpu_ids=placed["gpu_ids"])  # fmt: skip
-            _emit_startup(placed, component="inference", server=index)
-        for rank, placed in enumerate(self.trainer_placements):
-            emit("worker.placed", component="trainer", rank=rank, node=placed["node"], gpu_ids=placed["gpu_ids"])
-            _emit_startup(placed, component="trainer", rank=rank)
+        try:
+            interval = self.config.system_metrics_collection_interval_seconds
+            self.node_samplers = start_node_samplers(interval, str(self.run_dir))
+        except Exception as exc:  # monitoring must never stop the run
+            log.warning("no system metrics: the node samplers could not start: %s", exc)
 
     def _start_monitoring(
         self, backend: str, settings: PluginSettings | None, context: InferenceContext
     ) -> InferenceContext:
-        """Node samplers, and the trace receiver for vLLM; returns the inference context (with its endpoint)."""
-        from telescope.runtime.monitoring import start_node_samplers, start_trace_receiver
+        """The trace receiver for vLLM; returns the inference context (with its endpoint)."""
+        from telescope.runtime.monitoring import start_trace_receiver
 
-        c = self.config
-        try:
-            self.node_samplers = start_node_samplers(c.system_metrics_collection_interval_seconds, str(self.run_dir))
-        except Exception as exc:  # monitoring must never stop the run
-            log.warning("no system metrics: the node samplers could not start: %s", exc)
         if backend == "vllm" and getattr(settings, "enable_vllm_tracing", False):
             multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
             port = int(getattr(settings, "otlp_receiver_port", 4318))
@@ -590,12 +586,3 @@ class RayServices:
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
-
-
-def _emit_startup(placed: dict[str, Any], **fields: Any) -> None:
-    """A ``worker.startup`` event from a placement's ``started_at`` and ``ready_at`` (none when either is missing)."""
-    from telescope.recording.events import emit
-
-    if placed.get("started_at") is not None and placed.get("ready_at") is not None:
-        duration = max(0.0, placed["ready_at"] - placed["started_at"])
-        emit("worker.startup", start=placed["started_at"], duration_s=duration, node=placed["node"], **fields)
