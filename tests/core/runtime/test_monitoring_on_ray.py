@@ -82,7 +82,7 @@ def test_the_run_starts_the_receiver_for_vllm_and_stops_it(tmp_path: Path) -> No
     config = config_from_dict({"environments": [{"name": "countdown"}]})
     port = free_port()
     services = RayServices(config, tmp_path)
-    context = services._start_monitoring("vllm", VLLMSettings(otlp_receiver_port=port), InferenceContext(model="m"))
+    context = services._start_trace_receiver("vllm", VLLMSettings(otlp_receiver_port=port), InferenceContext(model="m"))
     services._start_node_samplers()  # started after the workers' actors in a run
     try:
         assert context.traces_endpoint == f"http://127.0.0.1:{port}/v1/traces"  # one node: loopback
@@ -96,7 +96,7 @@ def test_the_run_starts_the_receiver_for_vllm_and_stops_it(tmp_path: Path) -> No
     for backend, settings in (("vllm", VLLMSettings(enable_vllm_tracing=False)), ("embedded", None)):
         other = RayServices(config, tmp_path)
         try:
-            assert other._start_monitoring(backend, settings, InferenceContext(model="m")).traces_endpoint is None
+            assert other._start_trace_receiver(backend, settings, InferenceContext(model="m")).traces_endpoint is None
             assert other.trace_receiver is None
         finally:
             other.shutdown()

@@ -163,7 +163,7 @@ class RayServices:
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
         inference_context = InferenceContext.from_config(c)
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
-        inference_context = self._start_monitoring(backend, inference_settings, inference_context)
+        inference_context = self._start_trace_receiver(backend, inference_settings, inference_context)
         # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
         self.receivers_per_server = plugins.inference_backend(backend)(
             inference_context, inference_settings
@@ -296,7 +296,7 @@ class RayServices:
         except Exception as exc:  # monitoring must never stop the run
             log.warning("no system metrics: the node samplers could not start: %s", exc)
 
-    def _start_monitoring(
+    def _start_trace_receiver(
         self, backend: str, settings: PluginSettings | None, context: InferenceContext
     ) -> InferenceContext:
         """The trace receiver for vLLM; returns the inference context (with its endpoint)."""
