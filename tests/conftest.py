@@ -63,6 +63,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     hands each worker one test more as it finishes one (``--maxschedchunk 1``; by default
     xdist gives each a quarter of its share at once, so the first worker would get every
     end-to-end run).
+
+    The first test that needs the dashboard tests' real run (``real_run_source`` in
+    tests/ui_sync/conftest.py, a short run through Ray that workers share) goes with them:
+    it makes the run early, and the other tests that need it find it made. Left where they
+    were collected, two of them (next to each other) went to both workers at once, and one
+    worker waited idle for the other to make it (37 s in one CI run).
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/e2e/") else 1)
+        builder = next((item for item in items if "real_run_source" in getattr(item, "fixturenames", ())), None)
+        items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/e2e/") or item is builder else 1)
