@@ -183,6 +183,13 @@ class FakeActor:
             setattr(self, name, FakeMethod(result))
 
 
+class FakeLocalSampler:
+    """A sampler of the driver's own node: a plain method, no Ray call."""
+
+    def drain(self) -> dict[str, Any]:
+        return {"node": "10.0.0.1", "hostname": "n1", "samples": [{"time": 4.0, "cpu_count": 8}]}
+
+
 class FakeClient:
     def __init__(self, url: str) -> None:
         self.base_url = url
@@ -202,13 +209,17 @@ def test_the_run_collectors_use_the_configured_intervals() -> None:
     samples = [{"time": 6.0, "device": "cpu", "process_rss_gb": 1.5}]
     trainer = FakeActor(drain_torch_memory={"rank": 1, "node": "10.0.0.3", "pid": 42, "samples": samples})
     dead = FakeActor(drain_torch_memory=RuntimeError("actor died"))
+    local = FakeLocalSampler()
     monitor = build_infra_monitor(
-        config, node_samplers=[node], trainers=[dead, trainer], clients=[FakeClient("http://a"), FakeClient("http://b")]
-    )
+        config, node_samplers=[local, node], trainers=[dead, trainer],
+        clients=[FakeClient("http://a"), FakeClient("http://b")],
+    )  # fmt: skip
     intervals = {c.name: c.interval_s for c in monitor.collectors}
     assert intervals == {"system": 2.5, "torch_memory": 0.75, "inference_0": 4.0, "inference_1": 4.0}
     collected = {c.name: asyncio.run(c.collect()) for c in monitor.collectors}  # type: ignore[arg-type]
-    [system] = collected["system"]
+    [driver_node, system] = collected["system"]  # the driver's node (sampled in-process), then an actor's
+    assert driver_node == {"kind": "infra.system", "start": 4.0, "duration_s": 0.0, "component": "system",
+                           "node": "10.0.0.1", "hostname": "n1", "cpu_count": 8}  # fmt: skip
     assert system == {"kind": "infra.system", "start": 5.0, "duration_s": 0.0, "component": "system",
                       "node": "10.0.0.2", "hostname": "n2", "cpu_count": 16}  # fmt: skip
     [memory] = collected["torch_memory"]  # the dead rank does not hide the live one's samples

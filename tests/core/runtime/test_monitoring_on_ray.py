@@ -15,7 +15,13 @@ import ray
 from telescope.api.context import InferenceContext, TrainerContext
 from telescope.config.composition import config_from_dict
 from telescope.inference.plugin import VLLMSettings
-from telescope.runtime.monitoring import start_node_samplers, system_events, torch_memory_events
+from telescope.runtime.monitoring import (
+    NodeSampler,
+    start_node_samplers,
+    stop_node_samplers,
+    system_events,
+    torch_memory_events,
+)
 from telescope.runtime.ray_services import RayServices
 
 pytestmark = pytest.mark.slow
@@ -40,16 +46,33 @@ def drain_until(drain: Callable[[], dict[str, Any]], count: int, timeout: float 
     return {**result, "samples": samples}
 
 
-def test_one_sampler_per_node_reports_the_node(tmp_path: Path) -> None:
+def assert_node_samples(drained: dict[str, Any]) -> None:
+    events = system_events(drained)
+    assert {e["node"] for e in events} == {ray.util.get_node_ip_address()}
+    assert all(e["kind"] == "infra.system" and e["hostname"] == socket.gethostname() for e in events)
+    assert {"cpu_utilization_percent", "system_memory_used_gb", "disk_total_gb"} <= set(events[-1])
+    assert "network_sent_mb_s" in events[-1]  # the second sample has rates
+
+
+def test_the_drivers_node_is_sampled_by_a_thread_of_the_driver(tmp_path: Path) -> None:
     samplers = start_node_samplers(0.05, str(tmp_path))
     try:
         assert len(samplers) == len([n for n in ray.nodes() if n["Alive"]]) == 1
-        drained = drain_until(lambda: ray.get(samplers[0].drain.remote()), 2)
-        events = system_events(drained)
-        assert {e["node"] for e in events} == {ray.util.get_node_ip_address()}
-        assert all(e["kind"] == "infra.system" and e["hostname"] == socket.gethostname() for e in events)
-        assert {"cpu_utilization_percent", "system_memory_used_gb", "disk_total_gb"} <= set(events[-1])
-        assert "network_sent_mb_s" in events[-1]  # the second sample has rates
+        [sampler] = samplers
+        assert isinstance(sampler, NodeSampler)  # no actor, so no worker process of its own
+        assert_node_samples(drain_until(sampler.drain, 2))
+    finally:
+        assert stop_node_samplers(samplers) == []  # nothing left to kill
+    assert sampler.sampler._thread is None  # its thread was stopped
+
+
+def test_a_node_other_than_the_drivers_gets_an_actor(tmp_path: Path) -> None:
+    samplers = start_node_samplers(0.05, str(tmp_path), driver_node_id="a node that is not this one")
+    try:
+        [actor] = samplers
+        assert not isinstance(actor, NodeSampler)
+        assert_node_samples(drain_until(lambda: ray.get(actor.drain.remote()), 2))
+        assert stop_node_samplers(samplers) == [actor]  # the workers' shutdown kills it
     finally:
         for sampler in samplers:
             ray.kill(sampler)

@@ -572,7 +572,9 @@ class RayServices:
 
         Graceful stops and kills: :func:`telescope.runtime.worker_shutdown.stop_workers`.
         """
-        stop_workers(self.servers, self.trainers, self.node_samplers, PING_TIMEOUT_S)
+        from telescope.runtime.monitoring import stop_node_samplers
+
+        stop_workers(self.servers, self.trainers, stop_node_samplers(self.node_samplers), PING_TIMEOUT_S)
         if self.trace_receiver is not None:
             with contextlib.suppress(Exception):
                 self.trace_receiver.stop()
