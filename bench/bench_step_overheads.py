@@ -14,7 +14,9 @@ the run while it runs (psutil), and reads the run's own records back:
 - reward computation per sample (median of the ``reward.compute`` events);
 - CPU seconds per step of each process (orchestrator, inference server, trainer
   rank, Ray's own processes), start-up included, so the last column says where
-  the machine's cores went;
+  the machine's cores went; and each one's CPU seconds until the first training
+  step ended (the start-up's share: on 2 cores their sum over 2 bounds how soon
+  that step can come);
 - the start-up, from the run's own timeline: Ray's start, the workers' start, each
   worker's process start to its readiness, and the end of the first training step.
 
@@ -68,8 +70,13 @@ def startup_phases(events: list[dict]) -> list[tuple[str, dict]]:
     return sorted(phases, key=lambda phase: float(phase[1]["start"]))
 
 
-def sample_cpu(root_pid: int, stop: threading.Event, out: dict[int, tuple[str, float]]) -> None:
-    """Latest CPU seconds of the run's processes: the CLI and its descendants (Ray's cluster is started by it)."""
+def sample_cpu(
+    root_pid: int, stop: threading.Event, out: dict[int, tuple[str, float]], history: list[tuple[float, dict]]
+) -> None:
+    """Latest CPU seconds of the run's processes: the CLI and its descendants (Ray's cluster is started by it).
+
+    ``history`` gets a copy of ``out`` with its time after every round (every 0.5 s).
+    """
     import psutil
 
     root = psutil.Process(root_pid)
@@ -88,6 +95,7 @@ def sample_cpu(root_pid: int, stop: threading.Event, out: dict[int, tuple[str, f
             if role == "other" and proc.pid in out:  # an exiting process has no command line left
                 role = out[proc.pid][0]
             out[proc.pid] = (role, times.user + times.system)
+        history.append((time.time(), dict(out)))
         stop.wait(0.5)
 
 
@@ -116,8 +124,9 @@ def main() -> None:
         started = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu: dict[int, tuple[str, float]] = {}
+        history: list[tuple[float, dict]] = []
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_cpu, args=(process.pid, stop, cpu), daemon=True)
+        sampler = threading.Thread(target=sample_cpu, args=(process.pid, stop, cpu, history), daemon=True)
         sampler.start()
         if process.wait() != 0:
             raise SystemExit(f"the run failed (exit {process.returncode}); see {run_dir}/logs")
@@ -128,7 +137,8 @@ def main() -> None:
         metrics = reader.metrics()[1:]  # the first step pays the optimizer's state allocation
         events = reader.events()
         status = reader.status() or {}
-        first_step = reader.metrics()[0]["time"] - float(status.get("start_time", 0.0))
+        first_step_at = float(reader.metrics()[0]["time"])
+        first_step = first_step_at - float(status.get("start_time", 0.0))
 
     def median(key: str) -> float:
         return statistics.median(float(m.get(key, 0.0)) for m in metrics)
@@ -173,12 +183,24 @@ def main() -> None:
         begin, end = event["start"] - zero, event["start"] + event["duration_s"] - zero
         print(f"  {label:<56}{begin:>6.1f} -> {end:.1f}")
     print(f"  {'first training step ended':<56}{first_step:>6.1f}")
-    by_role: dict[str, float] = defaultdict(float)
-    for role, seconds in cpu.values():
-        by_role[role] += seconds
     print(f"\nCPU seconds per step by process (start-up included, {args.steps} steps)")
-    for role, seconds in sorted(by_role.items(), key=lambda kv: -kv[1]):
+    for role, seconds in by_role(cpu):
         print(f"  {role:<56}{seconds / args.steps * 1000:>8.1f} ms")
+    until_first = [snapshot for at, snapshot in history if at <= first_step_at]
+    if until_first:
+        roles = by_role(until_first[-1])
+        total = sum(seconds for _, seconds in roles)
+        print(f"\nCPU seconds until the first training step ended (sampled every 0.5 s): {total:.1f} s in all")
+        for role, seconds in roles:
+            print(f"  {role:<56}{seconds:>8.1f} s")
+
+
+def by_role(cpu: dict[int, tuple[str, float]]) -> list[tuple[str, float]]:
+    """CPU seconds summed by process role, the largest first."""
+    sums: dict[str, float] = defaultdict(float)
+    for role, seconds in cpu.values():
+        sums[role] += seconds
+    return sorted(sums.items(), key=lambda kv: -kv[1])
 
 
 if __name__ == "__main__":
