@@ -78,6 +78,20 @@ def test_a_node_other_than_the_drivers_gets_an_actor(tmp_path: Path) -> None:
             ray.kill(sampler)
 
 
+def test_through_ray_client_the_driver_is_on_no_node_and_every_node_gets_an_actor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray.util.client
+
+    monkeypatch.setattr(ray.util.client.ray, "is_connected", lambda: True)  # as after ray.init("ray://...")
+    samplers = start_node_samplers(0.05, str(tmp_path))
+    try:
+        assert len(samplers) == 1 and not isinstance(samplers[0], NodeSampler)
+    finally:
+        for sampler in samplers:
+            ray.kill(sampler)
+
+
 def test_a_trainer_rank_samples_its_torch_memory_and_drains_it() -> None:
     from telescope.runtime.workers import TrainerWorker
 

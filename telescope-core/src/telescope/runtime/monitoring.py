@@ -79,11 +79,14 @@ NodeSamplerActor: Any = ray.remote(num_cpus=0, max_restarts=0)(NodeSampler)
 def start_node_samplers(interval_s: float, disk_path: str = "/", driver_node_id: str | None = None) -> list[Any]:
     """One sampler per alive node: a :class:`NodeSampler` for the driver's, an actor for each other node.
 
-    ``driver_node_id`` defaults to the node this process is connected to. A node where
-    the sampler cannot start is logged and skipped.
+    ``driver_node_id`` defaults to the node this process runs on; through Ray Client
+    (``ray://``) it runs on none of the cluster's nodes, and every node gets an actor. A
+    node where the sampler cannot start is logged and skipped.
     """
     if driver_node_id is None:
-        driver_node_id = ray.get_runtime_context().get_node_id()
+        from ray.util.client import ray as ray_client
+
+        driver_node_id = "" if ray_client.is_connected() else ray.get_runtime_context().get_node_id()
     samplers: list[Any] = []
     for node in ray.nodes():
         if not node.get("Alive"):
