@@ -19,8 +19,9 @@ cluster or starts a private one. :class:`RayServices` then
   on another node that listens on loopback only (``inference_host: 127.0.0.1``)
   is a clear error;
 - starts the infrastructure monitoring (:mod:`telescope.runtime.monitoring`):
-  a system sampler per node (its actors after the workers', which thus get the
-  worker processes Ray has already started), torch memory sampling in each trainer rank, and with
+  a system sampler per node (a thread of the driver on its own node; on the others,
+  actors created after the workers', which thus get the worker processes Ray has
+  already started), torch memory sampling in each trainer rank, and with
   vLLM and ``enable_vllm_tracing`` the OTLP trace receiver whose address the
   servers get; :meth:`RayServices.infra_monitor` builds the orchestrator's
   collector of all of it;
