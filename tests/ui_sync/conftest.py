@@ -199,9 +199,8 @@ def serve() -> Iterator[object]:
         service = SyncService(con.cursor(), roots, poll_interval=0.2)
         service.sync_all()
         service.start()
-        port = free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(con, service), host="127.0.0.1", port=port, log_level="warning")
+        server = uvicorn.Server(  # port 0: the system's choice, read back once listening (no race for it)
+            uvicorn.Config(create_app(con, service), host="127.0.0.1", port=0, log_level="warning")
         )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -209,6 +208,8 @@ def serve() -> Iterator[object]:
         while not server.started and time.time() < deadline:
             time.sleep(0.05)
         started.append((server, service, thread))
+        assert server.started, "the dashboard's server did not start within 20 s"
+        port = server.servers[0].sockets[0].getsockname()[1]
         return Served(url=f"http://127.0.0.1:{port}", service=service, con=con)
 
     yield start

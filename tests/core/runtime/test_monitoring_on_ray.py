@@ -1,4 +1,7 @@
-"""The run's monitoring actors on a real (local, 2-CPU) Ray cluster: node samplers, trainer memory, the receiver."""
+"""The run's monitoring actors on a real (local, 2-CPU) Ray cluster: node samplers, trainer memory, the receiver.
+
+Also the trainer actor's rendezvous port, reserved until its set-up (it shares this module's cluster).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import ray
 
@@ -105,6 +109,26 @@ def test_a_trainer_rank_samples_its_torch_memory_and_drains_it() -> None:
         assert {(e["rank"], e["node"]) for e in events} == {(3, ray.util.get_node_ip_address())}
         assert all(e["device"] == "cpu" and e["process_rss_gb"] > 0 for e in events)  # no GPU here: the RSS
         assert [e["start"] for e in events] == sorted(e["start"] for e in events)
+    finally:
+        ray.kill(worker)
+
+
+def test_rank_zero_holds_the_groups_port_until_its_setup_ends() -> None:
+    from telescope.runtime.workers import TrainerWorker
+
+    actor: Any = TrainerWorker
+    worker = actor.options(num_cpus=0).remote("fsdp", TrainerContext(model="not-loaded"), None, None, None, 0, 1, 1.0)
+    try:
+        _, port = ray.get(worker.rendezvous_address.remote())
+        assert ray.get(worker.rendezvous_address.remote())[1] == port  # asked again: the same reservation
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))  # held: no other process can take it before the store listens
+        process = psutil.Process(ray.get(worker.placement.remote())["pid"])
+        with pytest.raises(ray.exceptions.RayTaskError):
+            ray.get(worker.setup.remote("127.0.0.1", port))  # the model cannot load, after the group formed
+        listening = {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert port in listening  # rank 0's store took the reserved port over
+        assert ray.get(worker.rendezvous_address.remote())[1] != port  # the failed set-up ended the reservation
     finally:
         ray.kill(worker)
 

@@ -99,6 +99,7 @@ class TrainerWorker:
         self.world_size = world_size
         self._started_at = _process_started_at()
         self._ready_at: float | None = None  # set-up done (see placement)
+        self._port_reservation: socket.socket | None = None  # rank 0: the group's port, until setup
         self.checkpoints = checkpoints
         self.backend = get_plugins().trainer_backend(backend)(context, algorithm, settings)
         self.transport: WeightTransport | None = None
@@ -112,11 +113,17 @@ class TrainerWorker:
             ).start()
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """(host, free port) for the process group; asked of rank 0."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = int(sock.getsockname()[1])
-        return ray.util.get_node_ip_address(), port
+        """(host, port) for the process group; asked of rank 0.
+
+        The port stays reserved (:func:`~telescope.trainer.distributed.reserve_port`) until
+        this rank's :meth:`setup` has formed the group, so no other process on the node
+        takes it in between.
+        """
+        from telescope.trainer.distributed import reserve_port
+
+        if self._port_reservation is None:
+            self._port_reservation = reserve_port()
+        return ray.util.get_node_ip_address(), int(self._port_reservation.getsockname()[1])
 
     def placement(self) -> dict[str, Any]:
         """Where this rank runs: ``node`` (Ray's address of it), ``gpu_ids`` (Ray's assignment), ``pid``.
@@ -142,7 +149,12 @@ class TrainerWorker:
             interface = interface_of(local_address_towards(master_addr))
             if interface is not None:  # gloo's default is the hostname's address, often loopback
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
-        self.backend.setup(self.rank, self.world_size)
+        try:
+            self.backend.setup(self.rank, self.world_size)
+        finally:
+            if self._port_reservation is not None:
+                self._port_reservation.close()
+                self._port_reservation = None
         freeze_startup_objects(f"trainer rank {self.rank}")
         self._ready_at = time.time()
         import torch

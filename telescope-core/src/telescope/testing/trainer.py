@@ -113,18 +113,22 @@ def spawn_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     no CUDA context: what would make forking it unsafe). A rank
     gets the caller's environment as it is at the call (a forked rank would otherwise
     have the server's, from its start), plus ``MASTER_ADDR``/``MASTER_PORT``; a module
-    that reads a variable at import time read it in the server.
+    that reads a variable at import time read it in the server. The port stays reserved
+    (:func:`~telescope.trainer.distributed.reserve_port`) until the ranks have returned,
+    so no other test's process takes it before rank 0 listens on it.
     """
     import multiprocessing
 
     import torch.multiprocessing as mp
 
-    from telescope.trainer.distributed import free_port
+    from telescope.trainer.distributed import reserve_port
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_PRELOAD))
-    environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    mp.start_processes(_rank_entry, args=(fn, world_size, environment, args), nprocs=world_size, join=True,
-                       start_method="forkserver")  # fmt: skip
+    with reserve_port("127.0.0.1") as reservation:
+        port = reservation.getsockname()[1]
+        environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        mp.start_processes(_rank_entry, args=(fn, world_size, environment, args), nprocs=world_size, join=True,
+                           start_method="forkserver")  # fmt: skip
 
 
 def _rank_entry(

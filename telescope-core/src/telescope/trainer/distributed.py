@@ -16,10 +16,22 @@ import torch
 import torch.distributed as dist
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def reserve_port(host: str = "") -> socket.socket:
+    """A TCP port for a process group's store, held until the store listens on it.
+
+    Returns a socket bound to a port the system chose (read it with
+    ``getsockname()[1]``) and not listening, with ``SO_REUSEADDR``: rank 0's store
+    binds the same port (libuv's bind sets ``SO_REUSEADDR`` too, and Linux lets two
+    such sockets share a port while neither listens), while any other process's bind
+    or outgoing connection is kept off it. The caller closes the socket once the group
+    has formed. Choosing a free port, closing it and handing its number on (the plain
+    way) leaves a window in which another process takes it, and rank 0 then fails with
+    ``EADDRINUSE``: tests running side by side did.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    return sock
 
 
 def resolve_device(device: str | None, rank: int) -> torch.device:
