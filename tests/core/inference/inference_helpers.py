@@ -8,13 +8,28 @@ from typing import Any
 import torch
 
 
+def with_forward(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` if it is a transformers model, else (the engine's light tree, which has no
+    forward) a transformers model of its config holding its current weights."""
+    from transformers import AutoModelForCausalLM
+
+    from telescope.inference.embedded.light_model import LightCausalLM
+
+    if not isinstance(model, LightCausalLM):
+        return model
+    first = next(model.parameters())
+    hf = AutoModelForCausalLM.from_config(model.config).to(dtype=first.dtype)
+    hf.load_state_dict(model.state_dict(), strict=True)
+    return hf.to(first.device).eval()
+
+
 def trainer_logprobs(
     model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
 ) -> torch.Tensor:
     """log_softmax(logits / T) of each completion token, recomputed from the full sequence."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
+        logits = with_forward(model)(input_ids=ids).logits[0].float()
     t = temperature if temperature > 0 else 1.0
     logp = torch.log_softmax(logits / t, dim=-1)
     return logp[len(prompt) - 1 : -1].gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)

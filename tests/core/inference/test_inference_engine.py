@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from inference_helpers import mean_k3, trainer_logprobs
+from inference_helpers import mean_k3, trainer_logprobs, with_forward
 
 from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams, RequestResult
 from telescope.inference.embedded.sampling import make_generator, sample
@@ -57,7 +57,7 @@ def nucleus_logprobs(
     """
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].double()
+        logits = with_forward(model)(input_ids=ids).logits[0].double()
     probs = torch.softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
     values: list[float] = []
     inside: list[bool] = []

@@ -39,7 +39,9 @@ KV cache and model calls: a :mod:`.runners` runner holds the batch. For dense
 Llama-layout models (Llama, Qwen2, Qwen3, Mistral without sliding window) it is
 the compact forward of :mod:`.compact`: a preallocated cache written in place, one
 forward for all of a step's prompt chunks, fused projections over the model's own
-weights. Other models use Hugging Face's forward and a left-padded
+weights, loaded from the safetensors files without transformers' modeling code
+(:mod:`.light_model`, which says when it falls back to ``AutoModelForCausalLM``).
+Other models use Hugging Face's forward and a left-padded
 ``DynamicCache`` (``EngineSettings.forward`` chooses). Either way a sequence's
 logits equal those of running it alone up to float rounding; a step computes
 attention over the longest row for every row (padded batching; a paged,
@@ -109,11 +111,25 @@ log = logging.getLogger(__name__)
 STEP_LOG_SIZE = 4096
 
 
+def _load_model(settings: EngineSettings, dtype: torch.dtype) -> Any:
+    """The light tree (:mod:`.light_model`) where the compact forward will run it, else transformers' model."""
+    if settings.forward != "hf":
+        from telescope.inference.embedded.light_model import load_light_model
+
+        light, reason = load_light_model(settings.model_path, dtype)
+        if light is not None:
+            return light
+        log.info("embedded engine: loading through transformers (%s)", reason)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
+
+
 class Engine:
     """A model, its tokenizer and the continuous-batching loop (see the module docstring)."""
 
     def __init__(self, settings: EngineSettings) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         budget = settings.max_num_batched_tokens
         if budget is not None and budget < settings.max_num_seqs:
@@ -126,8 +142,7 @@ class Engine:
         self.device = torch.device(embedded_device(None, 0, torch.cuda.device_count()) if device == "auto" else device)
         dtype = getattr(torch, settings.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
-        model = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
-        self.model: Any = model.to(self.device).eval()  # type: ignore[arg-type]
+        self.model: Any = _load_model(settings, dtype).to(self.device).eval()
         self.runner: BatchRunner = make_runner(
             self.model, settings.max_model_len, settings.forward, settings.cuda_graphs, settings.max_num_seqs
         )
