@@ -17,9 +17,14 @@ training is 1.031 on two nodes as on one (the warm start is deterministic; its
 weights reach the other node's server), and after the 60 RL steps 1.141, 1.109 and
 >= 1.111 in three two-node runs against 1.125, 1.141 in two one-node runs; the
 training reward's mean over the last 20 steps exceeds the first 20's by +0.044 and
-+0.056 on two nodes, +0.049 and +0.054 on one. Asserted: the eval rises, and the
-training reward by at least ``TREND_MARGIN`` (the eval's gain is too noisy, 64
-problems, for the one-node test's +0.08 on every run: two nodes gave +0.078 once).
++0.056 on two nodes, +0.049 and +0.054 on one. Later (2026-11-27, the warm start as
+since changed) the eval before was 1.078 on every run and after 1.094, 1.141 and 1.078
+on two nodes (the trend +0.056, +0.074, +0.065): the eval's gain on 64 problems is about
++0.03 with a spread of about 0.025, so "the eval rises" failed one run in about ten.
+Asserted: the training reward rises by at least ``TREND_MARGIN`` (the learning), and
+the eval after the run is within ``EVAL_NOISE`` of the eval before (the server, on the
+other node, evaluated the trained weights intact: weights corrupted on the way score
+near 0).
 
 Needs root (``ip netns``, a veth pair) and iproute2's ``ip``; skipped with the reason
 otherwise. Everything started is stopped in the fixture, on failure too: the two
@@ -55,6 +60,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # asserts learning; its 
 #: (measured +0.044 to +0.056 on one and two nodes; the difference's noise has a standard deviation of
 #: about 0.016, so a run that learns as measured rarely fails it and one that does not rarely passes).
 TREND_MARGIN = 0.02
+#: How far below the eval before training the eval after may fall (64 problems, rewards 0..2: about
+#: two and a half times the spread of the gain measured; see the module docstring).
+EVAL_NOISE = 0.06
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
@@ -280,5 +288,5 @@ def test_a_run_across_two_nodes_completes_and_learns(two_node_cluster: Cluster, 
     trend = statistics.mean(rewards[-20:]) - statistics.mean(rewards[:20])
     print(f"two nodes: eval reward {before:.3f} -> {after:.3f}, training reward +{trend:.3f} (last 20 vs first 20)")
     assert before > 0.5, before  # the warm start (on the head) reached the server on the worker node
-    assert after > before, (before, after)
+    assert after > before - EVAL_NOISE, (before, after)
     assert trend >= TREND_MARGIN, rewards
