@@ -90,6 +90,7 @@ from typing import Any
 
 import torch
 
+from telescope.inference.embedded.light_model import load_engine_model
 from telescope.inference.embedded.records import (
     EngineSettings,
     GenerationParams,
@@ -111,20 +112,6 @@ log = logging.getLogger(__name__)
 STEP_LOG_SIZE = 4096
 
 
-def _load_model(settings: EngineSettings, dtype: torch.dtype) -> Any:
-    """The light tree (:mod:`.light_model`) where the compact forward will run it, else transformers' model."""
-    if settings.forward != "hf":
-        from telescope.inference.embedded.light_model import load_light_model
-
-        light, reason = load_light_model(settings.model_path, dtype)
-        if light is not None:
-            return light
-        log.info("embedded engine: loading through transformers (%s)", reason)
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=dtype)
-
-
 class Engine:
     """A model, its tokenizer and the continuous-batching loop (see the module docstring)."""
 
@@ -142,7 +129,7 @@ class Engine:
         self.device = torch.device(embedded_device(None, 0, torch.cuda.device_count()) if device == "auto" else device)
         dtype = getattr(torch, settings.dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(settings.model_path)
-        self.model: Any = _load_model(settings, dtype).to(self.device).eval()
+        self.model: Any = load_engine_model(settings.model_path, dtype, settings.forward).to(self.device).eval()
         self.runner: BatchRunner = make_runner(
             self.model, settings.max_model_len, settings.forward, settings.cuda_graphs, settings.max_num_seqs
         )

@@ -28,6 +28,7 @@ use it.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +37,8 @@ import torch
 from torch import nn
 
 from telescope.inference.embedded.compact import unsupported_reason
+
+log = logging.getLogger(__name__)
 
 #: Checkpoint tensors that are not parameters (old checkpoints saved the RoPE buffer).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -221,3 +224,16 @@ def load_light_model(model_path: str, dtype: torch.dtype) -> tuple[LightCausalLM
     except OSError:  # no generation_config.json: transformers derives it from the model's config
         generation_config = GenerationConfig.from_model_config(config)
     return LightCausalLM(config, generation_config, tensors), ""
+
+
+def load_engine_model(model_path: str, dtype: torch.dtype, forward: str) -> Any:
+    """The light tree where the compact forward will run the model (``forward`` not ``"hf"``), else
+    transformers' ``AutoModelForCausalLM`` (the reason logged)."""
+    if forward != "hf":
+        light, reason = load_light_model(model_path, dtype)
+        if light is not None:
+            return light
+        log.info("embedded engine: loading through transformers (%s)", reason)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
