@@ -203,8 +203,8 @@ def load_light_model(model_path: str, dtype: torch.dtype) -> tuple[LightCausalLM
         return None, reason
     if getattr(config, "quantization_config", None):
         return None, "the checkpoint is quantized"
-    rope_type = dict(config.rope_parameters or {}).get("rope_type", "default")
-    if rope_type == "default" and "rope_theta" not in dict(config.rope_parameters or {}):
+    rope = dict(config.rope_parameters or {})
+    if rope.get("rope_type", "default") == "default" and "rope_theta" not in rope:
         return None, "the config has no rope_theta"
     if float(getattr(config, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         return None, "RoPE covers part of the head"
