@@ -61,8 +61,12 @@ def process_role(command: str) -> str:
 
 def startup_phases(events: list[dict]) -> list[tuple[str, dict]]:
     """The run's start-up events (see telescope.runtime.launch), labelled, in the order they began."""
-    labels = {"run.ray_start": "Ray started (ray.init)", "run.workers_start": "workers placed, started and set up"}
+    labels = {"run.ray_start": "Ray started (ray.init)", "run.workers_start": "workers placed, started and set up",
+              "run.servers_start": "  the servers' half (generation may begin)"}  # fmt: skip
     phases = [(labels[e["kind"]], e) for e in events if e["kind"] in labels]
+    first = min((e for e in events if e["kind"] == "inference.request"), key=lambda e: e["start"], default=None)
+    if first is not None:
+        phases.append(("  first request to a server", first))
     for e in events:
         if e["kind"] == "worker.startup":
             who = f"trainer rank {e['rank']}" if e["component"] == "trainer" else f"inference server {e['server']}"

@@ -76,10 +76,10 @@ class FakeWorkers:
         """No workers, nothing to sample: a monitor with no collectors."""
         return InfraMonitor([])
 
-    async def connect_weights(self) -> None:
+    def start_trainers(self, on_fatal: Any, started: float | None = None) -> None:
         pass
 
-    def supervise(self, on_fatal: Any) -> None:
+    async def wait_ready(self) -> None:
         pass
 
     async def close(self) -> None:

@@ -175,27 +175,34 @@ EXPECTED_KINDS = {
     "trainer.optimizer", "trainer.prewarm", "weights.send", "weights.load", "weights.sync",
     "orchestrator.group_dispatched", "orchestrator.group_completed", "orchestrator.batch_assembled",
     "orchestrator.step", "orchestrator.checkpoint", "reward.compute", "eval.run",
-    "run.ray_start", "run.workers_start", "worker.startup", "worker.placed",
+    "run.ray_start", "run.servers_start", "run.workers_start", "worker.startup", "worker.placed",
 }  # fmt: skip
 
 
 def assert_startup_phases(events: list[dict]) -> None:
-    """Ray's start, then the workers' (each worker's own start-up inside it), then the first train step."""
+    """Ray's start, then the workers' (each worker's own start-up inside it), then the first train step.
+
+    The servers' half ends first (``run.servers_start``): requests may begin while the
+    trainer ranks still set up, and the trainer's weights go out once they are ready.
+    """
 
     def end(event: dict) -> float:
         return float(event["start"] + event["duration_s"])
 
     [ray_start] = [e for e in events if e["kind"] == "run.ray_start"]
+    [servers_start] = [e for e in events if e["kind"] == "run.servers_start"]
     [workers_start] = [e for e in events if e["kind"] == "run.workers_start"]
-    startups = [e for e in events if e["kind"] == "worker.startup"]
-    assert sorted((e["component"], e.get("rank", e.get("server"))) for e in startups) == [
-        ("inference", 0), ("trainer", 0)
-    ]  # fmt: skip
+    startups = {(e["component"], e.get("rank", e.get("server"))): e for e in events if e["kind"] == "worker.startup"}
+    assert sorted(startups) == [("inference", 0), ("trainer", 0)]
     assert end(ray_start) <= workers_start["start"]
     slack = 0.05  # a process's start time comes from /proc, in clock ticks
-    for startup in startups:
+    assert abs(servers_start["start"] - workers_start["start"]) <= slack and end(servers_start) <= end(workers_start)
+    for startup in startups.values():
         assert startup["duration_s"] > 0 and startup["node"]
         assert ray_start["start"] - slack <= startup["start"] and end(startup) <= end(workers_start) + slack
+    assert end(startups["inference", 0]) <= end(servers_start) + slack
+    assert end(servers_start) - slack <= min(e["start"] for e in events if e["kind"] == "inference.request")
+    assert end(workers_start) - slack <= min(e["start"] for e in events if e["kind"] == "weights.sync")
     assert end(workers_start) <= min(e["start"] for e in events if e["kind"] == "trainer.step")
 
 

@@ -36,9 +36,14 @@ class ParityEnvironment(BaseEnvironment):
 
     name = "parity"
 
-    def __init__(self, size: int = 40, fail_on: str | None = None) -> None:
+    def __init__(self, size: int = 40, fail_on: str | None = None, demonstrations: bool = False) -> None:
         self.size = size
         self.fail_on = fail_on
+        self.demonstrations = demonstrations
+
+    def demonstration(self, sample: Sample) -> str | None:
+        """With ``demonstrations``: a two-character answer (even: rewarded), for a warm start."""
+        return "ok" if self.demonstrations else None
 
     def load_dataset(self) -> list[Sample]:
         return [Sample(prompt=f"question {i}", answer=i, sample_id=f"q{i}") for i in range(self.size)]
@@ -72,6 +77,10 @@ class FakeServices:
     pushes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     checkpoint_root: Path | None = None
     trained_step: int = 0
+    #: seconds wait_ready() takes (a trainer still setting up)
+    trainer_start_s: float = 0.0
+    #: requests made before wait_ready() returned
+    requests_before_ready: int | None = None
     #: requests in flight on each server now, and the most there were at once
     in_flight: Counter[int] = field(default_factory=Counter)
     peak_in_flight: Counter[int] = field(default_factory=Counter)
@@ -102,6 +111,10 @@ class FakeServices:
         length = rng.randint(1, max(1, min(max_tokens, 8)) - 1) if max_tokens > 1 else 0
         tokens = [rng.choice(self.vocab) for _ in range(length)] + [self.eos_token_id]
         return Generation(tokens, [-1.0] * len(tokens), "stop", version, end_version)
+
+    async def wait_ready(self) -> None:
+        await asyncio.sleep(self.trainer_start_s)
+        self.requests_before_ready = len(self.requests)
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         self.batches.append(batch)

@@ -240,6 +240,31 @@ def test_resume_neither_skips_nor_repeats_prompts(tmp_path: Path, tokenizer: Any
     assert state["step"] in (3, 6)
 
 
+def test_a_fresh_run_generates_while_the_trainer_starts(tmp_path: Path, tokenizer: Any) -> None:
+    services = FakeServices(trainer_start_s=0.5)
+    services, _ = run_loop(tmp_path, tokenizer, services, max_async_rollout=0)
+    assert services.requests_before_ready, "the servers held version 0: step 0's groups did not wait for the trainer"
+    assert {r["version"] for r in services.requests[: services.requests_before_ready]} == {0}
+    assert services.pushed == [0, 1, 2, 3, 4]  # version 0 is still published, once the trainer is ready
+    assert all(version == step for step, version in trained_versions(services))
+
+
+@pytest.mark.parametrize("start", ["warm_start", "resume"])
+def test_a_warm_start_or_a_resume_waits_for_the_trainer_before_generating(
+    tmp_path: Path, tokenizer: Any, start: str
+) -> None:
+    if start == "resume":
+        run_loop(tmp_path, tokenizer, number_of_steps=3, checkpoint_every=3)
+        overrides: dict[str, Any] = {"number_of_steps": 4, "checkpoint_every": 3, "resume_from_checkpoint": True}
+    else:
+        overrides = {"warm_start_steps": 2, "warm_start_batch_size": 2}
+    services = FakeServices(trainer_start_s=0.3)
+    services, _ = run_loop(tmp_path, tokenizer, services, registry=registry_with_parity(demonstrations=True),
+                           **overrides)  # fmt: skip
+    assert services.requests_before_ready == 0  # the servers' weights change first: nothing generated before
+    assert services.requests, "the run generated nothing"
+
+
 class LaggingServer(FakeServices):
     """A server that reports its tokens as computed by the previous weights (as during an in-flight update)."""
 

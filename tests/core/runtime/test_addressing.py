@@ -14,10 +14,10 @@ from telescope.runtime.addressing import (
     is_loopback,
     local_address_towards,
     rendezvous_host,
+    single_node,
 )
 from telescope.runtime.processes import choose_port, connect_host
 from telescope.runtime.ray_cluster import worker_bundle
-from telescope.runtime.ray_services import single_node
 from telescope.transports import default_transport_name
 from telescope.transports.nccl import NCCLTransport
 

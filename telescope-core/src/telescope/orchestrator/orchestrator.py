@@ -3,9 +3,10 @@
 Reads as the loop it runs (:meth:`Orchestrator.run`)::
 
     restore (resume) or warm start (supervised steps on demonstrations)
-    publish the trainer's weights to every server
+    publish the trainer's weights to every server       # a fresh run: after the scheduler starts
     evaluate (before training)
     prepare environment resources (eager_prepare_resources)
+    start the rollout scheduler
     for step in steps:
         groups  = await scheduler.next_batch(step)          # inference keeps generating meanwhile
         batch   = build_training_batch(step, groups, ...)   # reward scaling + the algorithm's advantages
@@ -48,6 +49,18 @@ eval servers by (they take part in the transfer and keep their weights,
 step before the "after" eval) waits for the running eval to finish first. Each eval's
 requests carry ``eval_step`` and ``eval_phase`` in their events.
 
+Start-up: the trainer ranks may still be setting up when the loop begins
+(:meth:`~telescope.orchestrator.services.TrainingService.wait_ready` says when they
+are done). A fresh run (no checkpoint to resume, no warm start) does not wait for
+them before generating: its servers loaded the same model files as the trainer, so
+they already hold version 0, and the evals before training, the environments'
+resources and the first groups run while the trainer starts. Once it is ready, its
+weights are published as version 0 all the same (the same values for the built-in
+backends; a backend that changes the weights at set-up makes the groups generated
+before that off by that change, which the step's ``kl_divergence_inference`` shows).
+A resume or a warm start waits for the trainer first. The wait is start-up, not
+progress the watchdog times.
+
 Warm start: with ``warm_start_steps > 0`` (and no checkpoint to resume), the
 trainer takes that many supervised steps on the environments' demonstrations
 through :meth:`~telescope.api.trainer.TrainerBackend.supervised_step` before the
@@ -83,6 +96,10 @@ from telescope.orchestrator.watchdog import StuckReport, Watchdog
 from telescope.recording import events
 
 log = logging.getLogger("telescope.orchestrator")
+
+
+#: Seconds between the watchdog beats of :meth:`Orchestrator._wait_for_trainer`.
+READY_BEAT_S = 5.0
 
 
 class TrainerLost(RuntimeError):
@@ -189,19 +206,20 @@ class Orchestrator:
         await self.watchdog.guard(self._run())
 
     async def _run(self) -> None:
-        resumed = await self.restore()
-        if not resumed and self.config.warm_start_steps > 0:
-            await self.warm_start()
-        await self._publish(self.start_step)
-        scheduler = self.scheduler = self._new_scheduler()
-        if self.evals and self.config.eval_before_training and self.start_step == 0:
-            with self._doing("running the evals before training"):
-                await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
-        if self.config.eager_prepare_resources:
-            with self._doing("preparing the environments' resources"):
-                await self.prepare_resources()
-        scheduler.start()
+        # A fresh run's servers already hold version 0 (their own load of the model), so they
+        # generate while the trainer ranks start; a resume or a warm start changes the weights first.
+        early = self.checkpoints.resume_path() is None and self.config.warm_start_steps == 0
+        if not early:
+            await self._wait_for_trainer()
+            resumed = await self.restore()
+            if not resumed and self.config.warm_start_steps > 0:
+                await self.warm_start()
+            await self._publish(self.start_step)
+        scheduler = await self._start_generating()
         try:
+            if early:
+                await self._wait_for_trainer()
+                await self._publish(self.start_step)  # the trainer's own weights, to the last bit
             step = self.start_step
             while step < self.config.number_of_steps:
                 try:
@@ -228,6 +246,31 @@ class Orchestrator:
             await scheduler.close()
             for task in self._eval_tasks:
                 task.cancel()
+
+    async def _start_generating(self) -> RolloutScheduler:
+        """The evals before training, the environments' resources, then the rollout scheduler, started."""
+        scheduler = self.scheduler = self._new_scheduler()
+        if self.evals and self.config.eval_before_training and self.start_step == 0:
+            with self._doing("running the evals before training"):
+                await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
+        if self.config.eager_prepare_resources:
+            with self._doing("preparing the environments' resources"):
+                await self.prepare_resources()
+        scheduler.start()
+        return scheduler
+
+    async def _wait_for_trainer(self) -> None:
+        """Until the training service is ready (:meth:`TrainingService.wait_ready`), outside the watchdog.
+
+        Setting up the trainer (loading a large model, say) is start-up, which the watchdog does
+        not time: it is told of progress every :data:`READY_BEAT_S` while the wait lasts.
+        """
+        ready = asyncio.ensure_future(self.training.wait_ready())
+        with self._doing("waiting for the trainer ranks to start", "trainer"):
+            while not ready.done():
+                await asyncio.wait({ready}, timeout=READY_BEAT_S)
+                self.watchdog.beat()
+        ready.result()
 
     async def prepare_resources(self) -> None:
         """Every training environment's ``prepare_resources()``, together, each in a worker thread.

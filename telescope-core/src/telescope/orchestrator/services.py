@@ -188,6 +188,14 @@ class GenerationService(Protocol):
 class TrainingService(Protocol):
     """The trainer ranks behind a run, and the weight path from them to the servers."""
 
+    async def wait_ready(self) -> None:
+        """Return once every rank is set up and the weight path connected; raise if that failed.
+
+        The orchestrator calls it before any other method; the servers may be generating
+        already (see the orchestrator's start-up).
+        """
+        ...
+
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """One trainer step on every rank; returns the rank-averaged step metrics."""
         ...

@@ -76,6 +76,17 @@ def publish(event: Event) -> Event:
     return event
 
 
+def publish_worker_events(records: list[Event], **ids: Any) -> None:
+    """Put records made in a worker process on this process's event bus.
+
+    Each gets the fields of the current event context (the orchestrator's ``step``)
+    under its own, and ``ids`` (``rank``, ``step``, ...) over them.
+    """
+    context = current_context()
+    for record in records:
+        publish({**context, **record, **ids})
+
+
 @contextmanager
 def context(**fields: Any) -> Iterator[None]:
     """Add ``fields`` to every event emitted inside the block (nested blocks add to the outer ones)."""

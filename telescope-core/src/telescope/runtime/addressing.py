@@ -25,6 +25,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from typing import Any
+from urllib.parse import urlsplit
 
 #: Set by the Ray worker that starts a server: the address of its node.
 NODE_IP_ENV = "TELESCOPE_NODE_IP"
@@ -94,3 +96,35 @@ def rendezvous_host(prefer_loopback: bool, single_node: bool, owner_host: str | 
     if prefer_loopback and single_node:
         return LOOPBACK
     return owner_host or node_ip() or local_address_towards("10.255.255.255")
+
+
+def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
+    """Whether trainer rank 0 and every server were placed on one node (their ``placement()`` records)."""
+    return all(r["node"] == sender["node"] for r in receivers)
+
+
+def unreachable_server(placements: list[dict[str, Any]], here: str, inference_host: str) -> str | None:
+    """Why the orchestrator on node ``here`` cannot reach a server (None: it can reach every one).
+
+    A server on another node must not advertise a loopback URL.
+    """
+    for index, placed in enumerate(placements):
+        host = urlsplit(placed["url"]).hostname or ""
+        if is_loopback(host) and placed["node"] != here:
+            return (
+                f"inference server {index} runs on node {placed['node']} but listens on {placed['url']} "
+                f"(inference_host={inference_host!r}), which the orchestrator on {here} cannot "
+                "reach; set inference_host: 0.0.0.0 (the default) or that node's address"
+            )
+    return None
+
+
+def memory_transport_problem(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> str | None:
+    """Why ``weight_transport: memory`` cannot serve this placement (None: every server is on rank 0's node)."""
+    if single_node(sender, receivers):
+        return None
+    nodes = sorted({p["node"] for p in receivers} - {sender["node"]})
+    return (
+        f"weight_transport: memory works on one machine, but inference servers run on {', '.join(nodes)} "
+        f"and trainer rank 0 on {sender['node']}; use weight_transport: nccl (gloo on CPUs) or auto"
+    )

@@ -5,11 +5,14 @@ code snapshot, timeline events to the store, sandbox events to ``logs/sandboxes.
 -> loggers (each also subscribed to the timeline events) -> lifecycle hook
 ``telescope_run_start`` -> Ray (attach or start; the tokenizer, with transformers and
 torch, loads on a thread beside it) -> workers and the infrastructure
-monitor (:mod:`telescope.runtime.monitoring`) -> initial weights -> the training
-loop -> evals -> shutdown. The start-up is on the run's timeline: ``run.ray_start``
-(attaching to or starting Ray), ``run.workers_start`` (placing, starting and setting up
-every worker) and one ``worker.startup`` per server and trainer rank (its process's
-start to its readiness). Whatever happens, the status
+monitor (:mod:`telescope.runtime.monitoring`) -> the training loop, which a fresh
+run starts as soon as the servers answer, the trainer ranks still setting up (see
+the orchestrator's start-up) -> evals -> shutdown. The start-up is on the run's
+timeline: ``run.ray_start`` (attaching to or starting Ray), ``run.servers_start``
+(placing every worker until the servers answer), ``run.workers_start`` (from the same
+start until every trainer rank is set up and the weight transport connected) and one
+``worker.startup`` per server and trainer rank (its process's start to its
+readiness). Whatever happens, the status
 file says how the run ended, ``telescope_run_end`` is called, loggers are closed,
 every actor and server is stopped, and a local Ray cluster this run started is shut
 down. Exit codes: 0 completed, 1 failed (the message and the path of the full
@@ -39,6 +42,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -207,11 +211,13 @@ async def _train(
 
     try:
         await asyncio.to_thread(tokenizer_loading.wait_until_imported)  # the workers' start imports plugins
-        with events.timed("run.workers_start", component="orchestrator"):  # placed, started and set up
+        workers_started = time.time()
+        with events.timed("run.servers_start", component="orchestrator"):  # every worker placed, servers up
             await asyncio.to_thread(services.start)
+        # the ranks' set-up goes on; then the weight transport, and dead servers restarted
+        # (inference_health_check_interval_s); the orchestrator awaits it (wait_ready)
+        services.start_trainers(on_fatal, started=workers_started)
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
-        await services.connect_weights()
-        services.supervise(on_fatal)  # dead inference servers are restarted (inference_health_check_interval_s)
         tokenizer = await asyncio.wrap_future(tokenizer_loading.tokenizer)
         run = build_orchestrator(
             config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,

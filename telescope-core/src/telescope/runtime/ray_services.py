@@ -25,9 +25,16 @@ cluster or starts a private one. :class:`RayServices` then
   vLLM and ``enable_vllm_tracing`` the OTLP trace receiver whose address the
   servers get; :meth:`RayServices.infra_monitor` builds the orchestrator's
   collector of all of it;
+- starts in two halves: :meth:`RayServices.start` places every worker and returns
+  once the servers answer, while the trainer ranks go on setting up;
+  :meth:`RayServices.start_trainers` waits for them in a task, connects the weight
+  transport and starts the servers' supervision, and
+  :meth:`RayServices.wait_ready` awaits it. So a fresh run's servers generate while
+  the ranks start (the orchestrator's start-up);
 - connects the weight transport (rank 0 sends, every server receives); the
-  orchestrator then pushes the trainer's weights (after a resume or a warm start)
-  before the first request, so servers and trainer start identical. The
+  orchestrator then pushes the trainer's weights as version 0: before the first
+  request after a resume or a warm start, and as soon as the ranks are ready in a
+  fresh run, whose servers loaded the same model files. The
   transport learns the placement (``TransportContext.single_node``, ``sender_host``:
   rank 0's node). ``weight_transport: auto`` is ``nccl`` with GPUs, and on CPUs
   ``memory`` when rank 0 and every server share a node, else ``nccl`` (over gloo);
@@ -83,7 +90,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
+from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
+from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.worker_shutdown import bounded, stop_workers
 
@@ -97,26 +106,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("telescope.run.workers")
 
 
-def publish_worker_events(records: list[dict[str, Any]], **ids: Any) -> None:
-    """Put records made in a worker process on this process's event bus.
-
-    Each gets the fields of the current event context (the orchestrator's ``step``)
-    under its own, and ``ids`` (``rank``, ``step``, ...) over them.
-    """
-    from telescope.recording.events import current_context, publish
-
-    context = current_context()
-    for record in records:
-        publish({**context, **record, **ids})
-
-
 #: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
 PING_TIMEOUT_S = 5.0
-
-
-def single_node(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> bool:
-    """Whether trainer rank 0 and every server were placed on one node (``placement()`` records)."""
-    return all(r["node"] == sender["node"] for r in receivers)
 
 
 class RayServices:
@@ -142,6 +133,9 @@ class RayServices:
         self.trainer_restarts = 0
         self._new_server: Callable[[int], Any] | None = None  # an actor for server i on its bundle
         self._new_trainer: Callable[[int], Any] | None = None  # an actor for rank r on its bundle
+        self._setups: list[Any] = []  # the ranks' set-up calls, which start() submits
+        self._gpu = False  # whether the cluster has GPUs (start() looks)
+        self._trainers_ready: asyncio.Future[None] | None = None  # start_trainers()'s task
         self._weights = asyncio.Condition()
         self._pushed_version: int | None = None  # the version every available server holds
         self._trainer_ahead = False  # the trainer stepped since that version was pushed
@@ -149,12 +143,17 @@ class RayServices:
     # ----------------------------------------------------------------- start
 
     def start(self) -> None:
-        from telescope.api.context import InferenceContext, TrainerContext, TransportContext
+        """Place every worker and return once the servers answer; the trainer ranks go on setting up.
+
+        Blocking (run it in a thread). ``generation`` then has its clients, so the servers
+        can take requests; :meth:`start_trainers` waits for the ranks.
+        """
+        from telescope.api.context import InferenceContext, TrainerContext
         from telescope.inference import default_backend_name
         from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
-        from telescope.runtime.monitoring import record_placements
+        from telescope.runtime.addressing import unreachable_server
         from telescope.runtime.workers import InferenceWorker, TrainerWorker
         from telescope.trainer.checkpoint import TrainerCheckpoints
 
@@ -228,18 +227,61 @@ class RayServices:
         self._start_node_samplers()
         log.info("placed %d inference servers (%s) and %d trainer ranks", servers, backend, c.trainer_num_workers)
         master_addr, master_port = ray.get(self.trainers[0].rendezvous_address.remote())
-        setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
+        self._setups = [t.setup.remote(master_addr, master_port) for t in self.trainers]
         self.server_placements = ray.get([s.placement.remote() for s in self.servers])
-        self.trainer_placements = ray.get([t.placement.remote() for t in self.trainers])
-        self._check_reachable(self.server_placements)
-        record_placements(self.server_placements, self.trainer_placements)
-        ray.get(setups)
+        problem = unreachable_server(self.server_placements, ray.util.get_node_ip_address(), c.inference_host)
+        if problem:
+            raise RayStartError(problem)
         urls = [p["url"] for p in self.server_placements]
-        log.info("servers up at %s; trainer ranks set up on %s", urls, [p["node"] for p in self.trainer_placements])
+        log.info("servers up at %s; the trainer ranks are setting up", urls)
         self.generation.clients = [
             InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
             for i, url in enumerate(urls)
         ]
+        self._gpu = gpu
+
+    def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float | None = None) -> None:
+        """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
+        :meth:`connect_weights` and :meth:`supervise`; ``run.workers_start`` spans ``started`` to its end."""
+        from telescope.recording import events
+
+        begun = time.time() if started is None else started
+
+        async def finish() -> None:
+            fields: dict[str, Any] = {"component": "orchestrator"}
+            try:
+                await asyncio.to_thread(self._finish_trainers)
+                await self.connect_weights()
+                self.supervise(on_fatal)
+            except BaseException as exc:
+                fields["error"] = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                events.emit("run.workers_start", start=begun, duration_s=time.time() - begun, **fields)
+
+        self._trainers_ready = asyncio.ensure_future(finish())
+
+    async def wait_ready(self) -> None:
+        """The :class:`~telescope.orchestrator.services.TrainingService` start: until :meth:`start_trainers` ends."""
+        if self._trainers_ready is None:
+            raise RuntimeError("RayServices.start_trainers() was not called after start()")
+        await asyncio.shield(self._trainers_ready)
+
+    def _finish_trainers(self) -> None:
+        """Wait for the ranks' set-up (blocking: run in a thread), then prepare rank 0's sending end."""
+        from telescope.api.context import TransportContext
+        from telescope.plugins.facade import get_plugins
+        from telescope.plugins.registry import PluginKind
+        from telescope.runtime.monitoring import record_placements
+
+        c = self.config
+        plugins = get_plugins()
+        servers = len(self.servers)
+        self.trainer_placements = ray.get([t.placement.remote() for t in self.trainers])
+        record_placements(self.server_placements, self.trainer_placements)
+        ray.get(self._setups)
+        log.info("trainer ranks set up on %s", [p["node"] for p in self.trainer_placements])
+        gpu = self._gpu
         one_node = single_node(self.trainer_placements[0], self.server_placements)
         self.transport_name = self._transport_name(gpu, one_node)
         self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
@@ -257,35 +299,16 @@ class RayServices:
 
     def _transport_name(self, gpu: bool, one_node: bool) -> str:
         """``weight_transport``, with ``auto`` resolved for this placement (see the module docstring)."""
+        from telescope.runtime.addressing import memory_transport_problem
         from telescope.transports import default_transport_name
 
         name = self.config.weight_transport
         if name == "auto":
             return default_transport_name(gpu, multi_node=not one_node)
-        if name == "memory" and not one_node:
-            nodes = sorted({p["node"] for p in self.server_placements} - {self.trainer_placements[0]["node"]})
-            raise RayStartError(
-                f"weight_transport: memory works on one machine, but inference servers run on {', '.join(nodes)} "
-                f"and trainer rank 0 on {self.trainer_placements[0]['node']}; use weight_transport: nccl "
-                "(gloo on CPUs) or auto"
-            )
+        problem = memory_transport_problem(self.trainer_placements[0], self.server_placements)
+        if name == "memory" and problem:
+            raise RayStartError(problem)
         return name
-
-    def _check_reachable(self, placements: list[dict[str, Any]]) -> None:
-        """A server on another node must not advertise a loopback URL (the orchestrator could not reach it)."""
-        from urllib.parse import urlsplit
-
-        from telescope.runtime.addressing import is_loopback
-
-        here = ray.util.get_node_ip_address()
-        for index, placed in enumerate(placements):
-            host = urlsplit(placed["url"]).hostname or ""
-            if is_loopback(host) and placed["node"] != here:
-                raise RayStartError(
-                    f"inference server {index} runs on node {placed['node']} but listens on {placed['url']} "
-                    f"(inference_host={self.config.inference_host!r}), which the orchestrator on {here} cannot "
-                    "reach; set inference_host: 0.0.0.0 (the default) or that node's address"
-                )
 
     def _start_node_samplers(self) -> None:
         """One system-metrics sampler per node (:func:`telescope.runtime.monitoring.start_node_samplers`)."""
@@ -526,37 +549,18 @@ class RayServices:
 
     async def probe(self) -> list[dict[str, Any]]:
         """The watchdog's findings: does each server answer ``/health``, does each trainer rank answer a ping?"""
+        from telescope.runtime.supervisor import probe_rank, probe_server
 
-        async def server(index: int, client: Any) -> dict[str, Any]:
-            ok = await client.health()
-            where = {"component": "inference_server", "server": index, "url": client.base_url}
-            if ok:
-                return {**where, "ok": True, "detail": f"inference server {index} answers /health"}
-            state = self.generation.unavailable.get(index)
-            detail = f"inference server {index} ({client.base_url}) does not answer /health"
-            return {**where, "ok": False, "detail": detail + (f"; it is {state}" if state else "")}
-
-        async def rank(index: int, trainer: Any) -> dict[str, Any]:
-            where = {"component": "trainer_rank", "rank": index}
-            try:
-                async with asyncio.timeout(PING_TIMEOUT_S):
-                    info = await _awaited(trainer.ping.remote())
-            except TimeoutError:
-                detail = f"trainer rank {index} does not answer a ping within {PING_TIMEOUT_S:g} s (hung or stopped)"
-                return {**where, "ok": False, "detail": detail}
-            except Exception as exc:
-                detail = f"trainer rank {index} does not answer: {type(exc).__name__}: {exc}"
-                return {**where, "ok": False, "detail": detail}
-            return {**where, **info, "ok": True, "detail": f"trainer rank {index} answers (pid {info['pid']})"}
-
-        checks = [server(i, c) for i, c in enumerate(self.generation.clients)]
-        checks += [rank(r, t) for r, t in enumerate(self.trainers)]
+        checks = [probe_server(i, c, self.generation) for i, c in enumerate(self.generation.clients)]
+        checks += [probe_rank(r, t, PING_TIMEOUT_S) for r, t in enumerate(self.trainers)]
         return list(await asyncio.gather(*checks))
 
     # -------------------------------------------------------------- shutdown
 
     async def close(self, budget_s: float | None = None) -> None:
         """Stop everything; with ``budget_s`` (after SIGTERM) the Ray part gets at most that many seconds."""
+        if self._trainers_ready is not None and not self._trainers_ready.done():  # the run ended during start-up
+            self._trainers_ready.cancel()
         if self.supervisor is not None:
             await self.supervisor.stop()
         await self.generation.aclose()

@@ -41,6 +41,7 @@ import ray
 from telescope.recording import events
 
 if TYPE_CHECKING:
+    from telescope.orchestrator.services import ServerPool
     from telescope.runtime.ray_services import RayServices
 
 log = logging.getLogger("telescope.run.supervisor")
@@ -166,3 +167,29 @@ class ServerSupervisor:
 
 async def _awaited(ref: Any) -> Any:
     return await ref
+
+
+async def probe_server(index: int, client: Any, pool: ServerPool) -> dict[str, Any]:
+    """The watchdog's finding on server ``index``: does it answer ``/health`` (and what the pool knows)?"""
+    ok = await client.health()
+    where = {"component": "inference_server", "server": index, "url": client.base_url}
+    if ok:
+        return {**where, "ok": True, "detail": f"inference server {index} answers /health"}
+    state = pool.unavailable.get(index)
+    detail = f"inference server {index} ({client.base_url}) does not answer /health"
+    return {**where, "ok": False, "detail": detail + (f"; it is {state}" if state else "")}
+
+
+async def probe_rank(index: int, trainer: Any, timeout_s: float) -> dict[str, Any]:
+    """The watchdog's finding on trainer rank ``index`` (its actor): does it answer a ping within ``timeout_s``?"""
+    where = {"component": "trainer_rank", "rank": index}
+    try:
+        async with asyncio.timeout(timeout_s):
+            info = await _awaited(trainer.ping.remote())
+    except TimeoutError:
+        detail = f"trainer rank {index} does not answer a ping within {timeout_s:g} s (hung or stopped)"
+        return {**where, "ok": False, "detail": detail}
+    except Exception as exc:
+        detail = f"trainer rank {index} does not answer: {type(exc).__name__}: {exc}"
+        return {**where, "ok": False, "detail": detail}
+    return {**where, **info, "ok": True, "detail": f"trainer rank {index} answers (pid {info['pid']})"}
