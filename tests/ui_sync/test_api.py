@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.ui_sync.conftest import REPO, free_port, write_run
+from tests.ui_sync.conftest import REPO, write_run
 
 from telescope_ui_sync import build
 from telescope_ui_sync.server.app import create_app
@@ -386,19 +387,19 @@ def test_telescope_ui_serves_and_warns_off_loopback(tmp_path: Path) -> None:
     import httpx
 
     write_run(tmp_path / "runs" / "a", steps=2)
-    port = free_port()
     process = telescope_cli(
-        tmp_path,
-        "ui",
-        str(tmp_path / "runs"),
-        "--port",
-        str(port),
-        "--host",
-        "0.0.0.0",
-        "--db",
-        str(tmp_path / "ui.duckdb"),
-    )
+        tmp_path, "ui", str(tmp_path / "runs"), "--port", "0", "--host", "0.0.0.0", "--db", str(tmp_path / "ui.duckdb")
+    )  # port 0: the system picks a free one, which the printed URL names (no port to race for)
     try:
+        assert process.stderr is not None
+        printed = ""
+        while "serving" not in printed:
+            line = process.stderr.readline()
+            assert line, f"telescope ui exited before serving (code {process.wait()})"
+            printed += line
+        found = re.search(r"at http://0\.0\.0\.0:(\d+)/", printed)
+        assert found and int(found.group(1)) > 0, printed
+        port = int(found.group(1))
         deadline = time.time() + 60
         runs = None
         while time.time() < deadline:
@@ -413,4 +414,19 @@ def test_telescope_ui_serves_and_warns_off_loopback(tmp_path: Path) -> None:
     finally:
         process.terminate()
         _, err = process.communicate(timeout=30)
-    assert "WARNING: binding 0.0.0.0" in err
+    assert "WARNING: binding 0.0.0.0" in printed + err
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    from telescope_ui_sync.server.serve import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exited:
+            serve([tmp_path], db_path=tmp_path / "ui.duckdb", host="127.0.0.1", port=port)
+    message = str(exited.value.code)
+    assert f"cannot listen on 127.0.0.1:{port}" in message and "--port" in message

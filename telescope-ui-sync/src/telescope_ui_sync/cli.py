@@ -36,7 +36,12 @@ def default_db_path() -> Path:
 
 @click.command("ui")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--port", default=DEFAULT_PORT, show_default=True, help="Port to serve on.")
+@click.option(
+    "--port",
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port to serve on (0: any free port, named in the URL printed).",
+)
 @click.option(
     "--host",
     default=DEFAULT_HOST,

@@ -8,13 +8,18 @@ MKL on the CPU; cuBLAS handles and autotuning on a GPU). Measured on this projec
 2-core CPU machine (the ``tiny:small`` loop of ``bench/bench_vs_trl.py``, 2 runs
 each): the first step's forward took 0.70-0.80 s against 0.08-0.12 s for the later
 ones, and the first train step 1.05-1.11 s against about 0.35 s. The prewarm moves
-that cost into set-up, where the trainer waits for the inference server anyway (the
-server is the last worker to come up); with the allocator settings of
+that cost into set-up; with the allocator settings of
 :func:`telescope.runtime.ray_cluster.runtime_env` (freed memory stays in the process,
 so the prewarm's pages are the first step's) the first train step took 0.35-0.38 s.
 How much it saves depends on how dear the machine makes a first touch: later the same
 day, both settings off gave first train steps of 0.32-0.39 s on that machine, and the
-prewarm made no difference beyond the spread.
+prewarm made no difference beyond the spread. When it was written the trainer waited
+for the inference server at set-up anyway; since a fresh run generates while the
+trainer sets up, the trainer is the last worker ready and the prewarm is on the way
+to the first step: four alternating pairs of the quick start's start (2026-11-27,
+AVX2-only 2-core host) ended the first step 14.01 s after ``telescope run`` on
+average with it and 14.01 s without (the first step 0.47-0.62 s with, 0.54-0.78 s
+without), so it stays on.
 
 What. :func:`prewarm` runs the backend's own forward (``logits_of``: the same path
 as a training micro-batch, so packed attention, context parallelism and sharded

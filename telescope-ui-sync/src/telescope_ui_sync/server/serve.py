@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import webbrowser
@@ -39,12 +40,37 @@ def serve(
     )
     service.start()  # syncs in the background; pages poll, so data appears as it is synced
     app = create_app(con, service)
+    try:
+        sock = listening_socket(host, port)
+    except OSError as exc:
+        service.stop()
+        con.close()
+        sys.exit(f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
+                 "(0: any free port)")  # fmt: skip
+    port = int(sock.getsockname()[1])  # the port the system chose for --port 0
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
     print(f"telescope ui: serving {', '.join(map(str, roots))} at {url} (database {db_path})", file=sys.stderr)
     if open_browser:
         threading.Timer(1.0, webbrowser.open, [url]).start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:
+        sock.close()
         service.stop()
         con.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (``port`` 0: one the system picks), for uvicorn to listen on.
+
+    Bound here rather than by uvicorn so that the URL printed names the real port, and a
+    port in use is a clear error before the server starts.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
