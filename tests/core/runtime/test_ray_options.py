@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from telescope.config.loader import load_config
-from telescope.runtime.ray_cluster import runtime_env
+from telescope.runtime.ray_cluster import exported, inheritable_variables, runtime_env
 
 
 def config(**values: object):  # type: ignore[no-untyped-def]
@@ -86,3 +86,22 @@ def test_custom_resources_per_worker_are_validated() -> None:
     for bad in ({"GPU": 1}, {"node_b": 0}):
         with pytest.raises(Exception, match="ray_trainer_resources_per_worker"):
             config(ray_trainer_resources_per_worker=bad)
+
+
+def test_only_variables_and_this_interpreter_are_inherited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = runtime_env(config(), tmp_path)
+    assert inheritable_variables(env) == env["env_vars"]
+    assert inheritable_variables({**env, "py_executable": "/other/python"}) is None  # another interpreter
+    assert inheritable_variables({**env, "working_dir": str(tmp_path)}) is None  # Ray must set that up
+    assert inheritable_variables(runtime_env(config(ray_runtime_env={"pip": ["six"]}), tmp_path)) is None
+    assert inheritable_variables({}) == {}
+
+
+def test_exported_variables_are_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("TELESCOPE_TEST_KEPT", "before")
+    monkeypatch.delenv("TELESCOPE_TEST_NEW", raising=False)
+    with exported({"TELESCOPE_TEST_KEPT": "during", "TELESCOPE_TEST_NEW": "x"}):
+        assert os.environ["TELESCOPE_TEST_KEPT"] == "during" and os.environ["TELESCOPE_TEST_NEW"] == "x"
+    assert os.environ["TELESCOPE_TEST_KEPT"] == "before" and "TELESCOPE_TEST_NEW" not in os.environ

@@ -421,7 +421,8 @@ class TelescopeConfig(BaseModel):
         True,
         description="Workers keep the memory they free for their next allocations (glibc malloc: "
         "MALLOC_MMAP_THRESHOLD_=1 GiB, MALLOC_TRIM_THRESHOLD_=1 TiB) instead of returning it to the OS and faulting "
-        "it in again every step; values set in ray_runtime_env's env_vars or in the environment win",
+        "it in again every step; values set in ray_runtime_env's env_vars or in the environment win (a private "
+        "cluster's own processes get them too: its workers inherit them from the environment it starts in)",
     )
     ray_broadcast_init_timeout_s: int = Field(300, ge=1, description="Timeout for weight broadcast initialization")
     ray_broadcast_prefer_loopback_if_single_node: bool = Field(

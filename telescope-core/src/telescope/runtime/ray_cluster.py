@@ -14,6 +14,14 @@ starts a private one (the laptop and CI case); the ``ray_*`` options map onto
   ``ray://...``) attaches to that cluster, as ``auto`` does, falling back to a
   private one only with ``ray_auto_start_local``.
 
+The run's workers get the runtime environment of :func:`runtime_env`. A private
+cluster whose runtime environment is only variables (the default) gets them
+another way: they are set in this process's environment while ``ray.init`` starts
+the cluster, so every process it starts inherits them (Ray's own processes too,
+the glibc settings of ``ray_worker_keep_freed_memory`` included), and the workers
+run in the empty runtime environment, which Ray starts without its
+``setup_worker.py`` step (:func:`inheritable_variables`).
+
 :func:`reserve_workers` then reserves a placement group for one role's workers (a
 bundle each, from :func:`worker_bundle`).
 """
@@ -24,6 +32,8 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +60,9 @@ class RayStartError(RuntimeError):
 #: without, 0.79-0.85 s with these settings; with the trainer's prewarm as well, 0.35-0.38 s
 #: (see :mod:`telescope.trainer.prewarm`); later that day, with first touches cheaper on that
 #: machine, no difference beyond the spread. Only glibc reads them; other C libraries ignore them.
+#: In a private cluster they reach the workers through the environment the cluster starts in
+#: (:func:`inheritable_variables`), so Ray's own processes (GCS, raylet, agents) keep their
+#: freed memory too.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 #: Ray settings of a private cluster (``_system_config``, which only the process that starts
@@ -59,7 +72,11 @@ KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESH
 #: :func:`runtime_env`), so Ray starts fresh processes for them and the prestarted ones only
 #: import Ray (about 0.7 s of CPU each), on the cores the run's start-up is waiting for.
 #: Measured on 2 cores: Ray's processes used 7.2 s of CPU in their first seconds with the
-#: prestart, 5.7 s without, and ``ray.init`` itself returned 1-2 s sooner in a run.
+#: prestart, 5.7 s without, and ``ray.init`` itself returned 1-2 s sooner in a run. Since the
+#: workers of a private cluster run in the empty runtime environment
+#: (:func:`inheritable_variables`) they could take prestarted workers, but the first step
+#: of the quick start's run did not end sooner with the prestart (four alternating pairs,
+#: 2026-11-27), so it stays off.
 PRIVATE_CLUSTER_SYSTEM_CONFIG: dict[str, Any] = {"prestart_worker_first_driver": False}
 
 
@@ -147,8 +164,48 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
                     "(`ray start --head`) or set ray_auto_start_local: true"
                 ) from None
     # private: not attached to by other runs
-    ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
+    env = common.pop("runtime_env")
+    inherited = inheritable_variables(env)
+    if inherited is None:
+        ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG,
+                 runtime_env=env, **common)  # fmt: skip
+    else:  # the raylet starts with them, and its workers inherit them: no runtime environment to set up
+        with exported(inherited):
+            ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
     return True
+
+
+def inheritable_variables(env: dict[str, Any]) -> dict[str, str] | None:
+    """``env``'s variables when a private cluster's workers can inherit all it asks for, else None.
+
+    Ray starts every worker of a non-empty runtime environment through its
+    ``setup_worker.py``, which imports Ray's runtime-environment modules (0.8-0.9 s of
+    CPU on a 2-core machine) before it execs the worker; a worker of the empty one is
+    exec'd directly. A private cluster's processes are this process's children and
+    inherit its environment, and its workers run this interpreter, so a runtime
+    environment of variables and this ``py_executable`` only is given as variables.
+    """
+    rest = {key: value for key, value in env.items() if key != "env_vars"}
+    if rest.get("py_executable") == sys.executable:
+        del rest["py_executable"]
+    if rest:
+        return None
+    return {str(name): str(value) for name, value in env.get("env_vars", {}).items()}
+
+
+@contextmanager
+def exported(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment for the block, then as they were."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def gcs_reachable(timeout_s: float = 1.0) -> bool:
