@@ -77,8 +77,9 @@ class FakeServices:
     pushes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     checkpoint_root: Path | None = None
     trained_step: int = 0
-    #: seconds wait_ready() takes (a trainer still setting up)
+    #: seconds wait_ready() takes (a trainer still setting up), and what it raises then (None: nothing)
     trainer_start_s: float = 0.0
+    trainer_start_error: Exception | None = None
     #: requests made before wait_ready() returned
     requests_before_ready: int | None = None
     #: requests in flight on each server now, and the most there were at once
@@ -115,6 +116,8 @@ class FakeServices:
     async def wait_ready(self) -> None:
         await asyncio.sleep(self.trainer_start_s)
         self.requests_before_ready = len(self.requests)
+        if self.trainer_start_error is not None:
+            raise self.trainer_start_error
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         self.batches.append(batch)

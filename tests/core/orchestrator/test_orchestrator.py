@@ -249,6 +249,15 @@ def test_a_fresh_run_generates_while_the_trainer_starts(tmp_path: Path, tokenize
     assert all(version == step for step, version in trained_versions(services))
 
 
+def test_a_trainer_that_fails_to_start_fails_the_run_and_stops_generating(tmp_path: Path, tokenizer: Any) -> None:
+    failed = RuntimeError("no memory for the model")
+    services = FakeServices(delay_s=0.01, trainer_start_s=0.3, trainer_start_error=failed)
+    with pytest.raises(RuntimeError, match="no memory for the model"):
+        run_loop(tmp_path, tokenizer, services)
+    assert services.requests_before_ready and not services.batches and not services.pushed
+    assert sum(services.in_flight.values()) == 0  # the scheduler was closed: nothing left generating
+
+
 @pytest.mark.parametrize("start", ["warm_start", "resume"])
 def test_a_warm_start_or_a_resume_waits_for_the_trainer_before_generating(
     tmp_path: Path, tokenizer: Any, start: str

@@ -559,8 +559,11 @@ class RayServices:
 
     async def close(self, budget_s: float | None = None) -> None:
         """Stop everything; with ``budget_s`` (after SIGTERM) the Ray part gets at most that many seconds."""
-        if self._trainers_ready is not None and not self._trainers_ready.done():  # the run ended during start-up
-            self._trainers_ready.cancel()
+        if self._trainers_ready is not None:
+            if not self._trainers_ready.done():  # the run ended during start-up
+                self._trainers_ready.cancel()
+            elif not self._trainers_ready.cancelled():
+                self._trainers_ready.exception()  # retrieved: the run already failed on it, or on something else
         if self.supervisor is not None:
             await self.supervisor.stop()
         await self.generation.aclose()
