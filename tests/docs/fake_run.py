@@ -76,7 +76,7 @@ class FakeWorkers:
         """No workers, nothing to sample: a monitor with no collectors."""
         return InfraMonitor([])
 
-    def start_trainers(self, on_fatal: Any, started: float | None = None) -> None:
+    def start_trainers(self, on_fatal: Any, started: float) -> None:
         pass
 
     async def wait_ready(self) -> None:

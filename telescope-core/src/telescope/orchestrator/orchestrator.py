@@ -173,9 +173,8 @@ class Orchestrator:
             server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=self.training_sampling
         )
 
-    async def restore(self) -> bool:
-        """Resume from ``resume_from_checkpoint`` if set; returns whether it did."""
-        path = self.checkpoints.resume_path()
+    async def restore(self, path: Path | None) -> bool:
+        """Resume from checkpoint ``path`` (None: not resuming); returns whether it did."""
         if path is None:
             return False
         await self.training.load_checkpoint(path)
@@ -208,10 +207,11 @@ class Orchestrator:
     async def _run(self) -> None:
         # A fresh run's servers already hold version 0 (their own load of the model), so they
         # generate while the trainer ranks start; a resume or a warm start changes the weights first.
-        early = self.checkpoints.resume_path() is None and self.config.warm_start_steps == 0
+        resume = self.checkpoints.resume_path()
+        early = resume is None and self.config.warm_start_steps == 0
         if not early:
             await self._wait_for_trainer()
-            resumed = await self.restore()
+            resumed = await self.restore(resume)
             if not resumed and self.config.warm_start_steps > 0:
                 await self.warm_start()
             await self._publish(self.start_step)

@@ -119,10 +119,8 @@ def unreachable_server(placements: list[dict[str, Any]], here: str, inference_ho
     return None
 
 
-def memory_transport_problem(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> str | None:
-    """Why ``weight_transport: memory`` cannot serve this placement (None: every server is on rank 0's node)."""
-    if single_node(sender, receivers):
-        return None
+def memory_transport_error(sender: dict[str, Any], receivers: list[dict[str, Any]]) -> str:
+    """Why ``weight_transport: memory`` cannot serve a placement that is not :func:`single_node`."""
     nodes = sorted({p["node"] for p in receivers} - {sender["node"]})
     return (
         f"weight_transport: memory works on one machine, but inference servers run on {', '.join(nodes)} "

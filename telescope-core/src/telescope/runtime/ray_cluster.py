@@ -164,14 +164,11 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
                     "(`ray start --head`) or set ray_auto_start_local: true"
                 ) from None
     # private: not attached to by other runs
-    env = common.pop("runtime_env")
-    inherited = inheritable_variables(env)
-    if inherited is None:
-        ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG,
-                 runtime_env=env, **common)  # fmt: skip
-    else:  # the raylet starts with them, and its workers inherit them: no runtime environment to set up
-        with exported(inherited):
-            ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
+    inherited = inheritable_variables(common["runtime_env"])
+    if inherited is not None:  # the raylet starts with them, and its workers inherit them: no runtime environment
+        common["runtime_env"] = None
+    with exported(inherited or {}):
+        ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
     return True
 
 

@@ -240,12 +240,10 @@ class RayServices:
         ]
         self._gpu = gpu
 
-    def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float | None = None) -> None:
+    def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
         :meth:`connect_weights` and :meth:`supervise`; ``run.workers_start`` spans ``started`` to its end."""
         from telescope.recording import events
-
-        begun = time.time() if started is None else started
 
         async def finish() -> None:
             fields: dict[str, Any] = {"component": "orchestrator"}
@@ -257,7 +255,7 @@ class RayServices:
                 fields["error"] = f"{type(exc).__name__}: {exc}"
                 raise
             finally:
-                events.emit("run.workers_start", start=begun, duration_s=time.time() - begun, **fields)
+                events.emit("run.workers_start", start=started, duration_s=time.time() - started, **fields)
 
         self._trainers_ready = asyncio.ensure_future(finish())
 
@@ -299,15 +297,14 @@ class RayServices:
 
     def _transport_name(self, gpu: bool, one_node: bool) -> str:
         """``weight_transport``, with ``auto`` resolved for this placement (see the module docstring)."""
-        from telescope.runtime.addressing import memory_transport_problem
+        from telescope.runtime.addressing import memory_transport_error
         from telescope.transports import default_transport_name
 
         name = self.config.weight_transport
         if name == "auto":
             return default_transport_name(gpu, multi_node=not one_node)
-        problem = memory_transport_problem(self.trainer_placements[0], self.server_placements)
-        if name == "memory" and problem:
-            raise RayStartError(problem)
+        if name == "memory" and not one_node:
+            raise RayStartError(memory_transport_error(self.trainer_placements[0], self.server_placements))
         return name
 
     def _start_node_samplers(self) -> None:

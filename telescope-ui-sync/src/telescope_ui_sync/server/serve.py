@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -30,6 +31,25 @@ def serve(
 ) -> None:
     """Sync ``roots`` into ``db_path`` in the background and serve the dashboard on ``host:port``."""
     try:
+        sock = listening_socket(host, port)
+    except OSError as exc:
+        sys.exit(f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
+                 "(0: any free port)")  # fmt: skip
+    with contextlib.closing(sock):
+        _serve(sock, roots, db_path, host, poll_interval, open_browser, wandb_api, wandb_projects)
+
+
+def _serve(
+    sock: socket.socket,
+    roots: Sequence[Path],
+    db_path: Path,
+    host: str,
+    poll_interval: float,
+    open_browser: bool,
+    wandb_api: object | None,
+    wandb_projects: Sequence[str],
+) -> None:
+    try:
         con = connect(db_path)
     except duckdb.IOException as exc:
         sys.exit(f"telescope ui: cannot open {db_path} ({exc}); is another telescope ui using it? Pass --db.")
@@ -40,13 +60,6 @@ def serve(
     )
     service.start()  # syncs in the background; pages poll, so data appears as it is synced
     app = create_app(con, service)
-    try:
-        sock = listening_socket(host, port)
-    except OSError as exc:
-        service.stop()
-        con.close()
-        sys.exit(f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
-                 "(0: any free port)")  # fmt: skip
     port = int(sock.getsockname()[1])  # the port the system chose for --port 0
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
     print(f"telescope ui: serving {', '.join(map(str, roots))} at {url} (database {db_path})", file=sys.stderr)
@@ -55,7 +68,6 @@ def serve(
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:
-        sock.close()
         service.stop()
         con.close()
 
@@ -64,7 +76,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (``port`` 0: one the system picks), for uvicorn to listen on.
 
     Bound here rather than by uvicorn so that the URL printed names the real port, and a
-    port in use is a clear error before the server starts.
+    port in use is a clear error before the database opens and the sync starts.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
