@@ -19,7 +19,11 @@ what brings it under 2x the bound). ``--sync-mb`` sets the state size.
 
 ``--repeats N`` runs each batch N times, engine and generate alternating, and
 prints medians; ``--forward hf`` measures the engine with Hugging Face's forward
-instead of the compact one (:mod:`telescope.inference.embedded.compact`).
+instead of the compact one (:mod:`telescope.inference.embedded.compact`);
+``--cpu-compile on,off`` also measures the engine with its decode step through
+``torch.compile`` (the engine does not compile: this says what it would give,
+after an untimed batch of the same size; the first compile takes tens of seconds);
+``--sync-mb 0`` skips the weight sync.
 
 Figures (2026-11-23, the "small" preset, 0.84M parameters, float32, prompt 32,
 64 new tokens; a shared 2-core VM loaded by other jobs, load average 12 to 28, so
@@ -141,8 +145,13 @@ def bench_engine(
     new_tokens: int,
     forward: str = "auto",
     cuda_graphs: bool = True,
+    compiled: bool = False,
 ) -> float:
-    """Generated tokens/s of one batch; on CUDA after an untimed batch of the same size (graph capture)."""
+    """Generated tokens/s of one batch; on CUDA, or ``compiled``, after an untimed batch of the same size.
+
+    ``compiled``: the compact runner's decode step through ``torch.compile`` (a
+    measurement of what compilation would give; the engine itself does not compile).
+    """
     from telescope.inference.embedded.engine import Engine, EngineSettings, GenerationParams
 
     engine = Engine(
@@ -157,6 +166,9 @@ def bench_engine(
         )
     ).start()
     try:
+        if compiled:
+            decoder = engine.runner.decoder  # type: ignore[attr-defined]  # the compact runner's
+            decoder.decode_step = torch.compile(decoder.decode_step)
         vocab = min(engine.model.config.vocab_size, 300)
         params = GenerationParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
         engine.generate([5] * prompt_len, GenerationParams(max_tokens=4, ignore_eos=True, detokenize=False))
@@ -171,7 +183,7 @@ def bench_engine(
                 done.acquire()
             return time.perf_counter() - start
 
-        if device.startswith("cuda"):
+        if device.startswith("cuda") or compiled:
             run("warm")
         elapsed = run("b")
     finally:
@@ -221,6 +233,11 @@ def main() -> None:
     parser.add_argument(
         "--cuda-graphs", default="on,off", help="on CUDA, engine runs with decode graphs on, off or both (on,off)"
     )
+    parser.add_argument(
+        "--cpu-compile",
+        default="off",
+        help="on the CPU, engine runs with the decode step eager (off), through torch.compile (on), or both (on,off)",
+    )
     args = parser.parse_args()
     kind = args.model or ("small" if args.device == "cpu" else "qwen0.5b")
     dtype = "float32" if args.device == "cpu" else "bfloat16"
@@ -237,9 +254,10 @@ def main() -> None:
         if args.device == "cpu":  # hosts differ in vector instructions, and so in speed
             print(cpu_description())
         print(f"engine forward {args.forward}; medians of {args.repeats} run(s), engine and generate alternating")
-        modes = [m == "on" for m in args.cuda_graphs.split(",")] if args.device.startswith("cuda") else [False]
-        label = {True: "graphs", False: "eager"}
-        print(f"{'batch':>5} | {'engine':>6} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio | per-run ratios")
+        on_cuda = args.device.startswith("cuda")
+        modes = [m == "on" for m in (args.cuda_graphs if on_cuda else args.cpu_compile).split(",")]
+        label = {True: "graphs" if on_cuda else "compiled", False: "eager"}
+        print(f"{'batch':>5} | {'engine':>8} | {'engine tok/s':>12} | {'generate tok/s':>14} | ratio | per-run ratios")
         for batch in (int(b) for b in args.batches.split(",")):
             ours_runs: dict[bool, list[float]] = {m: [] for m in modes}
             base_runs: list[float] = []
@@ -247,7 +265,15 @@ def main() -> None:
                 for mode in modes:
                     ours_runs[mode].append(
                         bench_engine(
-                            path, args.device, dtype, batch, args.prompt_len, args.new_tokens, args.forward, mode
+                            path,
+                            args.device,
+                            dtype,
+                            batch,
+                            args.prompt_len,
+                            args.new_tokens,
+                            args.forward,
+                            cuda_graphs=mode,
+                            compiled=mode and not on_cuda,
                         )
                     )
                 base_runs.append(bench_generate(path, args.device, dtype, batch, args.prompt_len, args.new_tokens))
@@ -256,9 +282,11 @@ def main() -> None:
                 ours = statistics.median(ours_runs[mode])
                 ratios = " ".join(f"{o / b:.2f}" for o, b in zip(ours_runs[mode], base_runs, strict=True))
                 print(
-                    f"{batch:>5} | {label[mode]:>6} | {ours:>12.0f} | {base:>14.0f} | {ours / base:5.2f} | {ratios}",
+                    f"{batch:>5} | {label[mode]:>8} | {ours:>12.0f} | {base:>14.0f} | {ours / base:5.2f} | {ratios}",
                     flush=True,
                 )
+    if args.sync_mb <= 0:  # --sync-mb 0: generation only
+        return
     sync = bench_sync(args.sync_mb)
     print(f"\nweight sync, {args.sync_mb} MB float32 state, one machine (bench/bench_weight_sync.py):")
     print(f"  memory transport (send and receive/load overlapped, steady state): {sync['overlapped']:.3f} s/GB")
