@@ -167,7 +167,9 @@ def bench_engine(
     ).start()
     try:
         if compiled:
-            decoder = engine.runner.decoder  # type: ignore[attr-defined]  # the compact runner's
+            decoder = getattr(engine.runner, "decoder", None)  # the compact runner's
+            if decoder is None:
+                raise SystemExit(f"--cpu-compile on needs the compact forward; the engine runs {engine.runner.name}")
             decoder.decode_step = torch.compile(decoder.decode_step)
         vocab = min(engine.model.config.vocab_size, 300)
         params = GenerationParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
