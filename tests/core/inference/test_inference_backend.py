@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import socket
+import time
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
@@ -148,3 +150,57 @@ def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_pat
     finally:
         server.stop()
     assert server.process.poll() is not None  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_stopped_server_does_not_wait_for_a_weight_update_whose_sender_hung(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """A hung trainer rank leaves the server waiting for weights that never come: its stop must not wait too.
+
+    Without the server's stop deadline, uvicorn waited for that request until the
+    transport's timeout, and :meth:`ProcessServer.stop` killed the process after 20 s
+    (a run's shutdown took 30 s after its watchdog fired).
+    """
+    from telescope.api.context import InferenceContext
+    from telescope.inference.embedded.backend import EmbeddedBackend
+    from telescope.inference.embedded.server import STOP_GRACE_S
+    from telescope.transports.memory import MemoryTransport
+
+    config = TelescopeConfig.model_validate(
+        {
+            "environments": [{"name": "countdown"}],
+            "model": str(tiny_model_path),
+            "max_model_len": 256,
+            "max_tokens": 32,
+            "seq_len": 256,
+            "inference_host": "127.0.0.1",
+            "inference_base_port": _free_port(),
+        }
+    )
+    server = EmbeddedBackend(InferenceContext.from_config(config)).start_server(0, run_dir=tmp_path)
+    sender = MemoryTransport(None)  # prepared, then never sends: the trainer rank hung
+    info = sender.prepare_sender(num_receivers=1)
+
+    async def stop_during_an_update() -> float:
+        async with InferenceClient(server.address.base_url) as client:
+            await client.init_weight_transfer("memory", info, rank_offset=1, context={"timeout_s": 600.0})
+            update = asyncio.create_task(client.update_weights(1))
+            await asyncio.sleep(1.0)
+            assert not update.done(), "the update must be waiting for its sender"
+            began = time.monotonic()
+            await asyncio.to_thread(server.stop)
+            took = time.monotonic() - began
+            with contextlib.suppress(Exception):  # its connection closed with the process
+                await update
+            return took
+
+    try:
+        took = asyncio.run(stop_during_an_update())
+    finally:
+        server.stop()
+        sender.close()
+    assert server.process.poll() is not None  # type: ignore[attr-defined]
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 8, f"the server took {took:.1f} s to stop"
+    log = (tmp_path / "logs" / "inference_0.log").read_text()
+    assert "exiting without it" in log

@@ -41,7 +41,10 @@ server-side ``start`` time, for the run's timeline.
 Run it as a process with ``python -m telescope.inference.embedded.server
 --engine-json engine.json --port 8100`` (what :class:`~.backend.EmbeddedBackend`
 does), or in a thread of the current process with :class:`ServerThread`
-(tests, notebooks).
+(tests, notebooks). Told to stop (SIGTERM, Ctrl-C), the process lets the requests
+in flight finish for at most :data:`STOP_GRACE_S`, then exits regardless: a weight
+update whose sender stopped (a hung trainer rank) would otherwise hold it until the
+transport's timeout, and the run's shutdown with it.
 """
 
 from __future__ import annotations
@@ -51,9 +54,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -461,8 +467,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-dir", default=None, help="run directory: log records go to its logs/ folder")
     parser.add_argument("--log-name", default="inference", help="the log files' name under logs/")
     args = parser.parse_args(argv)
-    import uvicorn
-
     with open(args.engine_json, encoding="utf-8") as handle:
         settings = EngineSettings.from_json(handle.read())
     if args.device is not None:
@@ -480,10 +484,42 @@ def main(argv: list[str] | None = None) -> None:
     freeze_startup_objects("embedded inference server")
     log.info("embedded engine serving %s on %s:%d (%s)", settings.model_path, args.host, args.port, settings.device)
     try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+        _serve_until_stopped(create_app(engine), args.host, args.port)
     finally:
         with contextlib.suppress(Exception):
             engine.stop()
+
+
+#: Seconds the server process waits for the requests in flight once told to stop (see the module doc).
+STOP_GRACE_S = 5.0
+
+
+def _serve_until_stopped(app: FastAPI, host: str, port: int) -> None:
+    """Serve ``app`` with uvicorn until a stop signal, then for at most :data:`STOP_GRACE_S` more."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:  # the first stop signal: uvicorn's graceful stop gets a deadline
+                deadline = threading.Timer(STOP_GRACE_S, _exit_now, args=(sig,))
+                deadline.daemon = True
+                deadline.start()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+
+
+def _exit_now(sig: int) -> None:
+    """End the process at once (uvicorn still waits on a request in flight), its log records written."""
+    log.warning(
+        "inference server: still stopping %.0f s after signal %d (a request in flight, such as a weight update "
+        "whose sender stopped); exiting without it", STOP_GRACE_S, sig,
+    )  # fmt: skip
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + sig)
 
 
 if __name__ == "__main__":
