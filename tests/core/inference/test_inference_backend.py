@@ -114,15 +114,12 @@ print("torch" in sys.modules)
     assert out == ["auto", "cuda:0", "False"]
 
 
-@pytest.mark.slow
-def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_path: Path) -> None:
-    from telescope.api.context import InferenceContext
-    from telescope.inference.embedded.backend import EmbeddedBackend
-
-    config = TelescopeConfig.model_validate(
+def _embedded_config(model: Path) -> TelescopeConfig:
+    """A run's config for one embedded server of ``model`` on a free local port."""
+    return TelescopeConfig.model_validate(
         {
             "environments": [{"name": "countdown"}],
-            "model": str(tiny_model_path),
+            "model": str(model),
             "max_model_len": 256,
             "max_tokens": 32,
             "seq_len": 256,
@@ -130,6 +127,14 @@ def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_pat
             "inference_base_port": _free_port(),
         }
     )
+
+
+@pytest.mark.slow
+def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_path: Path) -> None:
+    from telescope.api.context import InferenceContext
+    from telescope.inference.embedded.backend import EmbeddedBackend
+
+    config = _embedded_config(tiny_model_path)
     server = EmbeddedBackend(InferenceContext.from_config(config)).start_server(0, run_dir=tmp_path)
     try:
         assert server.address.port == config.inference_base_port
@@ -167,17 +172,7 @@ def test_a_stopped_server_does_not_wait_for_a_weight_update_whose_sender_hung(
     from telescope.inference.embedded.server import STOP_GRACE_S
     from telescope.transports.memory import MemoryTransport
 
-    config = TelescopeConfig.model_validate(
-        {
-            "environments": [{"name": "countdown"}],
-            "model": str(tiny_model_path),
-            "max_model_len": 256,
-            "max_tokens": 32,
-            "seq_len": 256,
-            "inference_host": "127.0.0.1",
-            "inference_base_port": _free_port(),
-        }
-    )
+    config = _embedded_config(tiny_model_path)
     server = EmbeddedBackend(InferenceContext.from_config(config)).start_server(0, run_dir=tmp_path)
     sender = MemoryTransport(None)  # prepared, then never sends: the trainer rank hung
     info = sender.prepare_sender(num_receivers=1)
