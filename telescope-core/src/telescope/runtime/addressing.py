@@ -37,6 +37,22 @@ def is_wildcard(host: str) -> bool:
     return host in ("", "0.0.0.0", "::", "[::]")
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: one the system picks), not yet listening.
+
+    With ``SO_REUSEADDR``, as servers bind: a port whose last connections are in
+    TIME_WAIT is free. Raises ``OSError`` when the port is taken.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -27,7 +27,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from telescope.api.inference import InferenceServer, ServerAddress
-from telescope.runtime.addressing import advertised_host, is_wildcard
+from telescope.runtime.addressing import advertised_host, bound_socket, is_wildcard
 
 log = logging.getLogger("telescope.run.servers")
 
@@ -54,15 +53,11 @@ class PortInUseError(RuntimeError):
 
 def _bind(bind_host: str, port: int) -> int | None:
     """The port a test bind of ``port`` on ``bind_host`` got (``port`` 0: any), or None when taken."""
-    host = "" if is_wildcard(bind_host) else bind_host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return None
-        return int(probe.getsockname()[1])
+    try:
+        with bound_socket("" if is_wildcard(bind_host) else bind_host, port) as probe:
+            return int(probe.getsockname()[1])
+    except OSError:
+        return None
 
 
 def choose_port(bind_host: str, preferred: int) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import uvicorn
 
+from telescope.runtime.addressing import bound_socket
 from telescope_ui_sync.server.app import create_app
 from telescope_ui_sync.sync.schema import SchemaVersionError, connect
 from telescope_ui_sync.sync.syncer import SyncService
@@ -30,8 +31,8 @@ def serve(
     wandb_projects: Sequence[str] = (),
 ) -> None:
     """Sync ``roots`` into ``db_path`` in the background and serve the dashboard on ``host:port``."""
-    try:
-        sock = listening_socket(host, port)
+    try:  # bound here, not by uvicorn: the URL printed names the real port (--port 0), and a port in
+        sock = bound_socket(host, port)  # use is a clear error before the database opens and the sync starts
     except OSError as exc:
         sys.exit(f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
                  "(0: any free port)")  # fmt: skip
@@ -70,19 +71,3 @@ def _serve(
     finally:
         service.stop()
         con.close()
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (``port`` 0: one the system picks), for uvicorn to listen on.
-
-    Bound here rather than by uvicorn so that the URL printed names the real port, and a
-    port in use is a clear error before the database opens and the sync starts.
-    """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
