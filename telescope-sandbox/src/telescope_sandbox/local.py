@@ -85,6 +85,7 @@ from typing import IO
 from telescope.api.sandbox import ExecResult, Sandbox, SandboxError, SandboxLimits, SandboxProvider
 from telescope_sandbox._cgroup import SandboxCgroup
 from telescope_sandbox._cleanup import clear_dir, dir_size, force_remove, remove_owned
+from telescope_sandbox._transfer import SandboxFiles
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +181,8 @@ class LocalSandbox(Sandbox):
         os.makedirs(os.path.join(self.workdir, ".tmp"))
         os.mkdir(self._tmp, 0o700)
         os.mkdir(self._shm, 0o700)
+        staging = os.path.join(self._root, "stage")  # the host's, for files it hands to the sandbox
+        os.mkdir(staging, 0o700)
         self.uid: int | None = None
         self.gid: int | None = None
         if os.geteuid() == 0:
@@ -188,12 +191,14 @@ class LocalSandbox(Sandbox):
                 os.chown(path, self.uid, self.gid)
         os.chmod(self._root, 0o711)
         os.chmod(self.workdir, 0o700)
+        self._files = SandboxFiles(self.sandbox_id, self.workdir, staging, self.uid, self.gid)
         self.python = python or shutil.which("python3", path=DEFAULT_PATH) or sys.executable
         self._use_namespaces = use_namespaces
         self.dirty = False
         self._destroyed = False
         self._ran = False  # whether a command ever ran (only then can it have left files outside)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one command at a time; reset and destroy wait for it
+        self._files_lock = threading.Lock()  # transfers run beside a command, never beside a cleanup
         ncpu = os.cpu_count() or 1
         want = max(1, min(ncpu, math.ceil(limits.cpu))) if limits.cpu else ncpu
         first = random.randrange(ncpu)
@@ -246,31 +251,22 @@ class LocalSandbox(Sandbox):
         return full
 
     def upload(self, path: str, data: bytes) -> None:
-        full = self._resolve(path)
-        parent = os.path.dirname(full)
-        os.makedirs(parent, exist_ok=True)
+        """Write a file as the sandbox's user; no link the sandbox made is followed (:mod:`._transfer`)."""
         if self.limits.disk_mb is not None and len(data) > self.limits.disk_mb * 1024 * 1024:
             raise SandboxError(f"file of {len(data)} bytes exceeds the disk limit of {self.limits.disk_mb} MB")
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if self.uid is not None:
-            d = parent
-            while d.startswith(self.workdir):
-                os.chown(d, self.uid, self.uid)
-                d = os.path.dirname(d)
-            os.chown(full, self.uid, self.uid)
+        with self._files_lock:
+            self._check_alive()
+            self._files.write(path, data)
 
     def download(self, path: str) -> bytes:
-        full = self._resolve(path)
-        try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise SandboxError(f"no file {path!r} in sandbox {self.sandbox_id}") from None
-        except OSError as exc:
-            raise SandboxError(f"cannot read {path!r} in sandbox {self.sandbox_id}: {exc}") from None
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
+        """Read a regular file of the sandbox's user; no link the sandbox made is followed."""
+        with self._files_lock:
+            self._check_alive()
+            return self._files.read(path)
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxError(f"sandbox {self.sandbox_id} has been destroyed")
 
     # --------------------------------------------------------------- commands
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
@@ -406,12 +402,18 @@ class LocalSandbox(Sandbox):
                     f"was reached; {killed} process(es) killed]"
                 )
         if self.limits.disk_mb is not None:
-            used = dir_size(self.workdir, self._tmp, self._shm) / (1024 * 1024)
-            usage["disk_mb"] = used
-            if used > self.limits.disk_mb:
+            try:
+                used = dir_size(self.workdir, self._tmp, self._shm) / (1024 * 1024)
+            except OSError as exc:  # the tree changed under the walk: something still runs there
                 self.dirty = True
-                stderr += f"\n[sandbox: disk limit exceeded: {used:.1f} MB used of {self.limits.disk_mb} MB]"
+                stderr += f"\n[sandbox: its disk use could not be measured: {exc}]"
                 exit_code = exit_code or 1
+            else:
+                usage["disk_mb"] = used
+                if used > self.limits.disk_mb:
+                    self.dirty = True
+                    stderr += f"\n[sandbox: disk limit exceeded: {used:.1f} MB used of {self.limits.disk_mb} MB]"
+                    exit_code = exit_code or 1
         if timed_out:
             self.dirty = True  # conservative: a pool replaces it rather than reuse it
             stderr += f"\n[sandbox: timed out after {spec.get('timeout_s')} s; all its processes were killed]"
@@ -449,28 +451,43 @@ class LocalSandbox(Sandbox):
 
     # --------------------------------------------------------------- lifecycle
     def reset(self) -> None:
-        """Empty the working directory, /tmp and /dev/shm so the sandbox can serve another sample."""
-        if self._destroyed:
-            raise SandboxError(f"sandbox {self.sandbox_id} has been destroyed")
-        for name in os.listdir(self.workdir):
-            if name != ".tmp":
-                force_remove(os.path.join(self.workdir, name))
-        for path in (os.path.join(self.workdir, ".tmp"), self._tmp, self._shm):
-            clear_dir(path)
-        if self.uid is not None and not self.tmp_isolated and self._ran:
-            remove_owned(self.uid, _HOST_SHARED_DIRS)
-        self.dirty = False
+        """Empty the working directory, /tmp and /dev/shm so the sandbox can serve another sample.
+
+        Waits for a running command and for transfers. Raises :class:`SandboxError`
+        (and leaves the sandbox dirty) when something could not be removed.
+        """
+        with self._lock, self._files_lock:
+            self._check_alive()
+            try:
+                for path in (self.workdir, self._tmp, self._shm):
+                    clear_dir(path)
+                self._files.make_dirs(".tmp")
+            except OSError as exc:
+                self.dirty = True
+                raise SandboxError(f"cannot reset sandbox {self.sandbox_id}: {exc}") from exc
+            if self.uid is not None and not self.tmp_isolated and self._ran:
+                remove_owned(self.uid, _HOST_SHARED_DIRS)
+            self.dirty = False
 
     def destroy(self) -> None:
+        """Kill everything, then (after a running command ends) remove the sandbox's files.
+
+        Raises :class:`SandboxError` when its directory could not be removed whole.
+        """
         if self._destroyed:
             return
         self._destroyed = True
         self._kill_all()
-        if self.cgroup is not None:
-            self.cgroup.remove()
-        force_remove(self._root)
-        if self.uid is not None and not self.tmp_isolated and self._ran:
-            remove_owned(self.uid, _HOST_SHARED_DIRS)
+        with self._lock, self._files_lock:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            try:
+                force_remove(self._root)
+            except OSError as exc:
+                raise SandboxError(f"sandbox {self.sandbox_id}: cannot remove {self._root}: {exc}") from exc
+            finally:
+                if self.uid is not None and not self.tmp_isolated and self._ran:
+                    remove_owned(self.uid, _HOST_SHARED_DIRS)
 
     @property
     def destroyed(self) -> bool:

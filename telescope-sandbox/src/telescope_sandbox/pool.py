@@ -11,7 +11,13 @@ Design:
   that provider has already killed every process when each command ended) when its
   provider supports ``reset`` and the sandbox
   is not marked dirty (a timeout, disk overrun or launcher failure marks it);
-  otherwise it is destroyed and a fresh one is created in its place.
+  otherwise it is destroyed and a fresh one is created in its place (when the next
+  lease finds no idle sandbox).
+- A reset or destroy that fails is contained (the sample that used the sandbox goes
+  on) but never silent: it is counted (``reset_failures``, ``destroy_failures``, and
+  the lease's ``SandboxUsage.sandbox_errors``), logged as a warning, and recorded as
+  the ``error`` of its ``sandbox.reset`` / ``sandbox.destroy`` event; a sandbox whose
+  reset failed is destroyed, never reused.
 - Every lease can carry a :class:`~telescope_sandbox.observed.SandboxUsage`, so the
   sample that used the sandbox gets its command counts and timings.
 
@@ -22,15 +28,18 @@ when returned.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from telescope.api.sandbox import SandboxError, SandboxLimits, SandboxProvider
 from telescope_sandbox.observed import ObservedProvider, ObservedSandbox, SandboxUsage
 from telescope_sandbox.providers import get_provider
+
+logger = logging.getLogger(__name__)
 
 
 class SandboxPool:
@@ -67,6 +76,9 @@ class SandboxPool:
         self.created = 0
         self.reused = 0
         self.discarded = 0
+        #: Resets and destroys that raised (the sandbox was destroyed, or left, instead).
+        self.reset_failures = 0
+        self.destroy_failures = 0
         if prewarm and size:
             self.prewarm()
 
@@ -120,20 +132,20 @@ class SandboxPool:
             try:
                 if sandbox is not None:
                     sandbox.usage = None
-                    self._release(sandbox)
+                    self._release(sandbox, usage)
             finally:
                 with self._lock:
                     self._leased -= 1
                 self._slots.release()
 
-    def _release(self, sandbox: ObservedSandbox) -> None:
+    def _release(self, sandbox: ObservedSandbox, usage: SandboxUsage | None = None) -> None:
         keep = False
         if not self._closed and not sandbox.dirty:
             try:
                 sandbox.reset()
                 keep = not sandbox.dirty
-            except Exception:
-                keep = False
+            except Exception as exc:
+                self._count_failure("reset", sandbox, exc, usage)
         if keep:
             with self._lock:
                 if not self._closed and len(self._idle) < max(self.size, 1):
@@ -142,9 +154,25 @@ class SandboxPool:
                     return
         with self._lock:
             self.discarded += 1
-        # a sandbox that will not die must not take the sample down with it
-        with suppress(Exception):
+        self._destroy(sandbox, usage)
+
+    def _destroy(self, sandbox: ObservedSandbox, usage: SandboxUsage | None = None) -> None:
+        """Destroy ``sandbox``; one that will not die must not take the sample down with it."""
+        try:
             sandbox.destroy()
+        except Exception as exc:
+            self._count_failure("destroy", sandbox, exc, usage)
+
+    def _count_failure(self, what: str, sandbox: ObservedSandbox, exc: Exception, usage: SandboxUsage | None) -> None:
+        with self._lock:
+            if what == "reset":
+                self.reset_failures += 1
+            else:
+                self.destroy_failures += 1
+        if usage is not None:
+            usage.record_error()
+        then = "it is destroyed instead of reused" if what == "reset" else "what it holds may be left behind"
+        logger.warning("sandbox %s (%s): %s failed (%s); %s", sandbox.sandbox_id, sandbox.provider, what, exc, then)
 
     def close(self) -> None:
         """Destroy every idle sandbox; leased ones are destroyed when they come back."""
@@ -152,8 +180,7 @@ class SandboxPool:
             self._closed = True
             idle, self._idle = self._idle, []
         for sandbox in idle:
-            with suppress(Exception):
-                sandbox.destroy()
+            self._destroy(sandbox)
         self.provider.close()
 
     def __enter__(self) -> SandboxPool:
