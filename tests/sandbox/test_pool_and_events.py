@@ -11,7 +11,7 @@ import pytest
 from telescope.api.sandbox import SandboxError, SandboxLimits
 from telescope.recording import events
 from telescope_sandbox import SandboxPool, SandboxUsage, get_provider
-from telescope_sandbox.local import LocalProvider
+from telescope_sandbox.local import LocalProvider, LocalSandbox
 
 
 @pytest.fixture
@@ -136,3 +136,47 @@ def test_output_excerpts_keep_head_and_tail() -> None:
     excerpt = output_excerpt(text, limit=1000)
     assert excerpt.startswith("a" * 500) and excerpt.endswith("z" * 500) and "MIDDLE" not in excerpt
     assert "[... 206 characters ...]" in excerpt
+
+
+class _FailingCleanup(LocalProvider):
+    """Local sandboxes whose reset (or destroy) raises, as one with an unremovable tree would."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def create(self, limits: SandboxLimits | None = None) -> LocalSandbox:
+        sandbox = super().create(limits)
+        real = getattr(sandbox, self.fail)
+
+        def failing() -> None:
+            real()
+            raise SandboxError(f"cannot {self.fail} sandbox {sandbox.sandbox_id}: 1 entry could not be removed")
+
+        setattr(sandbox, self.fail, failing)
+        return sandbox
+
+
+def test_a_failed_reset_is_counted_and_the_sandbox_replaced(
+    captured: list[dict[str, object]], caplog: pytest.LogCaptureFixture
+) -> None:
+    usage = SandboxUsage()
+    with SandboxPool(_FailingCleanup("reset"), size=1) as pool:
+        with pool.acquire(usage) as first:
+            first.execute("true")
+        with pool.acquire() as second:
+            assert second.sandbox_id != first.sandbox_id  # never reused after a failed reset
+        assert pool.reset_failures == 2 and pool.discarded == 2 and pool.destroy_failures == 0
+    assert usage.as_metrics()["sandbox_errors"] == 1
+    resets = [e for e in captured if e["kind"] == "sandbox.reset"]
+    assert resets and "could not be removed" in str(resets[0]["error"])
+    assert "reset failed" in caplog.text
+
+
+def test_a_failed_destroy_is_counted_not_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    usage = SandboxUsage()
+    with SandboxPool(_FailingCleanup("destroy"), size=1) as pool:
+        with pool.acquire(usage) as sb:
+            sb.execute("sleep 2", timeout_s=0.2)  # dirty: destroyed on release
+        assert pool.destroy_failures == 1 and pool.reset_failures == 0
+    assert usage.as_metrics()["sandbox_errors"] == 1 and "destroy failed" in caplog.text
