@@ -220,3 +220,20 @@ def test_destroy_during_a_command_kills_it_and_removes_everything(sandbox: Local
         assert not os.path.exists(os.path.dirname(sandbox.workdir))
     finally:
         runner.join()
+
+
+def test_a_link_left_in_its_tmp_does_not_make_the_launcher_create_host_directories(
+    sandbox: LocalSandbox, host_dir: Path
+) -> None:
+    """A working directory under /tmp is re-created as a mount point inside the sandbox's own /tmp."""
+    root = os.path.dirname(sandbox.workdir)
+    if not sandbox.tmp_isolated or not root.startswith("/tmp/"):
+        pytest.skip("the working directory is re-created only under a private /tmp")
+    before = _snapshot(host_dir)
+    # inside its namespace /tmp is its own, but the host's /proc still leads to the host's /tmp
+    link = f"/proc/{os.getpid()}/root{host_dir}"
+    swap = sandbox.execute(["sh", "-c", f"mv {root} /tmp/moved-away && ln -s {link} {root}"])
+    assert swap.exit_code == 0, swap.stderr
+    after = sandbox.execute("echo ran")  # refused (fail closed) or run: either way nothing made on the host
+    assert after.exit_code != 0 or after.stdout.strip() == "ran"
+    assert _snapshot(host_dir) == before

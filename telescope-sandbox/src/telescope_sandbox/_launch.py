@@ -117,6 +117,30 @@ def _same_dir(path: str, fd: int) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def _mount_point(path: str) -> int:
+    """A descriptor of directory ``path``, made where missing; no link is followed.
+
+    Its parents now lie in the sandbox's own ``/tmp`` (or ``/dev/shm``), where an
+    earlier command may have left a link: followed, it would make this root process
+    create directories anywhere on the host.
+    """
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    try:
+        for name in [part for part in path.split("/") if part]:
+            try:
+                nxt = os.open(name, flags, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(name, 0o755, dir_fd=fd)
+                nxt = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _private_mounts(spec: dict[str, Any], fresh_proc: bool) -> bool:
     """A private mount namespace: the sandbox's own /tmp and /dev/shm, and maybe /proc.
 
@@ -134,8 +158,11 @@ def _private_mounts(spec: dict[str, Any], fresh_proc: bool) -> bool:
         _mount(f"/proc/self/fd/{fds['shm_dir']}", "/dev/shm", None, MS_BIND)
         workdir = spec["workdir"]
         if not _same_dir(workdir, fds["workdir"]):  # it was under /tmp or /dev/shm
-            os.makedirs(workdir, exist_ok=True)
-            _mount(f"/proc/self/fd/{fds['workdir']}", workdir, None, MS_BIND)
+            target = _mount_point(workdir)
+            try:
+                _mount(f"/proc/self/fd/{fds['workdir']}", f"/proc/self/fd/{target}", None, MS_BIND)
+            finally:
+                os.close(target)
     finally:
         for fd in fds.values():
             os.close(fd)

@@ -174,7 +174,8 @@ class LocalSandbox(Sandbox):
     ) -> None:
         self.limits = limits
         self.sandbox_id = f"local-{uuid.uuid4().hex[:12]}"
-        self._root = tempfile.mkdtemp(prefix=f"telescope-{self.sandbox_id}-", dir=base_dir)
+        # canonical: the launcher re-creates this path inside the sandbox's /tmp following no link
+        self._root = os.path.realpath(tempfile.mkdtemp(prefix=f"telescope-{self.sandbox_id}-", dir=base_dir))
         self.workdir = os.path.join(self._root, "work")
         self._tmp = os.path.join(self._root, "tmp")  # its /tmp, with a private mount namespace
         self._shm = os.path.join(self._root, "shm")  # its /dev/shm
