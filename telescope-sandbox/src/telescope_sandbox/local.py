@@ -21,8 +21,8 @@ stdin, never on a command line) in its own session, with:
   outlives ``destroy()`` (or survives ``reset()``), and no host socket in ``/tmp`` can
   be reached; without root, these namespaces live in a user namespace;
 - a total-disk check after every command (working directory, ``/tmp`` and
-  ``/dev/shm`` together): a sandbox that has grown past ``disk_mb`` fails that command
-  and is marked dirty;
+  ``/dev/shm`` together, however deep; :mod:`telescope_sandbox._cleanup`): a sandbox
+  that has grown past ``disk_mb`` fails that command and is marked dirty;
 - no network, through a fresh network namespace, where the kernel allows it;
 - when the host process runs as root: its own unprivileged uid (picked at random
   from a reserved range), so it cannot read files that are not world-readable,
@@ -31,6 +31,13 @@ stdin, never on a command line) in its own session, with:
 - a wall-clock timeout after which the command and every process it started are
   killed; every process a command leaves behind is killed when it ends (a
   stop-then-kill sweep of every descendant, so a fork bomb cannot outrun it).
+
+The host's own file work follows no link the sandbox made: ``upload`` and ``download``
+resolve paths one no-follow component at a time and create through a host-only
+staging directory (:mod:`telescope_sandbox._transfer`); they may run beside a command.
+``reset`` and ``destroy`` wait for a running command (``destroy`` kills it first),
+remove trees of any depth without following links, and raise :class:`SandboxError`
+when something is left.
 
 Which of these a sandbox got is known at creation: ``LocalSandbox.protections`` (a dict
 of flags, also ``network_isolated`` and ``tmp_isolated``) with the reason for each
@@ -59,6 +66,8 @@ What it does NOT protect against (use a remote provider for untrusted code at sc
   command can kill its own launcher, escaping the cleanup); without a user namespace
   the process limit is approximate (``RLIMIT_NPROC`` then counts all the host user's
   processes);
+- without root, what the sandbox puts in a directory it makes unreadable escapes the
+  disk check (the size limit of each file still holds);
 - memory is limited as address space too: runtimes that reserve large virtual ranges
   (JVM, Go, some JITs) may fail below ``memory_mb`` of real use.
 """
