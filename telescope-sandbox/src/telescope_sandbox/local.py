@@ -326,6 +326,7 @@ class LocalSandbox(Sandbox):
             "cpus": self._cpus,
         }
         with self._lock:
+            self._check_alive()  # again: a destroy may have begun while this waited
             self._ran = True
             return self._run(spec, timeout)
 
