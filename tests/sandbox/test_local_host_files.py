@@ -12,7 +12,9 @@ afterwards.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,8 @@ from typing import Any
 import pytest
 
 from telescope.api.sandbox import SandboxError, SandboxLimits
+from telescope_sandbox import SandboxPool
+from telescope_sandbox._cleanup import force_remove
 from telescope_sandbox.local import LocalProvider, LocalSandbox
 
 ROOT = os.geteuid() == 0
@@ -97,7 +101,7 @@ target, seconds = sys.argv[1], float(sys.argv[2])
 open('swapping', 'w').close()
 end = time.monotonic() + seconds
 swaps = 0
-while time.monotonic() < end:
+while time.monotonic() < end and not os.path.exists('stop'):
     try:  # the host creates 'd' too, whenever an upload finds it missing
         if os.path.islink('d'):
             os.unlink('d')
@@ -120,7 +124,7 @@ def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSand
     sandbox.upload("d/x/f.txt", b"first")
     results: list[Any] = []
     runner = threading.Thread(
-        target=lambda: results.append(sandbox.execute(["python3", "-c", _SWAPPER, str(host_dir), "20"], timeout_s=40))
+        target=lambda: results.append(sandbox.execute(["python3", "-c", _SWAPPER, str(host_dir), "50"], timeout_s=55))
     )
     runner.start()
     try:
@@ -128,7 +132,9 @@ def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSand
             time.sleep(0.01)
         read: list[bytes] = []
         refused = 0
-        for i in range(400):
+        i, busy_until = 0, time.monotonic() + 3  # enough rounds, and long enough for many swaps
+        while i < 2000 or time.monotonic() < busy_until:
+            i += 1
             for op in (
                 partial(sandbox.upload, "d/x/f.txt", b"host wrote %d" % i),
                 partial(sandbox.upload, "d/new/deeper/f.txt", b"host wrote"),
@@ -142,9 +148,10 @@ def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSand
                 else:
                     read.append(out or b"")
     finally:
+        sandbox.upload("stop", b"")
         runner.join()
     assert results and results[0].exit_code == 0, results
-    assert int(results[0].stdout) > 100 and refused > 0  # the race was on: transfers met the link
+    assert int(results[0].stdout) > 20 and refused > 0  # the race was on: transfers met the link
     assert not any(b"HOST SECRET" in data for data in read)
     assert _snapshot(host_dir) == before
 
@@ -243,3 +250,28 @@ def test_a_link_left_in_its_tmp_does_not_make_the_launcher_create_host_directori
     after = sandbox.execute("echo ran")  # refused (fail closed) or run: either way nothing made on the host
     assert after.exit_code != 0 or after.stdout.strip() == "ran"
     assert _snapshot(host_dir) == before
+
+
+def _immutable(path: str, on: bool) -> bool:
+    """``chattr +i`` (or ``-i``) ``path``; whether it worked (root, and a file system that has it)."""
+    chattr = shutil.which("chattr")
+    flag = "+i" if on else "-i"
+    return bool(ROOT and chattr) and subprocess.run([str(chattr), flag, path], capture_output=True).returncode == 0
+
+
+def test_a_reset_that_leaves_files_raises_and_the_pool_replaces_the_sandbox() -> None:
+    with SandboxPool(LocalProvider(), size=1, limits=LIMITS) as pool:
+        with pool.acquire() as sb:
+            sb.execute("mkdir -p keep && echo x > keep/stuck")
+            first = sb.sandbox_id
+            stuck = os.path.join(sb.inner.workdir, "keep", "stuck")  # type: ignore[attr-defined]
+            if not _immutable(stuck, True):
+                pytest.skip("cannot make a file unremovable here (needs root and chattr)")
+        try:
+            assert pool.reset_failures == 1 and pool.destroy_failures == 1  # the destroy fails too
+            with pool.acquire() as sb:
+                assert sb.sandbox_id != first
+        finally:
+            _immutable(stuck, False)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(stuck)))
+    force_remove(root)

@@ -266,13 +266,19 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"file of {len(data)} bytes exceeds the disk limit of {self.limits.disk_mb} MB")
         with self._files_lock:
             self._check_alive()
-            self._files.write(path, data)
+            try:
+                self._files.write(path, data)
+            except OSError as exc:  # the staging or working directory itself failed (full disk, ...)
+                raise SandboxError(f"cannot upload {path!r} to sandbox {self.sandbox_id}: {exc}") from exc
 
     def download(self, path: str) -> bytes:
         """Read a regular file of the sandbox's user; no link the sandbox made is followed."""
         with self._files_lock:
             self._check_alive()
-            return self._files.read(path)
+            try:
+                return self._files.read(path)
+            except OSError as exc:
+                raise SandboxError(f"cannot download {path!r} from sandbox {self.sandbox_id}: {exc}") from exc
 
     def _check_alive(self) -> None:
         if self._destroyed:
@@ -473,7 +479,7 @@ class LocalSandbox(Sandbox):
                 for path in (self.workdir, self._tmp, self._shm):
                     clear_dir(path)
                 self._files.make_dirs(".tmp")
-            except OSError as exc:
+            except (OSError, SandboxError) as exc:
                 self.dirty = True
                 raise SandboxError(f"cannot reset sandbox {self.sandbox_id}: {exc}") from exc
             if self.uid is not None and not self.tmp_isolated and self._ran:
