@@ -32,6 +32,7 @@ def _pids_matching(marker: str) -> list[str]:
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
 
 
+@pytest.mark.exclusive  # asserts the kill comes within seconds of the timeout: on free cores
 def test_infinite_loop_is_killed_at_the_timeout(sandbox: LocalSandbox) -> None:
     t0 = time.monotonic()
     result = sandbox.execute(["python3", "-c", "while True: pass"], timeout_s=1.0)
@@ -41,6 +42,7 @@ def test_infinite_loop_is_killed_at_the_timeout(sandbox: LocalSandbox) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # asserts the bomb is stopped within seconds: on free cores
 def test_fork_bomb_is_contained(sandbox: LocalSandbox) -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     t0 = time.monotonic()

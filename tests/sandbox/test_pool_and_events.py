@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -75,12 +74,11 @@ def test_bounded_concurrency() -> None:
         assert peak == 2 and pool.leased == 0
 
 
+@pytest.mark.timeout(60)  # an acquire that never times out hangs here (the lease above is never returned)
 def test_acquire_timeout() -> None:
-    with SandboxPool("local", size=0, max_concurrency=1, acquire_timeout_s=0.2) as pool, pool.acquire():
-        t0 = time.monotonic()
+    with SandboxPool("local", size=0, max_concurrency=1, acquire_timeout_s=0.2) as pool, pool.acquire():  # noqa: SIM117
         with pytest.raises(SandboxError, match="no sandbox became free"), pool.acquire():
             pass
-        assert time.monotonic() - t0 < 2
 
 
 def test_events_and_usage(captured: list[dict[str, object]]) -> None:

@@ -29,6 +29,42 @@ from telescope.recording.run_store import RunStore
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A browser test that waited in vain for an element fails naming it, with the page's state.
+
+    Playwright's timeout says only how long it waited; the report gains a section with the
+    element waited for, the page's URL, its script errors and the start of its visible text,
+    so a missing element reads as such and not as a slow machine.
+    """
+    report = yield
+    page = getattr(item, "funcargs", {}).get("page")
+    if call.excinfo is None or page is None or type(call.excinfo.value).__name__ != "TimeoutError":
+        return report
+    message = str(call.excinfo.value)
+    waited = [line.strip() for line in message.splitlines() if "waiting for" in line]
+    try:
+        text = page.inner_text("body")[:1500]
+        url = page.url
+    except Exception as error:  # the page itself is gone: say so instead
+        text, url = f"(the page could not be read: {error})", "?"
+    report.sections.append(
+        (
+            "missing element",
+            "\n".join(
+                [
+                    f"not found: {waited[0] if waited else message.splitlines()[0]}",
+                    f"page: {url}",
+                    f"script errors: {getattr(page, 'errors', [])}",
+                    "visible text:",
+                    text,
+                ]
+            ),
+        )
+    )
+    return report
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

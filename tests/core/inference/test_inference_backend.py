@@ -158,6 +158,7 @@ def test_embedded_backend_starts_a_server_process(tiny_model_path: Path, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # asserts the server exits within seconds of its grace: on free cores
 def test_a_stopped_server_does_not_wait_for_a_weight_update_whose_sender_hung(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:

@@ -107,18 +107,21 @@ def total(reader: RunReader, key: str) -> float:
     return sum(float(m.get(key, 0.0)) for m in reader.metrics())
 
 
+#: A fault that is not handled shows as a hang, not as a slow test: these tests assert the event
+#: (a timeout raised, the run stopped) and leave the clock to this guard, generous for a busy machine.
+HANG_GUARD = pytest.mark.timeout(180)
+
 # ------------------------------------------------------------------ hangs
 
 
+@HANG_GUARD
 def test_a_hanging_reward_is_timed_out_counted_and_the_run_goes_on(tmp_path: Path, tokenizer: Any) -> None:
-    started = time.monotonic()
     reader = run_loop(tmp_path, tokenizer, FakeServices(), HangingParity, reward_timeout_s=0.3, number_of_steps=3)
     assert [m["step"] for m in reader.metrics()] == [0, 1, 2]
     assert total(reader, "timeouts/reward/count") > 0
     assert all(m["timeouts/environment_step/count"] == 0 for m in reader.metrics())
     hung = [r for r in reader.rollouts() if len(r["completion"]) % 4 == 0]
     assert hung == []  # a timed-out rollout is errored: it is never trained
-    assert time.monotonic() - started < 60
 
 
 class HangingGame(MultiTurnEnvironment):
@@ -139,6 +142,7 @@ class HangingGame(MultiTurnEnvironment):
         return RewardResult(total_reward=float(state.turn))
 
 
+@HANG_GUARD
 def test_a_hanging_environment_step_is_timed_out(tokenizer: Any) -> None:
     renderer = ChatRenderer(tokenizer)
     env = HangingGame()
@@ -150,12 +154,10 @@ def test_a_hanging_environment_step_is_timed_out(tokenizer: Any) -> None:
         return Generation(ids, [-0.5] * len(ids), "stop", 0, 0)
 
     limits = RolloutLimits(max_tokens=16, max_model_len=512, environment_step_timeout_s=0.2)
-    started = time.monotonic()
     rollout = asyncio.run(
         run_rollout(env, sample, messages, renderer.prompt_ids(messages), renderer=renderer, generate=generate,
                     policy_version=lambda: 0, limits=limits)
     )  # fmt: skip
-    assert time.monotonic() - started < 5
     assert timeout_kind(rollout.error) == "environment_step", rollout.error
     assert "env_response of sample '0'" in (rollout.error or "")
     assert len(rollout.turns) == 2 and rollout.reward is not None and rollout.reward.total_reward == 0.0
@@ -173,6 +175,7 @@ async def _silent_server() -> tuple[asyncio.AbstractServer, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
+@HANG_GUARD
 def test_a_request_that_gets_no_answer_times_out_and_a_dead_server_is_unavailable() -> None:
     from telescope.inference.client import InferenceClient
 
@@ -184,10 +187,8 @@ def test_a_request_that_gets_no_answer_times_out_and_a_dead_server_is_unavailabl
         failed: list[int] = []
         pool.on_failure = failed.append
         sampling = SamplingSettings(1.0, None)
-        started = time.monotonic()
         with pytest.raises(OperationTimeout) as timed_out:
             await pool.generate(0, [1, 2, 3], 4, seed=0, priority=0, sampling=sampling)
-        assert time.monotonic() - started < 5
         assert timed_out.value.kind == "inference_request" and "inference server 0" in str(timed_out.value)
         with pytest.raises(ServerUnavailable):
             await pool.generate(1, [1, 2, 3], 4, seed=0, priority=0, sampling=sampling)
@@ -350,11 +351,10 @@ def test_a_crash_during_a_checkpoint_save_leaves_the_previous_one_usable(tmp_pat
 # --------------------------------------------------- no batch, no progress
 
 
+@HANG_GUARD
 def test_a_run_whose_groups_are_all_zero_advantage_stops_and_says_why(tmp_path: Path, tokenizer: Any) -> None:
-    started = time.monotonic()
     with pytest.raises(NoLearningSignal) as stopped:
         run_loop(tmp_path, tokenizer, FakeServices(), ConstantReward, max_consecutive_zero_advantage_batches=2)
-    assert time.monotonic() - started < 30
     message = str(stopped.value)
     assert "the last 6 groups" in message and "zero-advantage" in message and "reward: 1" in message
     assert "max_consecutive_zero_advantage_batches" in message
@@ -375,6 +375,7 @@ def status(reader: RunReader) -> dict[str, Any]:
     return data
 
 
+@HANG_GUARD
 def test_the_watchdog_names_a_server_that_does_not_answer(tmp_path: Path, tokenizer: Any) -> None:
     services = HangingServer(servers=2)
 
@@ -384,10 +385,8 @@ def test_the_watchdog_names_a_server_that_does_not_answer(tmp_path: Path, tokeni
                  "detail": "inference server 1 (http://fake:1) does not answer /health"}]  # fmt: skip
 
     services.probe = probe  # type: ignore[attr-defined]
-    started = time.monotonic()
     with pytest.raises(StuckError) as stuck:
         run_loop(tmp_path, tokenizer, services, watchdog_timeout_s=1.0)
-    assert time.monotonic() - started < 20
     assert "nothing progressed for" in str(stuck.value) and "inference server 1" in str(stuck.value)
     assert "waiting for the groups of step" in str(stuck.value)
     recorded = status(RunReader(tmp_path / "run"))["stuck"]

@@ -90,6 +90,7 @@ def test_a_collector_that_recovers_is_announced_and_stop_flushes(caplog: pytest.
     assert any("flaky works again" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.exclusive  # asserts stop returns within seconds of its flush timeout: on free cores
 def test_stop_returns_when_a_collector_missed_its_cancellation() -> None:
     """A collection that completes as it is cancelled can swallow the cancellation (Python 3.11's wait_for
     returns its result): a run then hung at its end, the monitor still collecting while ``stop`` waited."""

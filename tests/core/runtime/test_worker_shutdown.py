@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-import time
+
+import pytest
 
 from telescope.runtime.worker_shutdown import bounded
 
@@ -14,12 +15,11 @@ def test_a_cleanup_that_returns_in_time_is_reported_finished() -> None:
     assert calls == ["ran"]
 
 
+@pytest.mark.timeout(60)  # a cleanup that is not abandoned hangs the test: fail it sooner
 def test_a_blocked_cleanup_is_abandoned_after_its_budget() -> None:
-    release = threading.Event()
-    start = time.monotonic()
+    release = threading.Event()  # never set while bounded waits: only abandoning it lets the call return
     try:
         assert bounded(0.2, release.wait) is False
-        assert time.monotonic() - start < 5.0
     finally:
         release.set()  # let the daemon thread end
 
