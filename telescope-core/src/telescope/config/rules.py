@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
+from telescope.config.constructors import kwargs_type_problems
 from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
 
@@ -88,9 +89,11 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
 
     problems.extend(model_problems(config.model))
     entries: list[tuple[str, str, Any, dict[str, Any]]] = []  # (where, name, class, kwargs)
+    environments = set(registry.names(PluginKind.ENVIRONMENT))
+    classes = {name: plugins.environment(name) for name in {env.name for env in config.environments} & environments}
     for i, env in enumerate(config.environments):
-        if registry.names(PluginKind.ENVIRONMENT) and env.name in registry.names(PluginKind.ENVIRONMENT):
-            entries.append((f"environments[{i}]", env.name, plugins.environment(env.name), env.kwargs))
+        if env.name in classes:
+            entries.append((f"environments[{i}]", env.name, classes[env.name], env.kwargs))
     for i, ev in enumerate(config.evals):
         if ev.name in registry.names(PluginKind.EVAL):
             spec = plugins.eval_spec(ev.name)
@@ -99,10 +102,23 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
             entries.append((f"evals[{i}]", ev.name, plugins.environment(ev.name), ev.kwargs))
     for where, name, cls, kwargs in entries:
         problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
+        problems.extend(f"{where}.kwargs.{key}: {p}" for key, p in kwargs_type_problems(name, cls, kwargs))
+    for name, cls, kwargs, where in _distinct_needs(entries):
         problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
     return problems
+
+
+def _distinct_needs(
+    entries: list[tuple[str, str, Any, dict[str, Any]]],
+) -> list[tuple[str, Any, dict[str, Any], str]]:
+    """The first entry of each list, environment and sandbox provider override: the others need the same."""
+    first: dict[tuple[str, str, str], tuple[str, Any, dict[str, Any], str]] = {}
+    for where, name, cls, kwargs in entries:
+        key = (where.partition("[")[0], name, str(kwargs.get("sandbox_provider")))
+        first.setdefault(key, (name, cls, kwargs, where))
+    return list(first.values())
 
 
 def module_installed(module: str) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from telescope.config.cross_field import cross_field_problems
-from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
+from telescope.config.entries import MAX_ENTRIES, CheckpointEntry, EnvironmentEntry, EvalEntry
 
 S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -83,7 +83,7 @@ class TelescopeConfig(BaseModel):
 
     # ------------------------------------------------------------- environments
     environments: list[EnvironmentEntry] = Field(
-        default_factory=list, description="Training environments (at least one)"
+        default_factory=list, max_length=MAX_ENTRIES, description="Training environments (at least one)"
     )
 
     # ------------------------------------------------------------------ workers
@@ -351,7 +351,7 @@ class TelescopeConfig(BaseModel):
         1, ge=0, description="Inference servers reserved for periodic evals. 0 = no periodic evals during training"
     )
     eval_start_end_use_all_servers: bool = Field(True, description="Use all inference servers for start/end evals")
-    evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
+    evals: list[EvalEntry] = Field(default_factory=list, max_length=MAX_ENTRIES, description="Evals to run")
 
     # ---------------------------------------------------------- standalone eval
     checkpoints: list[CheckpointEntry] = Field(
