@@ -31,6 +31,8 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from telescope.config.spelling import number_text_hint
+
 
 @dataclass(frozen=True)
 class Constructor:
@@ -114,7 +116,8 @@ def kwargs_type_problems(name: str, cls: type, kwargs: Mapping[Any, Any]) -> lis
         if adapter is None or reason is None:
             continue
         quoted = isinstance(value, str) and _value_problem(adapter, _unquoted(value)) is None
-        fix = f"; write it without quotes: {key}: {value}" if quoted else ""
+        as_number = number_text_hint(key, value, cli=False)
+        fix = f"; write it without quotes: {key}: {value}" if quoted else (f"; {as_number}" if as_number else "")
         message = (
             f"environment {name!r}: {key} = {value!r} ({type(value).__name__}) does not fit "
             f"{cls.__name__}'s {key}: {_type_name(hints[key])} ({reason}){fix}"

@@ -88,6 +88,7 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
         problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
 
     problems.extend(model_problems(config.model))
+    problems.extend(embedded_tensor_parallel_problems(config))
     entries: list[tuple[str, str, Any, dict[str, Any]]] = []  # (where, name, class, kwargs)
     environments = set(registry.names(PluginKind.ENVIRONMENT))
     classes = {name: plugins.environment(name) for name in {env.name for env in config.environments} & environments}
@@ -119,6 +120,29 @@ def _distinct_needs(
         key = (where.partition("[")[0], name, str(kwargs.get("sandbox_provider")))
         first.setdefault(key, (name, cls, kwargs, where))
     return list(first.values())
+
+
+def embedded_tensor_parallel_problems(config: TelescopeConfig) -> list[str]:
+    """``inference_tensor_parallel_size`` > 1 where the servers are the embedded engine, which uses one device.
+
+    The embedded backend is the one chosen by ``inference_backend: embedded``, and by
+    ``auto`` when vLLM is not installed here (``auto`` picks vLLM only when it is
+    installed and the workers have GPUs; that last part is known only once the run
+    has its cluster, so ``auto`` with vLLM installed is not refused).
+    """
+    size = config.inference_tensor_parallel_size
+    if size == 1:
+        return []
+    chosen = config.inference_backend == "embedded"
+    if not chosen and not (config.inference_backend == AUTO and not module_installed("vllm")):
+        return []
+    how = "inference_backend: embedded" if chosen else "inference_backend: auto, without vLLM installed,"
+    return [
+        f"inference_tensor_parallel_size ({size}) > 1 needs the vllm inference backend: with {how} each "
+        f"inference server is the embedded engine, which runs on one device (it would hold {size} GPUs and "
+        "use one); set inference_tensor_parallel_size: 1, or inference_backend: vllm "
+        "(pip install 'telescope-core[vllm]', a CUDA GPU is needed)"
+    ]
 
 
 def module_installed(module: str) -> bool:
