@@ -45,3 +45,12 @@ def test_exponent_notation_yaml_reads_as_text_gets_the_spelling_it_needs(
     assert spelled in problem and f"write number_of_steps: {int(float(written))}" in problem
     [problem] = problems(tmp_path, "", "--number_of_steps", written)
     assert f"write --number_of_steps {int(float(written))}" in problem and "(cli)" in problem
+
+
+def test_a_look_alike_letter_in_an_environment_kwarg_is_named_too(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model: tiny:test\nenvironments: [{name: countdown, kwargs: {s\u0435ed: 1}}]\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    [problem] = info.value.problems
+    assert "did you mean 'seed'" in problem and "U+0435 CYRILLIC SMALL LETTER IE" in problem

@@ -23,7 +23,6 @@ torch or transformers, or touches the network.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.config.constructors import constructor_of
+from telescope.config.spelling import closest
 
 #: A Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -135,8 +135,7 @@ def environment_kwargs_problems(
                     f"(quote it if it is meant); {cls.__name__} takes: {takes}"
                 )
                 continue
-            close = difflib.get_close_matches(key, list(keyword), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = closest(key, list(keyword))
             problems.append(
                 f"environment {name!r}: unknown keyword argument {key!r} in kwargs{hint} "
                 f"({cls.__name__} takes: {takes})"
