@@ -2,8 +2,10 @@
 
 Checked after the schema's own rules, before anything starts: plugin names and
 algorithm capabilities, the ``model`` (a local folder must exist and hold
-``config.json``; see :mod:`telescope.config.checks`) and every environment's and
-eval's ``kwargs`` against its constructor. Each problem is one message naming the
+``config.json``; see :mod:`telescope.config.checks`), every environment's and
+eval's ``kwargs`` against its constructor (names, and values against the annotations:
+:mod:`telescope.config.constructors`), and ``inference_tensor_parallel_size`` against
+the embedded inference engine, which runs each server on one device. Each problem is one message naming the
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
 
@@ -13,7 +15,9 @@ importable, and an environment that ``uses_sandbox`` must find its sandbox provi
 (its own ``sandbox_provider`` keyword argument, else the run's ``sandbox_provider``)
 registered and installed: a provider registered with ``requires`` metadata (the
 remote providers' SDK modules) is not installed while one of those modules is missing,
-and the message names the provider and the ``pip install`` that adds it. The run's
+and the message names the provider and the ``pip install`` that adds it. What an
+environment needs is checked once per list, environment and provider override, however
+many entries name it. The run's
 ``sandbox_provider`` is checked the same way when the user set it; left at its default
 and used by no environment, it is not checked, so that telescope-core works without
 telescope-sandbox for environments that run no code.
