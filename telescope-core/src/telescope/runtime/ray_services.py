@@ -96,6 +96,7 @@ from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
+from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
 from telescope.transports.shm_folders import remove_run_folders
 
@@ -141,6 +142,7 @@ class RayServices:
         self._trainers_ready: asyncio.Future[None] | None = None  # start_trainers()'s task
         self._weights = asyncio.Condition()
         self._pushed_version: int | None = None  # the version every available server holds
+        self._oom_kills_at_start = oom_kills()  # a rank's death is out of memory only if this count rose
         self._trainer_ahead = False  # the trainer stepped since that version was pushed
 
     # ----------------------------------------------------------------- start
@@ -379,8 +381,11 @@ class RayServices:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for rank, task in enumerate(tasks):
-                if task.done() and isinstance(task.exception(), ray.exceptions.RayActorError):
-                    raise TrainerFailure(f"trainer rank {rank} died during {what}", task.exception())
+                error = task.exception() if task.done() else None
+                if isinstance(error, ray.exceptions.RayActorError):
+                    log.debug("trainer rank %d: Ray reports: %s", rank, error)  # its list of possible causes
+                    why = death_reason(error, self._oom_kills_at_start, self.trainer_placements[rank : rank + 1])
+                    raise TrainerFailure(f"trainer rank {rank} died during {what}: {why}")
             return list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:  # the others, when one rank died: the restart kills their actors
@@ -537,6 +542,7 @@ class RayServices:
             with contextlib.suppress(Exception):
                 ray.kill(trainer, no_restart=True)
         remove_run_folders(self.run_id)  # the killed rank 0 did not close its transport
+        self._oom_kills_at_start = oom_kills()
         self.trainers[:] = [self._new_trainer(r) for r in range(len(self.trainers))]  # in place: the monitor's list
         try:
             master_addr, master_port = await self.trainers[0].rendezvous_address.remote()
