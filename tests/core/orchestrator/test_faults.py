@@ -250,6 +250,34 @@ def test_the_groups_of_a_dead_server_run_elsewhere_none_lost_none_trained_twice(
     assert len(prompts) == 6 * 3 * 4 and len(set(prompts)) == 6 * 3
 
 
+class DyingUnderLoad(DyingServer):
+    """Server 1 dies while it holds several groups: every request it has in flight then fails."""
+
+    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+        if server == 1 and len(self.requests) >= self.down_from and self.down_until is None:
+            self.down_until = time.monotonic() + 0.5
+        answer = await FakeServices.generate(self, server, prompt_ids, max_tokens, seed=seed, priority=priority,
+                                             sampling=sampling)  # fmt: skip
+        if server == 1 and self.down_until is not None and time.monotonic() < self.down_until:
+            self.dead_requests += 1
+            raise ServerUnavailable(1, "ConnectError: All connection attempts failed")
+        return answer
+
+
+def test_a_dead_server_is_one_line_in_the_log_however_many_groups_it_held(
+    tmp_path: Path, tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    services = DyingUnderLoad()
+    services.delay_s = 0.1
+    with caplog.at_level("DEBUG", logger="telescope.orchestrator"):
+        reader = run_loop(tmp_path, tokenizer, services, number_of_steps=4, max_async_rollout=3)
+    redispatched = [e for e in reader.events() if e["kind"] == "orchestrator.group_redispatched"]
+    assert len(redispatched) > 1  # each group is an event...
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "inference server 1" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # ...the death one line
+
+
 # -------------------------------------------------------- trainer failures
 
 
