@@ -82,7 +82,7 @@ def test_a_sender_that_exits_without_closing_removes_its_folder(tmp_path: Path) 
 
 def test_the_driver_removes_every_folder_of_its_run_and_only_those(tmp_path: Path) -> None:
     mine = [shm_folders.create_owned_folder("run-a-1234", tmp_path) for _ in range(2)]
-    other = shm_folders.create_owned_folder("run-b-5678", tmp_path)
+    other = shm_folders.create_owned_folder("x-run-a-1234", tmp_path)  # a run id that ends like this one
     unowned = tmp_path / "telescope-weights-legacy"
     unowned.mkdir()
     try:

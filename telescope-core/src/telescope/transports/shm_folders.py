@@ -103,8 +103,12 @@ def remove_all_owned() -> None:
 def remove_run_folders(run_id: str, parent: Path | None = None) -> list[Path]:
     """Remove every folder of run ``run_id`` under ``parent`` (whoever owns it); returns them."""
     base = parent if parent is not None else shm_parent() or Path(tempfile.gettempdir())
-    tag = folder_tag(run_id)
-    removed = [f for f in base.glob(f"{PREFIX}p*-{tag}-*") if owner_pid(f) is not None and f.is_dir()]
+    tag = f"{folder_tag(run_id)}-"
+    removed = []
+    for folder in base.glob(f"{PREFIX}p*"):
+        match = _OWNED.match(folder.name)
+        if match and folder.name[match.end() :].startswith(tag) and folder.is_dir():
+            removed.append(folder)
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
     return removed
