@@ -5,7 +5,8 @@
 - an inference server killed with SIGKILL is noticed within seconds, restarted on its placement with
   the current weights, its groups re-dispatched; the run completes, no prompt trained twice;
 - a trainer rank killed with SIGKILL: the trainer group restarts from the last checkpoint and the run
-  completes; without a checkpoint the run fails cleanly and prints the command that starts it again;
+  completes, each step recorded once for readers and no shared memory left; without a checkpoint the
+  run fails cleanly, says the rank was killed (not out of memory) and prints the command that starts it again;
 - a reward function that hangs for some completions is timed out, counted, and the run completes;
 - a trainer rank that stops answering (SIGSTOP) is named by the watchdog in status.json and the run fails.
 
@@ -149,19 +150,32 @@ def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_pat
     assert leftovers_after(str(run_dir)) == []
 
 
+def _weight_folders(run_dir: Path) -> set[Path]:
+    """The memory transport's shared-memory folders of runs in directories named like ``run_dir``."""
+    return set(Path("/dev/shm").glob(f"telescope-weights-p*-{run_dir.name}-*"))
+
+
 def test_a_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    before = _weight_folders(run_dir)
     process = telescope(run_dir, "--number_of_steps", "6", "--checkpoint_every", "2", "--inference_base_port", "8255")
     wait_for_steps(process, run_dir, 3)
-    os.kill(_trainer_pid(run_dir), signal.SIGKILL)
+    rank0 = _trainer_pid(run_dir)
+    assert {f.name.split("-")[2] for f in _weight_folders(run_dir) - before} == {f"p{rank0}"}  # rank 0 owns it
+    os.kill(rank0, signal.SIGKILL)
     err = finish(process)
     assert process.returncode == 0, err[-3000:]
     assert "restarting the trainer group from step_0000000" in err
+    [failed] = [line for line in err.splitlines() if "trainer failed (" in line]
+    assert "its process was killed" in failed and "due to high memory usage" not in failed  # not Ray's OOM guess
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"
+    assert _weight_folders(run_dir) - before == set()  # neither the killed rank 0's folder nor the new one's
     metrics = reader.metrics()
     assert metrics[-1]["infra/trainer_restarts"] == 1.0
-    assert {m["step"] for m in metrics} == set(range(6))
+    assert [m["step"] for m in metrics] == list(range(6))  # the current attempt's: each step once
+    [first, restart] = reader.attempts()
+    assert (first.start_step, restart.reason) == (0, "trainer_restart") and restart.start_step in (2, 4)
     [restart] = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
     assert "died" in restart["error"]
     assert (run_dir / "checkpoints" / "step_00000006" / "meta.json").exists()
@@ -183,6 +197,7 @@ def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_star
     err = finish(process, timeout=120)
     assert process.returncode == 1, err[-3000:]
     assert "trainer rank 0 died" in err and "checkpoints are off (checkpoint_every: 0)" in err
+    assert "its process was killed" in err and "due to high memory usage" not in err  # not Ray's OOM guess
     assert f"To start the run again: telescope run {QUICK_START}" in err and f"--run_dir {run_dir}" in err
     assert "Traceback" not in err
     final = status(run_dir)
