@@ -115,13 +115,16 @@ class TransportContext(_Context):
     ``sender_host`` (the node address of trainer rank 0, which hosts the rendezvous) and
     ``single_node`` (whether the sender and every receiver were placed on one node) are
     set by the run from the actual placement; a context built by hand (tests, one
-    machine) leaves them unset: no known host, one node.
+    machine) leaves them unset: no known host, one node. ``run_id`` names the run (a
+    transport tags what it creates outside the run directory with it, so the run can
+    remove it); empty outside a run.
     """
 
     timeout_s: float = 300.0
     prefer_loopback_if_single_node: bool = True
     sender_host: str | None = None
     single_node: bool = True
+    run_id: str = ""
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> TransportContext:

@@ -51,7 +51,9 @@ loads (``weights.load``) and requests (``inference.*``) are emitted by their cli
 
 Shutdown asks every server's worker to stop its server and every answering trainer
 rank to close (together, in one bounded wait: :mod:`telescope.runtime.worker_shutdown`), kills every actor
-(samplers included), stops the trace receiver and removes the placement groups.
+(samplers included), stops the trace receiver and removes the placement groups; then the
+run's shared-memory folders (:func:`~telescope.transports.shm_folders.remove_run_folders`),
+whether rank 0 closed or not (also when a trainer group is replaced).
 Nothing is killed by PID from the driver's host: a server process dies with its
 worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
 crashed or killed actor leaves no stray process. After SIGTERM to the process group
@@ -94,7 +96,9 @@ from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
+from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
+from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -138,6 +142,7 @@ class RayServices:
         self._trainers_ready: asyncio.Future[None] | None = None  # start_trainers()'s task
         self._weights = asyncio.Condition()
         self._pushed_version: int | None = None  # the version every available server holds
+        self._oom_kills_at_start = oom_kills()  # a rank's death is out of memory only if this count rose
         self._trainer_ahead = False  # the trainer stepped since that version was pushed
 
     # ----------------------------------------------------------------- start
@@ -284,7 +289,10 @@ class RayServices:
         self.transport_name = self._transport_name(gpu, one_node)
         self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
         self.transport_context = dataclasses.replace(
-            TransportContext.from_config(c), sender_host=self.trainer_placements[0]["node"], single_node=one_node
+            TransportContext.from_config(c),
+            sender_host=self.trainer_placements[0]["node"],
+            single_node=one_node,
+            run_id=self.run_id,
         )
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
@@ -373,8 +381,11 @@ class RayServices:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for rank, task in enumerate(tasks):
-                if task.done() and isinstance(task.exception(), ray.exceptions.RayActorError):
-                    raise TrainerFailure(f"trainer rank {rank} died during {what}", task.exception())
+                error = task.exception() if task.done() else None
+                if isinstance(error, ray.exceptions.RayActorError):
+                    log.debug("trainer rank %d: Ray reports: %s", rank, error)  # its list of possible causes
+                    why = death_reason(error, self._oom_kills_at_start, self.trainer_placements[rank : rank + 1])
+                    raise TrainerFailure(f"trainer rank {rank} died during {what}: {why}")
             return list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:  # the others, when one rank died: the restart kills their actors
@@ -530,6 +541,8 @@ class RayServices:
         for trainer in self.trainers:
             with contextlib.suppress(Exception):
                 ray.kill(trainer, no_restart=True)
+        remove_run_folders(self.run_id)  # the killed rank 0 did not close its transport
+        self._oom_kills_at_start = oom_kills()
         self.trainers[:] = [self._new_trainer(r) for r in range(len(self.trainers))]  # in place: the monitor's list
         try:
             master_addr, master_port = await self.trainers[0].rendezvous_address.remote()
@@ -564,13 +577,15 @@ class RayServices:
         if self.supervisor is not None:
             await self.supervisor.stop()
         await self.generation.aclose()
-        if budget_s is None:
-            self.shutdown()
-            return
-        if gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
-            await asyncio.to_thread(bounded, budget_s, self.shutdown)
-        else:
-            log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
+        try:
+            if budget_s is None:
+                self.shutdown()
+            elif gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
+                await asyncio.to_thread(bounded, budget_s, self.shutdown)
+            else:
+                log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
+        finally:  # whether rank 0 closed its transport or not, nothing of the run stays in shared memory
+            remove_run_folders(self.run_id)
 
     def shutdown(self) -> None:
         """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice).
