@@ -96,6 +96,8 @@ class Completion:
     policy_version_start: int
     policy_version_end: int
     token_policy_versions: list[int] | None = None
+    #: per token, the alternatives the server named (token string -> log-probability), when asked for
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 @dataclass
@@ -194,6 +196,7 @@ def parse_completion_response(
                 if choice.policy_version_end is not None
                 else known_version,
                 token_policy_versions=choice.token_policy_versions,
+                top_logprobs=choice.logprobs.top_logprobs if choice.logprobs is not None else None,
             )
         )
     usage = response.usage
@@ -337,8 +340,12 @@ class InferenceClient:
             await asyncio.sleep(interval)
 
     async def models(self) -> list[str]:
+        return [m["id"] for m in await self.model_cards()]
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """The server's ``/v1/models`` entries (``id``, ``max_model_len`` on vLLM and the embedded engine)."""
         response = await self._request("GET", "/v1/models")
-        return [m["id"] for m in response.json().get("data", [])]
+        return list(response.json().get("data", []))
 
     async def metrics(self) -> dict[str, float]:
         """Prometheus samples as ``{"name{label=value,...}": value}`` (and the bare name, summed over labels)."""

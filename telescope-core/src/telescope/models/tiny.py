@@ -29,11 +29,37 @@ from pathlib import Path
 from typing import Any
 
 TINY_PREFIX = "tiny:"
+#: Part of a cached preset's folder name; raised when what a build writes changes (its chat template),
+#: so a cache built by an older version is not reused.
+BUILD_REVISION = 2
 
+#: ChatML. Given ``tools``, it lists their schemas in the system turn and asks for calls as
+#: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Hermes/Qwen2.5 markup, so the
+#: gateway's ``hermes`` parser reads this model's calls as it reads Qwen's); an assistant turn's
+#: ``tool_calls`` render in that markup, a ``tool`` turn as the ``tool`` role. Without tools, a
+#: conversation renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'Tools you can call, as JSON schemas:\n<tools>' }}"
+    "{%- for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\nTo call a tool, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>.'"
+    " + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{%- set function = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>{\"name\": \"' + function['name'] + '\", \"arguments\": ' }}"
+    "{%- if function['arguments'] is string %}{{ function['arguments'] }}"
+    "{%- else %}{{ function['arguments'] | tojson }}{% endif %}"
+    "{{ '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -239,7 +265,7 @@ def resolve_model_path(model: str) -> str:
     preset = model[len(TINY_PREFIX) :]
     if preset not in PRESETS:
         raise ValueError(f"unknown tiny model preset {preset!r}; available: {', '.join(PRESETS)}")
-    path = cache_dir() / "tiny-models" / preset
+    path = cache_dir() / "tiny-models" / f"{preset}-{BUILD_REVISION}"
     if not (path / "config.json").exists():
         build_tiny_model(path, PRESETS[preset], replace=False)
     return str(path)

@@ -420,11 +420,11 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 class ServerThread:
     """Serve an app with uvicorn in a background thread of this process (port 0 = any free port)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, lifespan: str = "off") -> None:
         import uvicorn
 
         self.host = host
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan)
         self.server: uvicorn.Server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

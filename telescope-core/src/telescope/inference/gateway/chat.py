@@ -1,0 +1,114 @@
+"""Chat requests -> prompt token ids with the model's own chat template, and replies -> messages.
+
+:class:`ChatFormat` renders the OpenAI ``messages`` (and ``tools``) with the tokenizer's
+chat template (or an override), as the model was trained to read them, and tokenizes the
+text; the backend receives token ids only. OpenAI's wire shapes become the template's:
+``developer`` is rendered as ``system``, text parts are joined, and a tool call's
+``arguments`` (JSON text on the wire) is handed to the template as an object, as
+Hugging Face templates expect. A conversation that ends with an assistant message is
+continued (the reply extends that message) instead of starting a new turn.
+
+``tool_choice``: ``auto`` (or unset, with tools) renders the tools and parses calls
+back; ``none`` renders no tools and parses nothing; ``required`` and a named function
+put the start of a call in the model's mouth (for the ``hermes`` format
+``<tool_call>{"name": "`` resp. ``<tool_call>{"name": "NAME", "arguments": ``), so the
+reply is a call; the prefix is part of the prompt, and is put back before parsing.
+Other parsers support only ``auto`` and ``none``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from telescope.inference.gateway.errors import GatewayError
+from telescope.inference.gateway.schema import ChatCompletionRequest, ChatMessage
+from telescope.inference.gateway.tool_parsers import ParsedReply, get_parser, parse_none, parser_for_template
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as the template expects them: the JSON object, else the text as sent."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """One OpenAI message in the shape Hugging Face chat templates read."""
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
+    out["content"] = message.text()
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def forced_call_prefix(parser: str, tool: str) -> str:
+    """What the reply starts with when ``tool_choice`` forces a call (``tool`` ``""``: any tool)."""
+    if parser != "hermes":
+        message = f"tool_choice that forces a call needs the hermes tool format; this model's parser is {parser!r}"
+        raise GatewayError(400, message, param="tool_choice")
+    return '<tool_call>{"name": "' + (f'{tool}", "arguments": ' if tool else "")
+
+
+class ChatFormat:
+    """A tokenizer's chat template and tool-call format (see the module docstring)."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, tool_parser: str = "auto") -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError(
+                "the model's tokenizer has no chat template; pass one (--chat-template FILE) to serve chat"
+            )
+        self.parser_name = parser_for_template(template) if tool_parser == "auto" else tool_parser
+        self.parser = get_parser(self.parser_name)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render(self, request: ChatCompletionRequest) -> tuple[str, str]:
+        """The prompt's text and the reply's forced prefix (``""`` when the model starts freely)."""
+        messages = [template_message(m) for m in request.messages]
+        use_tools = bool(request.tools) and request.tool_choice != "none"
+        kwargs: dict[str, Any] = {"tokenize": False}
+        if use_tools:
+            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools or ()]
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
+        if messages[-1]["role"] == "assistant":
+            kwargs["continue_final_message"] = True
+        else:
+            kwargs["add_generation_prompt"] = True
+        try:
+            text = str(self.tokenizer.apply_chat_template(messages, **kwargs))
+        except Exception as exc:  # the template's own checks (raise_exception) and Jinja errors
+            raise GatewayError(
+                400, f"the model's chat template cannot render these messages: {exc}", param="messages"
+            ) from None
+        forced = request.forced_tool if use_tools else None
+        prefix = forced_call_prefix(self.parser_name, forced) if forced is not None else ""
+        return text + prefix, prefix
+
+    def prompt_ids(self, request: ChatCompletionRequest) -> tuple[list[int], str]:
+        """The prompt's token ids and the reply's forced prefix."""
+        text, prefix = self.render(request)
+        return self.encode(text), prefix
+
+    def reply(self, request: ChatCompletionRequest, prefix: str, text: str) -> ParsedReply:
+        """The assistant message of a completion: content and the tool calls the model wrote."""
+        if not request.tools or request.tool_choice == "none":
+            return parse_none(text)
+        return self.parser(prefix + text)

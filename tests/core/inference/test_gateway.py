@@ -1,0 +1,207 @@
+"""The gateway driven by the real ``openai`` SDK, over the embedded engine on the tiny test model.
+
+These run the whole path an agent program takes: the SDK's HTTP request, the gateway's
+validation and chat rendering, the orchestrator's token-level client, the embedded
+server and engine, and back. The tiny model is random, so these tests assert shapes and
+token accounting, not what it says; the tool-call round trip with a chosen reply is in
+test_gateway_tools.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from telescope.inference.client import InferenceClient
+from telescope.inference.embedded.server import ServerThread
+from telescope.inference.gateway.app import create_gateway_app
+from telescope.inference.gateway.service import Gateway, GatewayCall
+
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "add 2 and 3"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "5"},
+]
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    }
+]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[GatewayCall] = []
+
+    def __call__(self, call: GatewayCall) -> None:
+        self.calls.append(call)
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture(scope="module")
+def gateway_url(server: ServerThread, tiny_model_path: Path, recorder: Recorder) -> Iterator[str]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+
+    async def connect() -> Gateway:
+        client = InferenceClient(server.base_url)
+        return await Gateway.connect(client, tokenizer, max_concurrent_requests=2, observers=[recorder])
+
+    thread = ServerThread(create_gateway_app(connect), lifespan="on").start()
+    yield thread.base_url + "/v1"
+    thread.stop()
+
+
+@pytest.fixture
+def client(gateway_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway_url, api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+def model_of(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, tiny_model_path: Path) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [str(tiny_model_path)]
+    assert models[0].model_extra is not None and models[0].model_extra["max_model_len"] == 512
+
+
+def test_chat_with_every_role_and_tools(client: openai.OpenAI, recorder: Recorder) -> None:
+    before = len(recorder.calls)
+    reply = client.chat.completions.create(
+        model=model_of(client),
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_tokens=6,
+        n=2,
+        seed=3,
+        temperature=0.8,
+        top_p=0.9,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert reply.object == "chat.completion" and len(reply.choices) == 2
+    call = recorder.calls[before]
+    # the one call function saw the prompt and completion token ids the answer reports
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(call.prompt_token_ids)
+    for choice, completion in zip(reply.choices, call.result.completions, strict=True):
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert [t.logprob for t in choice.logprobs.content] == completion.logprobs
+        assert all(len(t.top_logprobs) <= 2 for t in choice.logprobs.content)
+        assert choice.finish_reason in ("stop", "length", "tool_calls")
+        assert completion.policy_version_start == 0
+    assert reply.usage.completion_tokens == sum(len(c.token_ids) for c in call.result.completions)
+    # the tools and the earlier call were rendered into the prompt by the model's template
+    prompt_text = client.completions.create(model=model_of(client), prompt=call.prompt_token_ids, max_tokens=1)
+    assert prompt_text.choices  # the prompt ids are a valid prompt for the backend too
+
+
+def test_seeded_chat_is_repeatable(client: openai.OpenAI) -> None:
+    ask = {"model": model_of(client), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 7}
+    first = client.chat.completions.create(**ask)
+    again = client.chat.completions.create(**ask)
+    assert first.choices[0].message.content == again.choices[0].message.content
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
+    ask = {"model": model_of(client), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 1}
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
+    ask = {"model": model_of(client), "prompt": "the answer is", "max_tokens": 5, "seed": 2, "logprobs": 1}
+    whole = client.completions.create(**ask)
+    assert whole.choices[0].logprobs is not None and len(whole.choices[0].logprobs.token_logprobs or []) == 5
+    chunks = list(client.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == whole.usage.total_tokens  # type: ignore[union-attr]
+
+
+def test_async_client(gateway_url: str) -> None:
+    async def go() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=gateway_url, api_key="unused", max_retries=0) as sdk:
+            model = (await sdk.models.list()).data[0].id
+            replies = await asyncio.gather(
+                *(
+                    sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+                    for _ in range(2)
+                )
+            )
+            return [r.choices[0].finish_reason for r in replies]
+
+    assert len(asyncio.run(go())) == 2
+
+
+def test_bad_field_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model_of(client), messages=[{"role": "robot", "content": "x"}])
+    assert caught.value.status_code == 400 and caught.value.param == "messages[0].role"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model_of(client), messages=MESSAGES[:2], temperature=5)
+    assert caught.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model_of(client), messages=MESSAGES[:2], logit_bias={"1": 5})
+    assert caught.value.param == "logit_bias"
+
+
+def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES[:2])
+    assert caught.value.param == "model" and "gpt-9" in caught.value.message
+
+
+def test_prompt_over_the_context_is_a_400_with_the_limit(client: openai.OpenAI) -> None:
+    long = " ".join(["the answer"] * 400)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model_of(client), messages=[{"role": "user", "content": long}])
+    assert caught.value.code == "context_length_exceeded" and "512" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=model_of(client), prompt="hi", max_tokens=600)
+    assert caught.value.param == "prompt" and "512" in caught.value.message
+
+
+def test_saturated_gateway_answers_429(client: openai.OpenAI, gateway_url: str) -> None:
+    """Two calls in flight fill the gateway (max_concurrent_requests=2): the third is refused at once."""
+
+    async def go() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=gateway_url, api_key="unused", max_retries=0) as sdk:
+            model = (await sdk.models.list()).data[0].id
+            calls = [
+                sdk.completions.create(model=model, prompt="hi", max_tokens=200, extra_body={"ignore_eos": True})
+                for _ in range(6)
+            ]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = asyncio.run(go())
+    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+    assert refused and all(o.status_code == 429 for o in refused)
+    assert any(not isinstance(o, Exception) for o in outcomes)
