@@ -35,7 +35,9 @@ from telescope.plugins.registry import PluginEntry, PluginKind
 Install = Callable[[str], Project]
 
 #: Pages without an example project of their own.
-NO_PROJECT = {"README.md", "megatron-backend.md"}  # megatron-backend.md describes a shipped package
+#: megatron-backend.md describes a shipped package; gateway.md a command (its agent.py is run by
+#: tests/core/inference/test_gateway.py::test_the_docs_agent_runs)
+NO_PROJECT = {"README.md", "megatron-backend.md", "gateway.md"}
 #: Languages of blocks that are files of a project (they must carry a marker).
 CODE_LANGS = {"python", "toml", "yaml"}
 

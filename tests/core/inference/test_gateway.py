@@ -205,3 +205,18 @@ def test_saturated_gateway_answers_429(client: openai.OpenAI, gateway_url: str) 
     refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
     assert refused and all(o.status_code == 429 for o in refused)
     assert any(not isinstance(o, Exception) for o in outcomes)
+
+
+def test_the_docs_agent_runs(
+    gateway_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/gateway.md's agent.py, as written, against the gateway (its reply is the random model's)."""
+    import runpy
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "gateway.md").read_text(encoding="utf-8")
+    script = tmp_path / "agent.py"
+    script.write_text(page.split("# file: agent.py\n", 1)[1].split("```", 1)[0], encoding="utf-8")
+    monkeypatch.setenv("GATEWAY_URL", gateway_url)
+    namespace = runpy.run_path(str(script))
+    assert namespace["reply"].object == "chat.completion"
+    assert capsys.readouterr().out.strip()
