@@ -107,3 +107,11 @@ def test_vllm_command_line_serves_the_checkpoint_folder(run_dir: Path) -> None:
     pairs = dict(zip(line[3::2], line[4::2], strict=False))
     assert pairs["--host"] == BACKEND_HOST and pairs["--max-model-len"] == "2048" and pairs["--dtype"] == "bfloat16"
     assert "--otlp-traces-endpoint" not in line
+
+
+def test_the_context_length_defaults_to_the_models(run_dir: Path) -> None:
+    from telescope.runtime.serve import ServeOptions, inference_context, model_folder
+
+    folder = model_folder(str(run_dir))
+    assert inference_context(ServeOptions(source=str(run_dir)), folder).max_model_len == 1024  # the tiny config's
+    assert inference_context(ServeOptions(source=str(run_dir), max_model_len=64), folder).max_model_len == 64

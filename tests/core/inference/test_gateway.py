@@ -119,14 +119,24 @@ def test_chat_with_every_role_and_tools(client: openai.OpenAI, recorder: Recorde
 
 
 def test_seeded_chat_is_repeatable(client: openai.OpenAI) -> None:
-    ask = {"model": model_of(client), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 7}
+    ask: dict[str, Any] = {
+        "model": model_of(client),
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "seed": 7,
+    }
     first = client.chat.completions.create(**ask)
     again = client.chat.completions.create(**ask)
     assert first.choices[0].message.content == again.choices[0].message.content
 
 
 def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
-    ask = {"model": model_of(client), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 1}
+    ask: dict[str, Any] = {
+        "model": model_of(client),
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "seed": 1,
+    }
     whole = client.chat.completions.create(**ask)
     chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -138,12 +148,18 @@ def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
 
 
 def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
-    ask = {"model": model_of(client), "prompt": "the answer is", "max_tokens": 5, "seed": 2, "logprobs": 1}
+    ask: dict[str, Any] = {
+        "model": model_of(client),
+        "prompt": "the answer is",
+        "max_tokens": 5,
+        "seed": 2,
+        "logprobs": 1,
+    }
     whole = client.completions.create(**ask)
     assert whole.choices[0].logprobs is not None and len(whole.choices[0].logprobs.token_logprobs or []) == 5
     chunks = list(client.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
-    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == whole.usage.total_tokens  # type: ignore[union-attr]
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
 def test_async_client(gateway_url: str) -> None:
@@ -163,7 +179,7 @@ def test_async_client(gateway_url: str) -> None:
 
 def test_bad_field_is_a_400_naming_it(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=model_of(client), messages=[{"role": "robot", "content": "x"}])
+        client.chat.completions.create(model=model_of(client), messages=[{"role": "robot", "content": "x"}])  # type: ignore[misc,list-item]  # a role OpenAI does not have, on purpose
     assert caught.value.status_code == 400 and caught.value.param == "messages[0].role"
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model_of(client), messages=MESSAGES[:2], temperature=5)

@@ -28,9 +28,8 @@ import click
 @click.option(
     "--max-model-len",
     type=click.IntRange(16),
-    default=4096,
-    show_default=True,
-    help="Context length (prompt + completion tokens).",
+    default=None,
+    help="Context length, prompt + completion tokens (default: the model's max_position_embeddings).",
 )
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
 @click.option(
@@ -64,7 +63,7 @@ def serve_command(
     backend: str,
     host: str,
     port: int,
-    max_model_len: int,
+    max_model_len: int | None,
     dtype: Literal["float32", "float16", "bfloat16"],
     max_concurrent_requests: int,
     api_key: str | None,

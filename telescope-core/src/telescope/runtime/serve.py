@@ -17,6 +17,7 @@ then exits 0. The backend's process also dies with this one if it is killed outr
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import socket
@@ -45,7 +46,8 @@ class ServeOptions:
     backend: str = "embedded"
     host: str = "127.0.0.1"
     port: int = 8000
-    max_model_len: int = 4096
+    #: None: the model's own (:func:`model_context_length`)
+    max_model_len: int | None = None
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     seed: int = 0
     max_concurrent_requests: int = 64
@@ -68,14 +70,28 @@ def model_folder(source: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+#: The context length of a model whose config.json does not say it.
+FALLBACK_MAX_MODEL_LEN = 4096
+
+
+def model_context_length(folder: str) -> int:
+    """The model's ``max_position_embeddings`` (its config.json), else :data:`FALLBACK_MAX_MODEL_LEN`."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        return int(config.get("max_position_embeddings") or FALLBACK_MAX_MODEL_LEN)
+    return FALLBACK_MAX_MODEL_LEN
+
+
 def inference_context(options: ServeOptions, model: str) -> InferenceContext:
+    """The backend's context: ``model`` (a folder or ``tiny:`` name), loopback, the options' limits."""
     from telescope.api.context import InferenceContext
+    from telescope.models.tiny import resolve_model_path
 
     return InferenceContext(
         model=model,
         model_dtype=options.dtype,
         seed=options.seed,
-        max_model_len=options.max_model_len,
+        max_model_len=options.max_model_len or model_context_length(resolve_model_path(model)),
         max_concurrent_sequences=options.max_concurrent_requests,
         host=BACKEND_HOST,
         base_port=8100,
