@@ -129,3 +129,25 @@ def test_api_key_is_required_when_set(sdk: openai.OpenAI) -> None:
     with intruder, pytest.raises(openai.AuthenticationError):
         intruder.models.list()
     assert sdk.models.list().data[0].id == "tiny"
+
+
+def test_a_backend_that_cannot_answer_is_a_503(backend: ChosenReplies) -> None:
+    """The backend answers 503 to every completion (after the client's retries): the SDK sees a 503."""
+
+    def overloaded(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return backend.handle(request)
+        return httpx.Response(503, text="engine overloaded\nTraceback (most recent call last): ...")
+
+    async def connect() -> Gateway:
+        client = InferenceClient("http://backend", http_transport=httpx.MockTransport(overloaded), max_retries=1)
+        return await Gateway.connect(client, backend.tokenizer)
+
+    thread = ServerThread(create_gateway_app(connect), lifespan="on").start()
+    try:
+        client = openai.OpenAI(base_url=thread.base_url + "/v1", api_key="x", max_retries=0)
+        with client, pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    finally:
+        thread.stop()
+    assert caught.value.status_code == 503 and "Traceback" not in caught.value.message
