@@ -8,6 +8,9 @@
 
 ``stream: true`` answers as server-sent events (see :mod:`.responses` for what a stream
 holds and its limit). Errors: :mod:`.errors`. Authentication: :func:`check_api_key`.
+
+Limit: a caller that disconnects does not abort its call; the backend finishes it (bounded
+by its ``max_tokens``) and the answer is dropped.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]]) -> F
         return served
 
     @app.middleware("http")
-    async def authenticate(request: Request, call_next):  # type: ignore[no-untyped-def]
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path != "/health":
             try:
                 check_api_key(request, current().api_key)
@@ -117,8 +120,8 @@ def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]]) -> F
     async def completions(body: TextCompletionRequest) -> Response:
         gateway = current()
         gateway.check_model(body.model)
-        prompt = body.prompt
-        prompt_ids = gateway.chat.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]  # type: ignore[arg-type]
+        prompt = body.single_prompt
+        prompt_ids = gateway.chat.encode(prompt) if isinstance(prompt, str) else prompt
         budget = gateway.completion_budget(len(prompt_ids), body.max_tokens or 16, "prompt")
         result = await gateway.generate("completions", prompt_ids, _options(body, budget, body.logprobs or 0))
         answer = TextAnswer(gateway, result, body.logprobs)

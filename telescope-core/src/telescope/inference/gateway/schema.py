@@ -203,3 +203,11 @@ class TextCompletionRequest(_Sampling):
                 raise ValueError(f"prompt: holds {len(prompt)} prompts; send one prompt per request")
             self.prompt = prompt[0]
         return self
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: its text, or its token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        return [token for token in prompt if isinstance(token, int)]  # all of them: _one_prompt unwrapped a batch
