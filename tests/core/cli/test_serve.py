@@ -6,6 +6,7 @@ errors for a source that is not a model.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -115,3 +116,13 @@ def test_the_context_length_defaults_to_the_models(run_dir: Path) -> None:
     folder = model_folder(str(run_dir))
     assert inference_context(ServeOptions(source=str(run_dir)), folder).max_model_len == 1024  # the tiny config's
     assert inference_context(ServeOptions(source=str(run_dir), max_model_len=64), folder).max_model_len == 64
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_without_vllm_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TELESCOPE_CACHE", str(tmp_path))
+    code = main(["serve", "tiny:test", "--backend", "vllm", "--port", "0"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "error: the vllm backend did not start:" in err and "pip install" in err

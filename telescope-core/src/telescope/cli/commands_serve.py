@@ -99,4 +99,6 @@ def serve_command(
         serve(options, announce=lambda url: click.echo(f"serving {source} at {url}", err=False))
     except OSError as exc:
         raise UserError(f"cannot serve on {host}:{port}: {exc}") from None
+    except (RuntimeError, TimeoutError) as exc:  # the backend could not start (its message says why)
+        raise UserError(f"the {backend} backend did not start: {exc}") from None
     click.echo("stopped", err=True)
