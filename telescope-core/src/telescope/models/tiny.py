@@ -44,7 +44,7 @@ CHAT_TEMPLATE = (
     "{%- if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
     "{{ 'Tools you can call, as JSON schemas:\n<tools>' }}"
     "{%- for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
-    "{{ '\n</tools>\nTo call a tool, write <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>.'"
+    '{{ \'\n</tools>\nTo call a tool, write <tool_call>{"name": NAME, "arguments": {...}}</tool_call>.\''
     " + '<|im_end|>\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
