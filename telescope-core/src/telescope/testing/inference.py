@@ -186,8 +186,9 @@ class InferenceBackendConformance:
         from telescope.inference.client import InferenceClient, InferenceServerError
         from telescope.models.tiny import resolve_model_path
 
-        backend = self.make_backend(Path(resolve_model_path("tiny:test")), free_port())
-        backend.context = dataclasses.replace(backend.context, access_token="conformance-run-token")
+        made = self.make_backend(Path(resolve_model_path("tiny:test")), free_port())
+        # built again as the run builds a backend: its constructor, the context with the run token
+        backend = type(made)(dataclasses.replace(made.context, access_token="conformance-run-token"), made.settings)
         server = backend.start_server(0, tmp_path)
 
         async def refused_and_served() -> tuple[list[int], int]:
