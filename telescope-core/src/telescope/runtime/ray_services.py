@@ -12,8 +12,10 @@ cluster or starts a private one. :class:`RayServices` then
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
   rank 0's node address). Each worker takes the address and the GPUs Ray gives it
-  on its node (:mod:`telescope.runtime.workers`): a server's URL is its node's
-  address, and each placement is recorded as a ``worker.placed`` event
+  on its node (:mod:`telescope.runtime.workers`): a server binds loopback on the
+  orchestrator's node and its node's address on another (``inference_host: auto``),
+  and asks for the run token (:mod:`telescope.runtime.access`) made here for the
+  servers and their clients; each placement is recorded as a ``worker.placed`` event
   (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``), its
   start-up as a ``worker.startup`` event (the process's start to its readiness). A server
   on another node that listens on loopback only (``inference_host: 127.0.0.1``)
@@ -94,6 +96,7 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
+from telescope.runtime.access import new_run_token
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.worker_deaths import death_reason, oom_kills
@@ -105,6 +108,7 @@ if TYPE_CHECKING:
 
     from telescope.api.context import InferenceContext
     from telescope.api.settings import PluginSettings
+    from telescope.inference.client import InferenceClient
     from telescope.runtime.supervisor import ServerSupervisor
 
 log = logging.getLogger("telescope.run.workers")
@@ -125,6 +129,8 @@ class RayServices:
         self.generation = ServerPool([], config.vllm_scheduling_policy)
         #: names this run's placement groups in a shared cluster (``telescope-<run id>-<role>``)
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+        #: the run token every server asks for (:mod:`telescope.runtime.access`); in memory only
+        self.access_token = new_run_token()
         #: where each worker runs (``placement()`` of each server and rank)
         self.server_placements: list[dict[str, Any]] = []
         self.trainer_placements: list[dict[str, Any]] = []
@@ -155,7 +161,6 @@ class RayServices:
         """
         from telescope.api.context import InferenceContext, TrainerContext
         from telescope.inference import default_backend_name
-        from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
         from telescope.runtime.addressing import unreachable_server
@@ -166,7 +171,9 @@ class RayServices:
         plugins = get_plugins()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
-        inference_context = InferenceContext.from_config(c)
+        inference_context = dataclasses.replace(InferenceContext.from_config(c), access_token=self.access_token)
+        # inference_host: auto binds each server where the orchestrator (this process) reaches it
+        orchestrator_node = ray.util.get_node_ip_address() if c.inference_host == "auto" else None
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
         inference_context = self._start_trace_receiver(backend, inference_settings, inference_context)
         # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
@@ -205,7 +212,13 @@ class RayServices:
             return inference_actor.options(
                 **placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))
             ).remote(
-                backend, inference_context, inference_settings, i, str(self.run_dir), c.ray_inference_cpus_per_worker
+                backend,
+                inference_context,
+                inference_settings,
+                i,
+                str(self.run_dir),
+                c.ray_inference_cpus_per_worker,
+                orchestrator_node,
             )
 
         def new_trainer(r: int) -> Any:
@@ -239,11 +252,17 @@ class RayServices:
             raise RayStartError(problem)
         urls = [p["url"] for p in self.server_placements]
         log.info("servers up at %s; the trainer ranks are setting up", urls)
-        self.generation.clients = [
-            InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
-            for i, url in enumerate(urls)
-        ]
+        self.generation.clients = [self._client(url, i) for i, url in enumerate(urls)]
         self._gpu = gpu
+
+    def _client(self, url: str, index: int) -> InferenceClient:
+        """The orchestrator's client of server ``index`` (with the run token and the request timeout)."""
+        from telescope.inference.client import InferenceClient
+
+        timeout = self.config.inference_request_timeout_s
+        return InferenceClient(
+            url, model=None, server_index=index, read_timeout=timeout, access_token=self.access_token
+        )
 
     def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
@@ -334,7 +353,7 @@ class RayServices:
         if backend == "vllm" and getattr(settings, "enable_vllm_tracing", False):
             multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
             port = int(getattr(settings, "otlp_receiver_port", 4318))
-            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node)
+            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node, context.access_token)
             if endpoint is not None:
                 context = dataclasses.replace(context, traces_endpoint=endpoint)
         return context
@@ -484,8 +503,6 @@ class RayServices:
 
     async def restart_server(self, index: int) -> str:
         """Start server ``index`` again on its placement (the same actor, else a new one); returns its URL."""
-        from telescope.inference.client import InferenceClient
-
         try:
             url = str(await self.servers[index].restart.remote())
         except ray.exceptions.RayActorError:  # the actor died with its server: a new one on the same bundle
@@ -496,9 +513,7 @@ class RayServices:
             url = str(await self.servers[index].base_url.remote())
         client = self.generation.clients[index]
         if url.rstrip("/") != client.base_url:  # another port: a new client (the old one is closed)
-            self.generation.clients[index] = InferenceClient(
-                url, model=None, server_index=index, read_timeout=self.config.inference_request_timeout_s
-            )
+            self.generation.clients[index] = self._client(url, index)
             with contextlib.suppress(Exception):
                 await client.aclose()
         return url
