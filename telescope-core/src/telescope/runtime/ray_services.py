@@ -58,7 +58,7 @@ crashed or killed actor leaves no stray process. After SIGTERM to the process gr
 (``close(budget_s=...)``) the Ray cleanup gets a bounded time, and none when Ray's
 GCS is already gone.
 
-Faults (README, "Faults a run survives"): every request to a server has the read timeout
+Faults (``docs/faults.md``): every request to a server has the read timeout
 ``inference_request_timeout_s``; :meth:`RayServices.supervise` starts the
 :class:`~telescope.runtime.supervisor.ServerSupervisor`, which restarts a dead server
 on its placement (:meth:`RayServices.restart_server`) and gives it the current weights
