@@ -1,10 +1,12 @@
-"""Time ``load_config`` on a ~24 MB config (target: well under 10 s).
+"""Time ``load_config`` on a ~24 MB config (target: well under 10 s; a refusal under 5 s).
 
 Writes, in a temporary folder, a valid run config padded to the requested size
 with a long ``wandb_tags`` list (``--shape tags``) or a large ``kwargs`` mapping of
-an environment entry (``--shape kwargs``), then loads it once and prints the wall
-time (and CPU time, steadier on a busy machine) and the process's peak resident
-memory. No assertions: run by hand
+an environment entry (``--shape kwargs``), or a config with a long ``environments``
+list (``--shape environments``: more entries than a config may list, so it is
+refused), then loads it once and prints the wall time (and CPU time, steadier on a
+busy machine), the process's peak resident memory and whether it was refused.
+No assertions: run by hand
 (``python bench/bench_config_load.py --mb 24``) and compare before and after a
 change to the config reader.
 """
@@ -26,6 +28,11 @@ def write_config(path: Path, megabytes: float, shape: str) -> int:
     parts: list[str] = []
     size = len(head) + 40
     i = 0
+    if shape == "environments":
+        entry = "  - name: countdown\n    kwargs: {seed: 1}\n"
+        count = max(1, (target - 40) // len(entry))
+        path.write_text("seed: 3\nenvironments:\n" + entry * count, encoding="utf-8")
+        return count
     while size < target:
         entry = f"        key_{i:08d}: value {i} of the padding\n" if shape == "kwargs" else f"  - tag-{i:08d}-x\n"
         parts.append(entry)
@@ -47,9 +54,10 @@ def peak_rss_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=float, default=24.0, help="size of the generated config in MB")
-    parser.add_argument("--shape", choices=("tags", "kwargs"), default="tags")
+    parser.add_argument("--shape", choices=("tags", "kwargs", "environments"), default="tags")
     args = parser.parse_args()
 
+    from telescope.config.errors import ConfigError
     from telescope.config.loader import load_config  # imported before timing: only the load is measured
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,10 +66,12 @@ def main() -> None:
         size_mb = path.stat().st_size / 1e6
         before = peak_rss_mb()
         start, cpu_start = time.perf_counter(), time.process_time()
-        loaded = load_config(path, check_plugins=False)
+        try:
+            outcome = f"loaded (seed {load_config(path, check_plugins=False).config.seed})"
+        except ConfigError as exc:
+            outcome = f"refused: {exc.problems[0][:120]}"
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    assert loaded.config.seed == 3
-    print(f"config: {size_mb:.1f} MB, {entries:,} {args.shape} entries")
+    print(f"config: {size_mb:.1f} MB, {entries:,} {args.shape} entries; {outcome}")
     memory = f"peak RSS {peak_rss_mb():.0f} MB (before loading {before:.0f} MB)"
     print(f"load_config: {elapsed:.2f} s wall ({cpu:.2f} s CPU), {memory}")
 

@@ -41,6 +41,7 @@ NO_PROJECT = {
     "megatron-backend.md",
     "architecture.md",
     "several-machines.md",
+    "server-access.md",
     "run-store.md",
     "eval.md",
     "faults.md",

@@ -1,11 +1,13 @@
 """Faults a real run survives, on the CPU: `telescope run` of the quick start in a subprocess, then a fault.
 
 - SIGTERM to the whole process group (as schedulers send it) stops the run within seconds, status
-  "interrupted", exit code 130, no process left;
+  "interrupted", exit code 130, no process or shared memory left; SIGKILL to it leaves a status that
+  readers show as "died" and shared memory that the next start removes;
 - an inference server killed with SIGKILL is noticed within seconds, restarted on its placement with
   the current weights, its groups re-dispatched; the run completes, no prompt trained twice;
 - a trainer rank killed with SIGKILL: the trainer group restarts from the last checkpoint and the run
-  completes; without a checkpoint the run fails cleanly and prints the command that starts it again;
+  completes, each step recorded once for readers and no shared memory left; without a checkpoint the
+  run fails cleanly, says the rank was killed (not out of memory) and prints the command that starts it again;
 - a reward function that hangs for some completions is timed out, counted, and the run completes;
 - a trainer rank that stops answering (SIGSTOP) is named by the watchdog in status.json and the run fails.
 
@@ -27,8 +29,11 @@ from pathlib import Path
 
 import pytest
 
+from telescope.recording.run_liveness import run_state
 from telescope.recording.run_reader import RunReader
 from telescope.testing.processes import leftovers_after, pid_of
+from telescope.transports import shm_folders
+from telescope.transports.memory import MemoryTransport
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +96,11 @@ def finish(process: subprocess.Popen[str], timeout: float = 480) -> str:
     return err
 
 
+def _weight_folders(run_dir: Path) -> set[Path]:
+    """The memory transport's shared-memory folders of runs in directories named like ``run_dir``."""
+    return set(Path("/dev/shm").glob(f"telescope-weights-p*-{run_dir.name}-*"))
+
+
 def status(run_dir: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads((run_dir / "status.json").read_text())
     return data
@@ -99,6 +109,7 @@ def status(run_dir: Path) -> dict[str, object]:
 @pytest.mark.exclusive  # asserts how fast the run reacts: not beside other tests
 def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    before = _weight_folders(run_dir)
     process = telescope(run_dir, "--number_of_steps", LONGER_THAN_THE_TEST, "--inference_base_port", "8251")
     wait_for_steps(process, run_dir, 2)
     signalled = time.monotonic()
@@ -110,6 +121,31 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly_within_seconds(tmp_p
     assert "interrupted" in err
     final = status(run_dir)
     assert final["status"] == "interrupted" and final["end_time"] and "SIGTERM" in str(final["error"])
+    assert leftovers_after(str(run_dir)) == []
+    assert not any(f"-{run_dir.name}-" in f.name for f in _weight_folders(run_dir) - before)
+
+
+def test_a_run_killed_with_its_process_group_reads_died_and_its_shared_memory_goes_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    before = _weight_folders(run_dir)
+    process = telescope(run_dir, "--number_of_steps", LONGER_THAN_THE_TEST, "--inference_base_port", "8259")
+    wait_for_steps(process, run_dir, 1)
+    os.killpg(process.pid, signal.SIGKILL)  # driver, Ray and rank 0 alike: no cleanup runs anywhere
+    process.communicate(timeout=60)
+    left = _weight_folders(run_dir) - before
+    assert left, "rank 0's folder should outlive a SIGKILL of everything"
+    final = status(run_dir)
+    assert final["status"] == "running" and run_state(final).status == "died"
+    deadline = time.monotonic() + 30  # Ray's workers die with the group; the kernel reaps them
+    while any(shm_folders.pid_alive(shm_folders.owner_pid(f) or 0) for f in left):
+        assert time.monotonic() < deadline, "rank 0 outlived the SIGKILL of its process group"
+        time.sleep(0.2)
+    next_start = MemoryTransport(None)
+    next_start.prepare_sender(1)  # what the next run's rank 0 does first
+    next_start.close()
+    assert not any(f.exists() for f in left)
     assert leftovers_after(str(run_dir)) == []
 
 
@@ -151,17 +187,25 @@ def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_pat
 
 def test_a_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    before = _weight_folders(run_dir)
     process = telescope(run_dir, "--number_of_steps", "6", "--checkpoint_every", "2", "--inference_base_port", "8255")
     wait_for_steps(process, run_dir, 3)
-    os.kill(_trainer_pid(run_dir), signal.SIGKILL)
+    rank0 = _trainer_pid(run_dir)
+    assert {f.name.split("-")[2] for f in _weight_folders(run_dir) - before} == {f"p{rank0}"}  # rank 0 owns it
+    os.kill(rank0, signal.SIGKILL)
     err = finish(process)
     assert process.returncode == 0, err[-3000:]
     assert "restarting the trainer group from step_0000000" in err
+    [failed] = [line for line in err.splitlines() if "trainer failed (" in line]
+    assert "its process was killed" in failed and "due to high memory usage" not in failed  # not Ray's OOM guess
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"
+    assert _weight_folders(run_dir) - before == set()  # neither the killed rank 0's folder nor the new one's
     metrics = reader.metrics()
     assert metrics[-1]["infra/trainer_restarts"] == 1.0
-    assert {m["step"] for m in metrics} == set(range(6))
+    assert [m["step"] for m in metrics] == list(range(6))  # the current attempt's: each step once
+    [first, again] = reader.attempts()
+    assert (first.start_step, again.reason) == (0, "trainer_restart") and again.start_step in (2, 4)
     [restart] = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
     assert "died" in restart["error"]
     assert (run_dir / "checkpoints" / "step_00000006" / "meta.json").exists()
@@ -183,6 +227,7 @@ def test_a_killed_trainer_rank_without_a_checkpoint_fails_and_prints_how_to_star
     err = finish(process, timeout=120)
     assert process.returncode == 1, err[-3000:]
     assert "trainer rank 0 died" in err and "checkpoints are off (checkpoint_every: 0)" in err
+    assert "its process was killed" in err and "due to high memory usage" not in err  # not Ray's OOM guess
     assert f"To start the run again: telescope run {QUICK_START}" in err and f"--run_dir {run_dir}" in err
     assert "Traceback" not in err
     final = status(run_dir)

@@ -115,12 +115,20 @@ def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_mo
     assert problems(train_backend="fsdp", megatron_expert_parallel_size=2) == []  # ignored by FSDP
 
 
-def test_overlap_options_without_effect_yet_are_named() -> None:
+def test_gradient_reduce_overlap_is_refused_with_the_reason(tiny_model: Path) -> None:
+    def problems(**overrides: object) -> list[str]:
+        config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
+        return [message for message, _ in composed_schema().settings_problems(config)]
+
+    [problem] = problems(megatron_overlap_grad_reduce=True)
+    assert problem.startswith("megatron_overlap_grad_reduce=True: telescope-megatron does not build this yet")
+    assert "all-reduced after the backward pass" in problem and "set it to False" in problem
+    assert problems(train_backend="fsdp", megatron_overlap_grad_reduce=True) == []  # ignored by FSDP
+
+
+def test_settings_without_effect_yet_are_named() -> None:
     from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
-    overlap = MegatronSettings(megatron_overlap_grad_reduce=True)
-    assert inactive_settings(overlap, data_parallel_size=1) == []
-    assert inactive_settings(overlap, data_parallel_size=2) == ["megatron_overlap_grad_reduce"]
     assert inactive_settings(MegatronSettings(), data_parallel_size=2) == []  # the distributed optimizer is built
     # ... but not applied with expert parallelism (its ZeRO broadcast would mix different experts)
     assert inactive_settings(MegatronSettings(), data_parallel_size=2, expert_parallel_size=2) == [

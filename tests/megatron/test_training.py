@@ -1,14 +1,31 @@
 """Training through the Algorithm interface: one step of the megatron backend equals one of the FSDP backend.
 
-Same config, same HF weights, same batch: the loss, the gradient norm and every
+Same config, same HF weights, same batch: the loss, the gradient norm, the gradient
+the optimizer applies (reduced over ranks and clipped, element by element) and every
 weight after the optimizer step agree within float32 rounding, at TP 1 (in this
-process) and at TP 2 (two gloo ranks, slow). Each packed sequence holds one sample
-here, so a difference in how the two backends keep packed samples apart cannot hide
-behind another one.
+process) and at TP 2, PP 2, CP 2 and their combinations (gloo ranks, slow). Each packed
+sequence holds two samples, so the two backends must keep packed samples apart the
+same way (per-sample positions and masks).
+
+Why the gradients and not only the weights: AdamW's first step moves a weight by about
+``lr * g / (|g| + eps)``, close to ``lr * sign(g)``, so the weights after one step barely
+depend on the gradient's size: a gradient twice too large in one layer moves its weights
+as the right one does. The applied gradients are compared element by element to 1e-7 plus
+1e-5 of the tensor's largest gradient (measured on one step: at most 2.6e-8, gradients up
+to 5.5e-2; with two minibatches the second gradient is taken at weights that the first
+step's float32 rounding already moved, measured 1.8e-7 at most, gradients up to 4.8e-2).
+``test_a_wrong_gradient_in_one_layer_is_caught`` checks that an error of 2x in one norm's
+gradient fails the comparison, naming the parameter, while the weights cannot tell.
+
+The weights after the step agree to 1e-5 (1% of the learning rate) except where the
+gradient is below about 2e-7: there a float32 rounding of the gradient by 1e-9 moves the
+update by up to a few 1e-5 (``lr * g / (|g| + eps)`` with ``eps`` 1e-8). Those few elements
+are held to the gradient comparison and to the learning rate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +35,13 @@ import torch
 from telescope.api.trainer import TrainerBackend
 from telescope.testing.trainer import spawn_ranks, synthetic_batch, tiny_trainer_config, weights_snapshot
 
-#: One sample per packed sequence (samples are 17..21 tokens, sequences 24).
-SETTINGS: dict[str, Any] = {"seq_len": 24, "max_model_len": 24, "max_tokens": 16, "pad_to_multiple_of": 8}
+#: Two samples per packed sequence: eight samples of 17..21 tokens in four sequences of 48 (four micro-batches).
+SETTINGS: dict[str, Any] = {"seq_len": 48, "max_model_len": 24, "max_tokens": 16, "pad_to_multiple_of": 8}
 LENGTHS = (12, 16)
+GROUPS = 4
+LEARNING_RATE = 1e-3  # tiny_trainer_config's
+#: Below this gradient AdamW's first step turns float32 rounding of the gradient into more than 1e-5 of update.
+EPS_SENSITIVE = 2e-7
 
 
 def make_backend(model: str, backend: str, **overrides: Any) -> TrainerBackend:
@@ -32,37 +53,63 @@ def make_backend(model: str, backend: str, **overrides: Any) -> TrainerBackend:
 
 
 def one_step(
-    model: str, backend_name: str, rank: int = 0, world_size: int = 1, *, gradients: bool = False, **overrides: Any
+    model: str,
+    backend_name: str,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    corrupt: Callable[[TrainerBackend], None] | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """One train step; ``gradients``: also the full gradients the optimizer applied (reduced and clipped)."""
+    """One train step: its metrics, the weights before and after, and the full gradients the optimizer applied.
+
+    The gradients are gathered (in Hugging Face names) just before the optimizer steps, after
+    the reduction over ranks and the clipping; ``corrupt`` may change the backend's gradients
+    first (to check that the comparison catches an error).
+    """
     backend = make_backend(model, backend_name, **overrides)
     backend.setup(rank, world_size, "cpu")
     before = weights_snapshot(backend)
     applied: dict[str, torch.Tensor] = {}
-    if gradients:
-        optimizer = backend.optimizer  # type: ignore[attr-defined]
-        step = optimizer.step
+    optimizer = backend.optimizer  # type: ignore[attr-defined]
+    step = optimizer.step
 
-        def recording_step(*args: Any, **kwargs: Any) -> Any:
-            applied.update(backend.full_gradients())  # type: ignore[attr-defined]  # collective: every rank steps
-            return step(*args, **kwargs)
+    def recording_step(*args: Any, **kwargs: Any) -> Any:
+        if corrupt is not None:
+            corrupt(backend)
+        applied.update(backend.full_gradients())  # type: ignore[attr-defined]  # collective: every rank steps
+        return step(*args, **kwargs)
 
-        optimizer.step = recording_step
-    metrics = backend.train_step(synthetic_batch(completion_lengths=LENGTHS, num_groups=2))
+    optimizer.step = recording_step
+    metrics = backend.train_step(synthetic_batch(completion_lengths=LENGTHS, num_groups=GROUPS))
     after = weights_snapshot(backend)
     backend.close()
     return {"metrics": metrics, "before": before, "after": after, "gradients": applied}
 
 
+def assert_same_gradients(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """The applied gradients, element by element (see the module docstring for the tolerance)."""
+    assert list(got["gradients"]) == list(want["gradients"]), "Hugging Face names or order differ"
+    for name, gradient in want["gradients"].items():
+        atol = 1e-7 + 1e-5 * float(gradient.abs().max())
+        torch.testing.assert_close(got["gradients"][name], gradient, atol=atol, rtol=0, msg=name)
+
+
 def assert_same_step(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """The same step: metrics, applied gradients, and the weights after it (see the module docstring)."""
     for key in ("loss", "grad_norm", "entropy", "train/loss_tokens"):
         assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), key
+    assert_same_gradients(got, want)
     assert list(got["after"]) == list(want["after"]), "Hugging Face names or order differ"
-    # Adam's first step moves each weight by about lr * g / (|g| + eps) (lr = 1e-3 here): float32
-    # rounding of a gradient element near eps changes its update by up to a few 1e-6, so the
-    # weights are compared to 1% of the learning rate (measured: at most 3.5e-6, one element).
-    for name, tensor in want["after"].items():
-        torch.testing.assert_close(got["after"][name], tensor, atol=1e-5, rtol=0, msg=name)
+    sensitive = total = 0
+    for name, gradient in want["gradients"].items():
+        # a zero gradient (an unused embedding row) gives no update but the decay, in both
+        steep = (gradient.abs() < EPS_SENSITIVE) & (gradient != 0)
+        sensitive, total = sensitive + int(steep.sum()), total + gradient.numel()
+        difference = (got["after"][name] - want["after"][name]).abs()
+        assert float(difference.masked_fill(steep, 0).max()) <= 1e-5, name
+        assert float(difference.max()) <= LEARNING_RATE, name
+    assert sensitive < 0.005 * total, "too many near-zero gradients: the weight comparison would say little"
     moved = max(float((want["after"][k] - want["before"][k]).abs().max()) for k in want["after"])
     assert moved > 1e-4, "the step did not move the weights: the comparison would prove nothing"
 
@@ -71,6 +118,26 @@ def test_one_step_equals_fsdp_at_tp1(tiny_model: Path) -> None:
     fsdp = one_step(str(tiny_model), "fsdp")
     megatron = one_step(str(tiny_model), "megatron", megatron_gradient_checkpointing=False)
     assert_same_step(megatron, fsdp)
+
+
+def double_one_norm_gradient(backend: TrainerBackend) -> None:
+    """Doubles the gradient of the first layer's input norm (an injected error the comparison must catch)."""
+    model = backend.model  # type: ignore[attr-defined]
+    norm = next(p for name, p in model.named_parameters() if "layers.0." in name and "layernorm" in name.lower())
+    norm.grad.mul_(2.0)
+
+
+def test_a_wrong_gradient_in_one_layer_is_caught(tiny_model: Path) -> None:
+    """An error of 2x in one norm's gradient: the weights after AdamW's first step barely show it; the gradients do."""
+    fsdp = one_step(str(tiny_model), "fsdp")
+    wrong = one_step(
+        str(tiny_model), "megatron", megatron_gradient_checkpointing=False, corrupt=double_one_norm_gradient
+    )
+    name = "model.layers.0.input_layernorm.weight"
+    # the weights after the step cannot tell: AdamW's first step is about lr * sign(g)
+    torch.testing.assert_close(wrong["after"][name], fsdp["after"][name], atol=1e-5, rtol=0)
+    with pytest.raises(AssertionError, match=r"model\.layers\.0\.input_layernorm\.weight"):
+        assert_same_gradients(wrong, fsdp)
 
 
 def test_gradient_checkpointing_gives_the_same_step(tiny_model: Path) -> None:

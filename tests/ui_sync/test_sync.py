@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import duckdb
 from tests.ui_sync.conftest import write_run
 
+from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
 from telescope_ui_sync.sync.schema import connect
 from telescope_ui_sync.sync.syncer import SyncService, discover, run_id_for
@@ -138,6 +143,65 @@ def test_a_step_written_again_replaces_the_old_values(tmp_path: Path) -> None:
     store.close()
     service.sync_all()
     assert con.execute("SELECT name, value FROM metrics WHERE step = 3").fetchall() == [("reward/mean", 5.0)]
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> Any:
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _attempt(store: RunStore, steps: range, value: float) -> None:
+    for step in steps:
+        store.log_metrics(step, {"reward/mean": value})
+        store.log_rollouts(step, [{"group_index": 0, "prompt": "p", "completion": f"{value}", "reward": value}])
+    store.flush()
+
+
+def test_only_the_current_attempt_shows_after_a_restart_and_the_abandoned_rows_stay_in_the_run(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "a"
+    store = RunStore(run)
+    store.begin_attempt(0, "start")
+    _attempt(store, range(4), 1.0)  # steps 0-3; then the trainer dies, checkpoint 2
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    service.sync_all()
+    assert _one(con, "SELECT count(DISTINCT step) FROM metrics") == 4
+    store.begin_attempt(2, "trainer_restart")
+    _attempt(store, range(2, 3), 2.0)  # step 2 again: step 3 is not trained again yet
+    store.close()
+    service.sync_all()
+    fresh = connect(":memory:")
+    SyncService(fresh, [run]).sync_all()  # a dashboard that sees the run for the first time
+    for db in (con, fresh):
+        rows = db.execute("SELECT step, name, value FROM metrics ORDER BY step").fetchall()
+        assert rows == [(0, "reward/mean", 1.0), (1, "reward/mean", 1.0), (2, "reward/mean", 2.0)]
+        rollouts = db.execute("SELECT step, reward FROM rollouts ORDER BY step").fetchall()
+        assert rollouts == [(0, 1.0), (1, 1.0), (2, 2.0)]
+    every = RunReader(run).metrics(include_abandoned=True)
+    assert [(m["step"], m["attempt"]) for m in every] == [(0, 0), (1, 0), (2, 0), (3, 0), (2, 1)]
+
+
+def test_a_running_run_whose_process_is_gone_shows_died(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a", status="running")
+    driver = (
+        "import sys, time\nfrom telescope.recording.run_store import RunStore\n"
+        "RunStore(sys.argv[1]).set_status('running', step=4)\nprint('up', flush=True)\ntime.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", driver, str(run)], stdout=subprocess.PIPE, text=True)
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "up"
+        service.sync_all()
+        assert _one(con, "SELECT status FROM runs") == "running"
+    finally:
+        process.kill()  # SIGKILL: status.json is left as it was
+        process.wait(timeout=30)
+    service.sync_all()
+    assert _one(con, "SELECT status FROM runs") == "died"
 
 
 def test_a_deleted_run_is_marked_missing_and_comes_back(tmp_path: Path) -> None:

@@ -7,14 +7,11 @@ gradient reduction and the distributed optimizer (AdamW states sharded over the
 data-parallel ranks, :mod:`telescope_megatron.optimizer`; with expert parallelism
 it is not applied yet, see :func:`inactive_settings`). Of the others (not built yet):
 
-- those that would change what is computed or where (a global batch size of its own,
-  optimizer offload and its options, the unified-memory JIT, the precision-aware
-  optimizer and its dtypes, Transformer Engine, FP8) are accepted at the value this
-  backend implements (the upstream default) and any other value is a validation
-  error naming the field (:data:`REFUSED_UNLESS`);
-- gradient-reduce overlap, which only overlaps communication, is accepted and has
-  no effect yet; the backend logs one warning naming the settings that are on where
-  they would matter and have no effect (:func:`inactive_settings`).
+each (a global batch size of its own, optimizer offload and its options, the
+unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer Engine,
+FP8, gradient-reduce overlap) is accepted at the value this backend implements (the
+upstream default) and any other value is a validation error naming the field
+(:data:`REFUSED_UNLESS`, with the reason where :data:`REFUSED_BECAUSE` gives one).
 
 Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP x CP (the
 dense layout) and of TP x PP x EP (megatron-core's expert layout: expert TP = TP, EP,
@@ -88,7 +85,7 @@ class MegatronSettings(PluginSettings):
         True, description="Shard AdamW's states across data-parallel ranks (ZeRO-1; DP x CP > 1 to help)"
     )
     megatron_overlap_grad_reduce: bool = Field(
-        False, description="Overlap the gradient all-reduce with the backward pass (no effect yet)"
+        False, description="Overlap the gradient all-reduce with the backward pass (false only, for now)"
     )
     megatron_use_transformer_engine: bool = Field(
         False, description="Use the Transformer Engine layer spec (false only, for now)"
@@ -119,9 +116,10 @@ class MegatronSettings(PluginSettings):
         for name, supported in REFUSED_UNLESS.items():
             value = getattr(settings, name)
             if value != supported:
+                why = f" ({REFUSED_BECAUSE[name]})" if name in REFUSED_BECAUSE else ""
                 problems.append(
                     SettingsProblem(
-                        f"{name}={value!r}: telescope-megatron does not build this yet; "
+                        f"{name}={value!r}: telescope-megatron does not build this yet{why}; "
                         f"set it to {supported!r} (or leave it out)",
                         fields=(name,),
                     )
@@ -143,6 +141,13 @@ REFUSED_UNLESS: dict[str, object] = {
     "megatron_exp_avg_sq_dtype": "float32",
     "megatron_use_transformer_engine": False,
     "megatron_fp8": False,
+    "megatron_overlap_grad_reduce": False,
+}
+
+#: Why a field of :data:`REFUSED_UNLESS` cannot take another value, where the name does not say it.
+REFUSED_BECAUSE: dict[str, str] = {
+    "megatron_overlap_grad_reduce": "the gradients are all-reduced after the backward pass, in one call per "
+    "parameter, not in buckets during it; the setting would change nothing",
 }
 
 
@@ -157,8 +162,6 @@ def inactive_settings(settings: MegatronSettings, data_parallel_size: int, exper
     inactive = []
     if settings.megatron_use_distributed_optimizer and data_parallel_size > 1 and expert_parallel_size > 1:
         inactive.append("megatron_use_distributed_optimizer (with megatron_expert_parallel_size > 1)")
-    if settings.megatron_overlap_grad_reduce and data_parallel_size > 1:
-        inactive.append("megatron_overlap_grad_reduce")
     return inactive
 
 

@@ -6,7 +6,8 @@ attribute access (``config.seed``) or as an exact string (``"seed"``, for
 ``getattr``/dict access) in the source of an installed Telescope package. Fields
 that a later issue of this wave makes work are listed in :data:`PENDING` with that
 issue; the test fails when such a field becomes read (move it out of the list)
-or when any other field is read by nothing.
+or when any other field is read by nothing. Upstream fields kept at the one value
+the code honours (``FIXED_UPSTREAM``) are read by validation, which refuses any other.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from telescope.config.composition import composed_schema
+from telescope.config.cross_field import FIXED_UPSTREAM
+from telescope.config.errors import ConfigError
+from telescope.config.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = [ROOT / f"telescope-{name}" / "src" for name in ("core", "envs", "sandbox", "ui-sync", "megatron")]
 
 #: Fields read by nothing yet, and the issue that makes each work.
-PENDING: dict[str, str] = {
-    "weight_broadcast_free_grad_buffers": "issue 13 (Megatron)",
-}
+PENDING: dict[str, str] = {}
 
 #: Pending fields whose name other code also uses for something else, so the static scan
 #: cannot tell when they become read.
@@ -46,8 +50,19 @@ def names_read() -> set[str]:
 def test_every_field_is_read_by_some_code() -> None:
     fields = set(composed_schema().model.model_fields)
     read = names_read()
-    unread = sorted(name for name in fields if name not in read)
+    unread = sorted(name for name in fields if name not in read and name not in FIXED_UPSTREAM)
     assert sorted(set(unread) - set(PENDING)) == [], "fields read by no code: make them work or remove them"
+
+
+def test_upstream_fields_kept_at_one_value_refuse_any_other() -> None:
+    """A field kept only so that upstream configs validate is read by validation: any other value is refused."""
+    for name, (value, why) in FIXED_UPSTREAM.items():
+        assert isinstance(value, bool)
+        with pytest.raises(ConfigError) as info:
+            load_config(None, {"environments": [{"name": "countdown"}], name: not value}, check_plugins=False)
+        [problem] = info.value.problems
+        assert problem.startswith(f"{name}={not value!r} is not supported: {why}; set it to {value!r}")
+        assert load_config(None, {"environments": [{"name": "countdown"}], name: value}, check_plugins=False)
 
 
 def test_pending_fields_are_still_pending() -> None:

@@ -188,7 +188,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
     problems = problems_of(
         write(tmp_path, MINIMAL),
         ["--max_tokens", "5000", "--algorithm", "cispo", "--use_ppo_clip", "--inference_num_workers", "3",
-         "--inference_tensor_parallel_size", "2"],
+         "--inference_tensor_parallel_size", "2", "--inference_backend", "vllm"],
     )  # fmt: skip
     assert len(problems) == 3
 

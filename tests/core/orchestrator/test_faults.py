@@ -251,6 +251,34 @@ def test_the_groups_of_a_dead_server_run_elsewhere_none_lost_none_trained_twice(
     assert len(prompts) == 6 * 3 * 4 and len(set(prompts)) == 6 * 3
 
 
+class DyingUnderLoad(DyingServer):
+    """Server 1 dies while it holds several groups: every request it has in flight then fails."""
+
+    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+        if server == 1 and len(self.requests) >= self.down_from and self.down_until is None:
+            self.down_until = time.monotonic() + 0.5
+        answer = await FakeServices.generate(self, server, prompt_ids, max_tokens, seed=seed, priority=priority,
+                                             sampling=sampling)  # fmt: skip
+        if server == 1 and self.down_until is not None and time.monotonic() < self.down_until:
+            self.dead_requests += 1
+            raise ServerUnavailable(1, "ConnectError: All connection attempts failed")
+        return answer
+
+
+def test_a_dead_server_is_one_line_in_the_log_however_many_groups_it_held(
+    tmp_path: Path, tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    services = DyingUnderLoad()
+    services.delay_s = 0.1
+    with caplog.at_level("DEBUG", logger="telescope.orchestrator"):
+        reader = run_loop(tmp_path, tokenizer, services, number_of_steps=4, max_async_rollout=3)
+    redispatched = [e for e in reader.events() if e["kind"] == "orchestrator.group_redispatched"]
+    assert len(redispatched) > 1  # each group is an event...
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "inference server 1" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # ...the death one line
+
+
 # -------------------------------------------------------- trainer failures
 
 
@@ -298,6 +326,36 @@ def test_a_trainer_failure_restarts_from_the_last_checkpoint(tmp_path: Path, tok
     assert metrics[-1]["infra/trainer_restarts"] == 1.0 and "infra/server_restarts" in metrics[-1]
     restart = [e for e in reader.events() if e["kind"] == "orchestrator.trainer_restart"]
     assert len(restart) == 1 and restart[0]["checkpoint"].endswith("step_00000004")
+
+
+def test_the_rows_of_steps_trained_again_after_a_restart_read_as_abandoned(tmp_path: Path, tokenizer: Any) -> None:
+    # checkpoint 4 is saved after step 3; step 4 is recorded, step 5 fails: the restart trains 4 again
+    reader = run_loop(tmp_path, tokenizer, FailingTrainer(fail_at=5), number_of_steps=6, checkpoint_every=2)
+    attempts = [(a.attempt, a.start_step, a.reason) for a in reader.attempts()]
+    assert attempts == [(0, 0, "start"), (1, 4, "trainer_restart")]
+    assert [m["step"] for m in reader.metrics()] == [0, 1, 2, 3, 4, 5]
+    every = reader.metrics(include_abandoned=True)
+    assert [(m["step"], m["attempt"]) for m in every] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (5, 1)]
+    assert {m["attempt"] for m in reader.metrics() if m["step"] >= 4} == {1}
+    assert reader.latest_metrics()[4]["attempt"] == 1
+    rollouts = reader.rollouts()
+    assert {r["attempt"] for r in rollouts if r["step"] == 4} == {1}
+    abandoned = [r for r in reader.rollouts(include_abandoned=True) if r not in rollouts]
+    assert abandoned and {(r["step"], r["attempt"]) for r in abandoned} == {(4, 0)}
+    status = reader.status()
+    assert status is not None and status["attempt"] == 1
+
+
+def test_a_resumed_run_says_from_which_step_and_starts_an_attempt(
+    tmp_path: Path, tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_loop(tmp_path, tokenizer, FakeServices(), number_of_steps=4, checkpoint_every=2)
+    with caplog.at_level("INFO", logger="telescope.orchestrator"):
+        reader = run_loop(tmp_path, tokenizer, FakeServices(), number_of_steps=6, checkpoint_every=2,
+                          resume_from_checkpoint=2)  # fmt: skip
+    assert any(r.getMessage().startswith("resuming from step 2 ") for r in caplog.records)
+    assert [(a.attempt, a.start_step, a.reason) for a in reader.attempts()] == [(0, 0, "start"), (1, 2, "resume")]
+    assert [(m["step"], m["attempt"]) for m in reader.metrics()] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
 
 
 def test_a_trainer_failure_without_a_checkpoint_fails_the_run_saying_why(tmp_path: Path, tokenizer: Any) -> None:

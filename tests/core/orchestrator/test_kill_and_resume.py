@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from telescope.recording.run_liveness import run_state
 from telescope.recording.run_reader import RunReader
 
 SCRIPT = Path(__file__).with_name("run_fake_loop.py")
@@ -43,15 +44,22 @@ def test_killed_run_resumes_exactly(tmp_path: Path) -> None:
     victim.wait(timeout=60)
     steps_before_kill = {r["step"] for r in RunReader(killed_dir).rollouts()}
     assert max(steps_before_kill) < 7, "the run finished before it was killed"
+    killed_status = RunReader(killed_dir).status()
+    assert killed_status is not None and killed_status["status"] == "running"  # what it last wrote
+    assert run_state(killed_status).status == "died"  # what a reader shows
 
     resumed = run(killed_dir, 8, 3, "resume")
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read() if resumed.stderr else ""
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert b"resuming from step 3" in stderr
 
     expected = prompts_by_step(tmp_path / "straight")
     got = prompts_by_step(killed_dir)
     # steps trained after the checkpoint and before the kill are trained again on resume,
     # on exactly the same prompts; every step's prompts equal the uninterrupted run's
     for step, ids in expected.items():
-        assert sorted(set(got[step])) == sorted(set(ids)), step
-        assert len(got[step]) in (len(ids), 2 * len(ids))
+        assert sorted(got[step]) == sorted(ids), step  # the abandoned rows of the killed attempt left out
     assert sorted(got) == sorted(expected)
+    every = RunReader(killed_dir).rollouts(include_abandoned=True)
+    retrained = {r["step"] for r in every if r["attempt"] == 0} & {r["step"] for r in every if r["attempt"] == 1}
+    assert retrained == {s for s in steps_before_kill if s >= 3}  # still readable, as abandoned

@@ -44,3 +44,27 @@ def test_the_early_tokenizer_is_the_models_and_a_failure_reaches_the_awaiting_co
     assert tokenizer.decode(tokenizer.encode("1 + 2 = 3")) == "1 + 2 = 3"
     with pytest.raises(OSError):
         launch._load_tokenizer_early(str(tmp_path / "no-such-model")).tokenizer.result(timeout=120)
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_its_reason_in_the_status(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """SIGINT (a real one, to this process) stops the run with ``interrupted`` and says why in status.json."""
+    import json
+    import os
+    import signal
+    import time
+
+    from telescope.config import load_config
+
+    def connect(config: object, run_dir: Path) -> bool:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while Ray starts
+        time.sleep(5)  # the KeyboardInterrupt is raised here
+        raise AssertionError("SIGINT did not interrupt the run")
+
+    monkeypatch.setattr(ray_cluster, "connect_ray", connect)
+    args = ["--model", "tiny:test", "--environments", "[{name: countdown}]", "--use_wandb", "false"]
+    run_dir = tmp_path / "run"
+    code = launch.launch_run(load_config(None, [*args, "--run_dir", str(run_dir)]))
+    assert code == 130
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["error"] == "interrupted by SIGINT (Ctrl-C)"

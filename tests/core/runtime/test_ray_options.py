@@ -15,15 +15,13 @@ def config(**values: object):  # type: ignore[no-untyped-def]
     return load_config(None, {"environments": [{"name": "countdown"}], **values}, check_plugins=False).config
 
 
-def test_runtime_env_carries_the_venv_run_dir_and_user_settings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_runtime_env_carries_the_venv_and_user_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VIRTUAL_ENV", "/somewhere/.venv")
     env = runtime_env(config(ray_runtime_env={"env_vars": {"X": "1"}, "pip": ["six"]}), tmp_path)
     assert env["pip"] == ["six"]
     assert env["env_vars"]["X"] == "1"
     assert env["env_vars"]["VIRTUAL_ENV"] == "/somewhere/.venv"
-    assert env["env_vars"]["TELESCOPE_RUN_DIR"] == str(tmp_path)
+    assert "TELESCOPE_RUN_DIR" not in env["env_vars"]  # workers are given the run directory, not a variable
     assert env["py_executable"] == sys.executable
 
 
@@ -33,7 +31,7 @@ def test_runtime_env_options_can_be_turned_off(tmp_path: Path, monkeypatch: pyte
         monkeypatch.delenv(name, raising=False)
     env = runtime_env(
         config(
-            ray_propagate_active_venv=False, ray_propagate_run_dir=False, ray_pin_py_executable=False,
+            ray_propagate_active_venv=False, ray_pin_py_executable=False,
             ray_worker_keep_freed_memory=False,
         ),
         tmp_path,

@@ -71,14 +71,14 @@ from telescope.runtime.ray_cluster import connect_ray
 config = load_config(None, {"environments": [{"name": "countdown"}], "ray_address": "local"},
                      check_plugins=False).config
 assert connect_ray(config, Path(sys.argv[1]))
-after = os.environ.get("TELESCOPE_RUN_DIR")
+after = os.environ.get("MALLOC_MMAP_THRESHOLD_")
 
 
 @ray.remote
 def seen():
     env = ray.get_runtime_context().runtime_env
-    return {"runtime_env": {k: v for k, v in env.items() if v}, "run_dir": os.environ.get("TELESCOPE_RUN_DIR"),
-            "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_"), "python": sys.executable}
+    return {"runtime_env": {k: v for k, v in env.items() if v}, "mmap": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+            "python": sys.executable}
 
 
 print(json.dumps({**ray.get(seen.remote()), "driver_after": after, "driver_python": sys.executable}))
@@ -89,7 +89,7 @@ ray.shutdown()
 def test_a_private_clusters_workers_inherit_the_runs_variables_without_a_runtime_env(tmp_path: Path) -> None:
     """No runtime environment to set up (Ray's setup_worker.py step), and the variables still arrive."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    for name in ("RAY_ADDRESS", "TELESCOPE_RUN_DIR", "MALLOC_MMAP_THRESHOLD_"):
+    for name in ("RAY_ADDRESS", "MALLOC_MMAP_THRESHOLD_"):
         env.pop(name, None)
     done = subprocess.run(
         [sys.executable, "-c", INHERIT_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
@@ -97,6 +97,6 @@ def test_a_private_clusters_workers_inherit_the_runs_variables_without_a_runtime
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["runtime_env"] == {}
-    assert seen["run_dir"] == str(tmp_path) and seen["mmap"] == str(1 << 30)  # ray_worker_keep_freed_memory
+    assert seen["mmap"] == str(1 << 30)  # ray_worker_keep_freed_memory
     assert seen["python"] == seen["driver_python"]
     assert seen["driver_after"] is None  # the driver's own environment is as it was

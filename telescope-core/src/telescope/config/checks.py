@@ -23,13 +23,14 @@ torch or transformers, or touches the network.
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from telescope.config.constructors import constructor_of
+from telescope.config.spelling import closest
 
 #: A Hugging Face hub id: ``name`` or ``org/name`` (letters, digits, ``-``, ``_``, ``.``).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -113,17 +114,14 @@ def environment_kwargs_problems(
 ) -> list[str]:
     """Unknown and missing constructor keyword arguments of environment ``name`` (class ``cls``).
 
-    Found from ``inspect.signature(cls)``; see the module doc for ``**kwargs``
+    Found from ``inspect.signature(cls)`` (read once per class); see the module doc for ``**kwargs``
     catch-alls. Positional-only parameters cannot be given as
     keywords, so they count as unknown. [] when the signature cannot be read.
     """
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError):
+    constructor = constructor_of(cls)
+    if not constructor.readable:
         return []
-    params = signature.parameters.values()
-    keyword = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    catch_all = any(p.kind is p.VAR_KEYWORD for p in params)
+    keyword, catch_all = constructor.keyword, constructor.catch_all
     takes = ", ".join(keyword) or "no keyword arguments"
     problems: list[str] = []
     if not catch_all:
@@ -137,8 +135,7 @@ def environment_kwargs_problems(
                     f"(quote it if it is meant); {cls.__name__} takes: {takes}"
                 )
                 continue
-            close = difflib.get_close_matches(key, list(keyword), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = closest(key, list(keyword))
             problems.append(
                 f"environment {name!r}: unknown keyword argument {key!r} in kwargs{hint} "
                 f"({cls.__name__} takes: {takes})"

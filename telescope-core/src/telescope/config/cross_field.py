@@ -28,8 +28,40 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False, purpose: Pu
     inference servers and the evals, and :func:`telescope.config.eval_form.eval_problems`
     adds what an eval needs.
     """
-    problems = _training_problems(c, layer=layer) if purpose == "run" else []
-    return problems + _inference_problems(c)
+    problems = _training_problems(c, layer=layer) + _schedule_problems(c) if purpose == "run" else []
+    return problems + _inference_problems(c) + _seed_problems(c) + _fixed_upstream_problems(c)
+
+
+def _schedule_problems(c: TelescopeConfig) -> list[str]:
+    """A warmup the run never finishes: the LR would never reach ``learning_rate`` (or never decay)."""
+    if c.lr_scheduler in ("linear", "cosine") and c.warmup_steps >= c.number_of_steps:
+        return [
+            f"warmup_steps ({c.warmup_steps}) must be smaller than number_of_steps ({c.number_of_steps}) with "
+            f"lr_scheduler: {c.lr_scheduler}: the decay starts after the warmup, so the learning rate would "
+            "never decay; lower warmup_steps or raise number_of_steps"
+        ]
+    if c.lr_scheduler == "constant" and c.warmup_steps > c.number_of_steps:
+        return [
+            f"warmup_steps ({c.warmup_steps}) exceeds number_of_steps ({c.number_of_steps}): the learning rate "
+            "would still be warming up when the run ends and never reach learning_rate; lower warmup_steps"
+        ]
+    return []
+
+
+#: The largest seed every consumer accepts: vLLM seeds numpy (``np.random.seed``, below 2^32) with it.
+MAX_SEED = 2**32 - 1
+
+
+def _seed_problems(c: TelescopeConfig) -> list[str]:
+    """Inference server ``i`` is seeded with ``seed + i``: each must stay in numpy's range."""
+    servers = max(c.inference_num_workers // c.inference_tensor_parallel_size, 1)
+    if c.seed + servers - 1 > MAX_SEED:
+        return [
+            f"seed ({c.seed}) + the inference servers ({servers}) - 1 must be at most 2^32 - 1 ({MAX_SEED}): "
+            "inference server i is seeded with seed + i, and vLLM seeds numpy, which takes no larger seed; "
+            f"use a seed of at most {MAX_SEED - servers + 1}"
+        ]
+    return []
 
 
 def _training_problems(c: TelescopeConfig, *, layer: bool) -> list[str]:
@@ -114,3 +146,27 @@ def _inference_problems(c: TelescopeConfig) -> list[str]:
                 f"max_model_len ({c.max_model_len})"
             )
     return problems
+
+
+#: Upstream fields kept so that its configs validate, with the only value the code honours and why.
+FIXED_UPSTREAM: dict[str, tuple[object, str]] = {
+    "weight_broadcast_free_grad_buffers": (
+        True,
+        "both trainer backends free the gradients (set them to None) after every optimizer step, "
+        "so none is held while the weights are broadcast; keeping them is not built",
+    ),
+    "ray_propagate_run_dir": (
+        True,
+        "every worker is given the run directory (its checkpoints and logs are written there); "
+        "withholding it is not built",
+    ),
+}
+
+
+def _fixed_upstream_problems(c: TelescopeConfig) -> list[str]:
+    """An upstream field set to a value the run cannot honour (see :data:`FIXED_UPSTREAM`)."""
+    return [
+        f"{name}={getattr(c, name)!r} is not supported: {why}; set it to {value!r} (or leave it out)"
+        for name, (value, why) in FIXED_UPSTREAM.items()
+        if getattr(c, name) != value
+    ]

@@ -6,6 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: The most entries of each list of environments or evals a config may hold. Each entry
+#: builds an environment (and loads its dataset) at run time, so a run mixes a handful;
+#: the bound lets the YAML reader refuse a runaway list before building it.
+MAX_ENTRIES = 1000
+
+#: The lists bounded by :data:`MAX_ENTRIES`, by their path in a config file.
+BOUNDED_LISTS: dict[tuple[str | int, ...], int] = {("environments",): MAX_ENTRIES, ("evals",): MAX_ENTRIES}
+
 
 class EnvironmentEntry(BaseModel):
     """One training environment (``environments:`` list item)."""

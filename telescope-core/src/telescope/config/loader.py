@@ -19,7 +19,6 @@ YAML (file, line and column), unknown plugin names.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from telescope.config.errors import ConfigError
 from telescope.config.eval_form import eval_layer, eval_problems
 from telescope.config.schema import TelescopeConfig, cross_field_problems
 from telescope.config.sources import parse_overrides, read_yaml_file, schema_field_kind
+from telescope.config.spelling import closest, dotted_hint, number_text_hint
 from telescope.config.yaml_reader import SourceMap, quote_hint
 
 
@@ -47,11 +47,6 @@ class LoadedConfig:
 
 
 # -------------------------------------------------------------------- validation
-
-
-def _closest(name: str, options: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _entry_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseModel]:
@@ -137,10 +132,10 @@ def _translate(
             model = _entry_model(loc, schema)
             valid = list(model.model_fields)
             scope = "" if model is schema else f" of {loc[0]} entries"
-            problems.append(
-                f"unknown key {path!r}{where}{_closest(str(loc[-1]), valid)} "
-                f"(see `telescope config show` for the valid keys{scope})"
-            )
+            key = str(loc[-1])
+            advice = dotted_hint(key, valid, cli=origin == "cli") or closest(key, valid)
+            see = f"see `telescope config show` for the valid keys{scope}"
+            problems.append(f"unknown key {path!r}{where}{advice} ({see})")
         elif kind == "value_error" and not loc:
             message = err["msg"].removeprefix("Value error, ")
             problems.extend(line for line in message.splitlines() if line.strip())
@@ -152,6 +147,8 @@ def _translate(
             value = err.get("input")
             shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 80 else "..."
             hint = quote_hint(loc, value, source if origin != "cli" else None) if kind == "string_type" else None
+            if kind in ("int_parsing", "float_parsing") and loc and isinstance(loc[-1], str):
+                hint = number_text_hint(loc[-1], value, cli=origin == "cli")
             problems.append(f"{path}{where}: {hint}" if hint else f"{path} = {shown}{where}: {err['msg']}")
     # one union failure produces an error per member; keep the messages unique
     return list(dict.fromkeys(problems))

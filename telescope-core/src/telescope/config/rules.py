@@ -2,8 +2,10 @@
 
 Checked after the schema's own rules, before anything starts: plugin names and
 algorithm capabilities, the ``model`` (a local folder must exist and hold
-``config.json``; see :mod:`telescope.config.checks`) and every environment's and
-eval's ``kwargs`` against its constructor. Each problem is one message naming the
+``config.json``; see :mod:`telescope.config.checks`), every environment's and
+eval's ``kwargs`` against its constructor (names, and values against the annotations:
+:mod:`telescope.config.constructors`), and ``inference_tensor_parallel_size`` against
+the embedded inference engine, which runs each server on one device. Each problem is one message naming the
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
 
@@ -13,7 +15,9 @@ importable, and an environment that ``uses_sandbox`` must find its sandbox provi
 (its own ``sandbox_provider`` keyword argument, else the run's ``sandbox_provider``)
 registered and installed: a provider registered with ``requires`` metadata (the
 remote providers' SDK modules) is not installed while one of those modules is missing,
-and the message names the provider and the ``pip install`` that adds it. The run's
+and the message names the provider and the ``pip install`` that adds it. What an
+environment needs is checked once per list, environment and provider override, however
+many entries name it. The run's
 ``sandbox_provider`` is checked the same way when the user set it; left at its default
 and used by no environment, it is not checked, so that telescope-core works without
 telescope-sandbox for environments that run no code.
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
+from telescope.config.constructors import kwargs_type_problems
 from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
 
@@ -87,10 +92,13 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
         problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
 
     problems.extend(model_problems(config.model))
+    problems.extend(embedded_tensor_parallel_problems(config))
     entries: list[tuple[str, str, Any, dict[str, Any]]] = []  # (where, name, class, kwargs)
+    environments = set(registry.names(PluginKind.ENVIRONMENT))
+    classes = {name: plugins.environment(name) for name in {env.name for env in config.environments} & environments}
     for i, env in enumerate(config.environments):
-        if registry.names(PluginKind.ENVIRONMENT) and env.name in registry.names(PluginKind.ENVIRONMENT):
-            entries.append((f"environments[{i}]", env.name, plugins.environment(env.name), env.kwargs))
+        if env.name in classes:
+            entries.append((f"environments[{i}]", env.name, classes[env.name], env.kwargs))
     for i, ev in enumerate(config.evals):
         if ev.name in registry.names(PluginKind.EVAL):
             spec = plugins.eval_spec(ev.name)
@@ -99,10 +107,46 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
             entries.append((f"evals[{i}]", ev.name, plugins.environment(ev.name), ev.kwargs))
     for where, name, cls, kwargs in entries:
         problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
+        problems.extend(f"{where}.kwargs.{key}: {p}" for key, p in kwargs_type_problems(name, cls, kwargs))
+    for name, cls, kwargs, where in _distinct_needs(entries):
         problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
     return problems
+
+
+def _distinct_needs(
+    entries: list[tuple[str, str, Any, dict[str, Any]]],
+) -> list[tuple[str, Any, dict[str, Any], str]]:
+    """The first entry of each list, environment and sandbox provider override: the others need the same."""
+    first: dict[tuple[str, str, str], tuple[str, Any, dict[str, Any], str]] = {}
+    for where, name, cls, kwargs in entries:
+        key = (where.partition("[")[0], name, str(kwargs.get("sandbox_provider")))
+        first.setdefault(key, (name, cls, kwargs, where))
+    return list(first.values())
+
+
+def embedded_tensor_parallel_problems(config: TelescopeConfig) -> list[str]:
+    """``inference_tensor_parallel_size`` > 1 where the servers are the embedded engine, which uses one device.
+
+    The embedded backend is the one chosen by ``inference_backend: embedded``, and by
+    ``auto`` when vLLM is not installed here (``auto`` picks vLLM only when it is
+    installed and the workers have GPUs; that last part is known only once the run
+    has its cluster, so ``auto`` with vLLM installed is not refused).
+    """
+    size = config.inference_tensor_parallel_size
+    if size == 1:
+        return []
+    chosen = config.inference_backend == "embedded"
+    if not chosen and not (config.inference_backend == AUTO and not module_installed("vllm")):
+        return []
+    how = "inference_backend: embedded" if chosen else "inference_backend: auto, without vLLM installed,"
+    return [
+        f"inference_tensor_parallel_size ({size}) > 1 needs the vllm inference backend: with {how} each "
+        f"inference server is the embedded engine, which runs on one device (it would hold {size} GPUs and "
+        "use one); set inference_tensor_parallel_size: 1, or inference_backend: vllm "
+        "(pip install 'telescope-core[vllm]', a CUDA GPU is needed)"
+    ]
 
 
 def module_installed(module: str) -> bool:

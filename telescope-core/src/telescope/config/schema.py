@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from telescope.config.cross_field import cross_field_problems
-from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
+from telescope.config.entries import MAX_ENTRIES, CheckpointEntry, EnvironmentEntry, EvalEntry
 
 S = TypeVar("S", bound=BaseModel)
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -69,7 +69,9 @@ class TelescopeConfig(BaseModel):
 
     # ------------------------------------------------------------------ general
     debug: bool = Field(False, description="Enable debug mode (DEBUG-level run logs, tracebacks on the terminal)")
-    seed: int = Field(0, ge=0, description="Seed for prompt sampling, generation and initialisation")
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="Seed for prompt sampling, generation and initialisation (0 to 2^32 - 1)"
+    )
     run_dir: str | None = Field(None, description="Run directory (local run store). null = runs/<wandb_run_name>")
 
     # -------------------------------------------------------------------- model
@@ -83,7 +85,7 @@ class TelescopeConfig(BaseModel):
 
     # ------------------------------------------------------------- environments
     environments: list[EnvironmentEntry] = Field(
-        default_factory=list, description="Training environments (at least one)"
+        default_factory=list, max_length=MAX_ENTRIES, description="Training environments (at least one)"
     )
 
     # ------------------------------------------------------------------ workers
@@ -179,7 +181,9 @@ class TelescopeConfig(BaseModel):
         description="Coefficient of the per-token KL penalty against the rollout policy. 0 or null = disabled",
     )
     kl_estimator: Literal["k2", "k3"] = Field(
-        "k2", description='KL penalty estimator: "k2" = d^2; "k3" = exp(d) - 1 - d, with d = logprob - rollout logprob'
+        "k2",
+        description='KL penalty estimator: "k2" = d^2; "k3" = min(exp(d) - 1 - d, 10), with d = logprob - rollout '
+        "logprob (the cap makes k3 underestimate a large drift)",
     )
     entropy_coef: float = Field(
         0.0, ge=0, description="Entropy bonus: subtract entropy_coef * entropy from the loss; 0 = disabled"
@@ -246,7 +250,12 @@ class TelescopeConfig(BaseModel):
         "auto",
         description='Inference backend: "embedded", "vllm" or a plugin. "auto" = vllm when usable, else embedded',
     )
-    inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
+    inference_host: str = Field(
+        "auto",
+        min_length=1,
+        description='Address inference servers bind. "auto" = loopback on the orchestrator node, a node address '
+        '(as Ray reports it) elsewhere; "0.0.0.0" = every interface. Servers always ask for the run token',
+    )
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
     max_num_seqs: int | None = Field(
@@ -351,7 +360,7 @@ class TelescopeConfig(BaseModel):
         1, ge=0, description="Inference servers reserved for periodic evals. 0 = no periodic evals during training"
     )
     eval_start_end_use_all_servers: bool = Field(True, description="Use all inference servers for start/end evals")
-    evals: list[EvalEntry] = Field(default_factory=list, description="Evals to run")
+    evals: list[EvalEntry] = Field(default_factory=list, max_length=MAX_ENTRIES, description="Evals to run")
 
     # ---------------------------------------------------------- standalone eval
     checkpoints: list[CheckpointEntry] = Field(
@@ -416,7 +425,9 @@ class TelescopeConfig(BaseModel):
     ray_disable_runtime_env_hook: bool = Field(True, description="Disable Ray's runtime environment hook")
     ray_pin_py_executable: bool = Field(True, description="Pin the Python executable path in workers")
     ray_propagate_active_venv: bool = Field(True, description="Propagate the active virtualenv to workers")
-    ray_propagate_run_dir: bool = Field(True, description="Propagate the run directory to workers")
+    ray_propagate_run_dir: bool = Field(
+        True, description="Propagate the run directory to workers (true only: every worker is given it)"
+    )
     ray_worker_keep_freed_memory: bool = Field(
         True,
         description="Workers keep the memory they free for their next allocations (glibc malloc: "
@@ -448,7 +459,9 @@ class TelescopeConfig(BaseModel):
         "auto", description='Weight transport ("memory", "nccl" or a plugin). "auto" = nccl on GPU, memory on CPU'
     )
     weight_broadcast_free_grad_buffers: bool = Field(
-        True, description="Free Megatron gradient buffers during broadcast"
+        True,
+        description="Free gradient buffers during broadcast (true only: the trainers free the gradients "
+        "after every optimizer step)",
     )
 
     # ---------------------------------------------------------------- validators

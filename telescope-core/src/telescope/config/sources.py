@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from telescope.config.entries import BOUNDED_LISTS
 from telescope.config.errors import ConfigError
 from telescope.config.yaml_reader import SourceMap, load_yaml
 
@@ -85,7 +86,7 @@ def read_yaml_file(path: Path) -> tuple[dict[str, Any], SourceMap]:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError([f"cannot read config file {path}: {exc}"]) from None
-    data, source = load_yaml(_decode(path, raw), str(path))
+    data, source = load_yaml(_decode(path, raw), str(path), max_items=BOUNDED_LISTS)
     if data is None:
         what = "is empty" if not raw.strip() else "holds no values (only comments, `---` or null)"
         raise ConfigError([f"{path} {what}: {EMPTY_HINT}"])
@@ -188,7 +189,7 @@ def parse_overrides(
             values[name] = raw
         else:
             try:
-                values[name] = load_yaml(raw, f"--{written}", (name,))[0]
+                values[name] = load_yaml(raw, f"--{written}", (name,), BOUNDED_LISTS)[0]
             except ConfigError as exc:
                 problems.extend(exc.problems)
     if problems:

@@ -15,7 +15,10 @@ check run while the tree is built, before any value exists:
   small one. The count is computed from subtree sizes, never by expanding;
 - nesting deeper than ``MAX_DEPTH`` (libyaml's own composer recurses in C and
   crashes the interpreter at a few ten thousand levels; nothing here recurses);
-- more than one document in the file.
+- more than one document in the file;
+- a list with more items than the caller allows at its path (``max_items``: a run's
+  ``environments`` and ``evals``); composing stops at the first item too many, so a
+  24 MB list of environments is refused in milliseconds instead of being built.
 
 While composing it records, by path (``("environments", 0, "kwargs", "seed")``),
 the line of each mapping key and sequence item, and the source text of each plain
@@ -36,8 +39,9 @@ from __future__ import annotations
 
 import datetime
 import gc
+import sys
 import warnings
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,9 +127,9 @@ class SourceMap:
 class _Frame:
     """A collection being composed."""
 
-    __slots__ = ("anchor", "index", "items", "key", "keys", "node", "path", "seq", "size")
+    __slots__ = ("anchor", "index", "items", "key", "keys", "limit", "node", "path", "seq", "size")
 
-    def __init__(self, node: Node, path: Loc | None, anchor: str | None) -> None:
+    def __init__(self, node: Node, path: Loc | None, anchor: str | None, limit: int = sys.maxsize) -> None:
         self.node = node
         self.items: list[Any] = node.value
         self.seq = isinstance(node, SequenceNode)
@@ -133,6 +137,7 @@ class _Frame:
         self.anchor = anchor
         self.size = 1  # nodes once aliases are expanded, this one included
         self.index = 0  # sequences: index of the next item
+        self.limit = limit  # sequences: the most items allowed (see load_yaml's max_items)
         self.key: Node | None = None  # mappings: the key awaiting its value
         self.keys: dict[tuple[str, str], int] = {}  # mappings: scalar key -> line
 
@@ -162,9 +167,10 @@ class _Composer:
     :meth:`compose`; the rest go through the methods below.
     """
 
-    def __init__(self, name: str, prefix: Loc) -> None:
+    def __init__(self, name: str, prefix: Loc, max_items: Mapping[Loc, int] | None = None) -> None:
         self.name = name
         self.prefix = prefix
+        self.max_items = dict(max_items or {})
         self.resolver = Resolver()
         self.source = SourceMap(name)
         self.recorded = 0
@@ -225,6 +231,8 @@ class _Composer:
                     continue
                 frame.size += 1
                 if frame.seq:
+                    if frame.index >= frame.limit:
+                        self._too_many(frame, mark)
                     if frame.path is not None and self.recorded < MAX_LOCATIONS:
                         path = self._place(frame, mark.line + 1)
                         if path is not None and tag != STR_TAG and plain:
@@ -251,6 +259,14 @@ class _Composer:
 
     def _fail(self, message: str) -> None:
         raise ConfigError([*self.problems, message])
+
+    def _too_many(self, frame: _Frame, mark: Any) -> None:
+        """Stop at the first item past the limit of its list: the rest is neither read nor built."""
+        self._fail(
+            f"{mark_text(self.name, mark)}: {format_path(frame.path or ())} has more than {frame.limit:,} entries; "
+            f"at most {frame.limit:,} are allowed (each entry builds its own environment at run time: list each "
+            "environment once, its weight and kwargs set how it is used)"
+        )
 
     def _register(self, anchor: str, event: Any) -> None:
         if anchor in self.anchors or anchor in self.open_anchors:
@@ -280,7 +296,8 @@ class _Composer:
             path = None  # a collection as a mapping key: nothing under it is recorded
         else:
             path = self._place(self.stack[-1], event.start_mark.line + 1)
-        self.stack.append(_Frame(node, path, event.anchor))
+        limit = self.max_items.get(path, sys.maxsize) if path is not None else sys.maxsize
+        self.stack.append(_Frame(node, path, event.anchor, limit))
 
     def _end(self) -> None:
         frame = self.stack.pop()
@@ -338,6 +355,8 @@ class _Composer:
         parent = self.stack[-1]
         parent.size += size
         if parent.seq:
+            if parent.index >= parent.limit:
+                self._too_many(parent, node.start_mark)
             parent.index += 1
             parent.items.append(node)
         elif parent.key is None:
@@ -504,7 +523,9 @@ def _build(node: Node, constructor: SafeConstructor, shared: dict[int, Any]) -> 
     return out
 
 
-def load_yaml(text: str, name: str, prefix: Loc = ()) -> tuple[Any, SourceMap]:
+def load_yaml(
+    text: str, name: str, prefix: Loc = (), max_items: Mapping[Loc, int] | None = None
+) -> tuple[Any, SourceMap]:
     """Parse one YAML document; returns (value, where things were written).
 
     Raises :class:`ConfigError` for invalid YAML (file, line, column), duplicate
@@ -512,7 +533,9 @@ def load_yaml(text: str, name: str, prefix: Loc = ()) -> tuple[Any, SourceMap]:
     documents, and values YAML cannot build (``2024-13-45`` as a date). An empty
     document gives ``None``. ``name`` names the text in messages (``name:line:col``);
     ``prefix`` starts every recorded path (a CLI value ``--environments`` is read
-    with the prefix ``("environments",)``).
+    with the prefix ``("environments",)``). ``max_items``: the most items the list at a
+    path may hold (``{("environments",): 1000}``); parsing stops at the first item past
+    it, so that a huge list is refused in the time it takes to read the allowed part.
     """
     if PARSER is yaml.SafeLoader and len(text) > SLOW_PARSER_WARNING_BYTES:
         warnings.warn(
@@ -521,7 +544,7 @@ def load_yaml(text: str, name: str, prefix: Loc = ()) -> tuple[Any, SourceMap]:
             SlowYamlWarning,
             stacklevel=3,
         )
-    composer = _Composer(name, prefix)
+    composer = _Composer(name, prefix, max_items)
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -37,7 +37,9 @@ the loop restarts the trainer group (the training service's ``restart_trainer``)
 the last checkpoint, rewinds the prompt stream and the counters to it, pushes its
 weights, and goes on from its step, at most ``trainer_max_restarts`` times; with no
 checkpoint, or none left, the run fails with :class:`TrainerLost` (the launcher
-prints the command that resumes). Step metrics carry the services' fault counters
+prints the command that resumes). Each start, resume and trainer restart is a new
+attempt in the run store (:mod:`telescope.recording.run_attempts`): the rows the
+abandoned attempt wrote for the steps trained again read as abandoned. Step metrics carry the services' fault counters
 (``infra/server_restarts``, ``infra/trainer_restarts``) and the scheduler's
 ``infra/groups_redispatched``.
 
@@ -180,6 +182,8 @@ class Orchestrator:
         await self.training.load_checkpoint(path)
         state = self.checkpoints.read_state(path)
         self.start_step = int(state["step"])
+        log.info("resuming from step %d (%s)", self.start_step, path)
+        self.recorder.note(f"resuming from step {self.start_step} ({path.name})")
         self.prompts.load_state_dict(state["prompts"])
         self.counters = RunCounters(**state.get("counters", {}))
         return True
@@ -215,6 +219,7 @@ class Orchestrator:
             if not resumed and self.config.warm_start_steps > 0:
                 await self.warm_start()
             await self._publish(self.start_step)
+        self.recorder.store.begin_attempt(self.start_step, "start" if resume is None else "resume")
         scheduler = await self._start_generating()
         try:
             if early:
@@ -344,6 +349,7 @@ class Orchestrator:
                 await self.training.load_checkpoint(checkpoint)
             state = self.checkpoints.read_state(checkpoint)
             self.start_step = int(state["step"])
+            self.recorder.store.begin_attempt(self.start_step, "trainer_restart")  # steps from here: trained again
             self.prompts.rewind(state["prompts"])
             self.counters = RunCounters(**state.get("counters", {}))
             await self._publish(self.start_step)

@@ -59,8 +59,9 @@ prompt (same draw, same request seeds) runs again on a server that is available,
 for the same target step (it keeps its place in the quota, or in the
 ``first_finished`` budget). Servers marked unavailable (``available(server)``
 false) get no new work. So a server that dies loses no prompt, and no prompt is
-trained twice. Re-dispatches are counted (``SchedulerStats.groups_redispatched``);
-a group re-dispatched :data:`MAX_REDISPATCHES` times counts as failed.
+trained twice. Re-dispatches are counted (``SchedulerStats.groups_redispatched``),
+each is an event, and a server's failure is logged once (until a group on it succeeds
+again), not once per group it held; a group re-dispatched :data:`MAX_REDISPATCHES` times counts as failed.
 
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
 individual sample lanes each sample holds a lane (released after generation with
@@ -172,6 +173,7 @@ class RolloutScheduler:
         self._consecutive_failures = 0
         self.available = available if available is not None else (lambda server: True)
         self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
+        self._servers_down: set[int] = set()  # servers whose failure was logged (once per outage)
         self._consecutive_zero_advantage = 0
         self._zero_advantage_limit = config.max_consecutive_zero_advantage_batches * self.batch_size
 
@@ -354,6 +356,7 @@ class RolloutScheduler:
         failure: Exception | None = None
         try:
             rollouts = await all_or_none([one(i) for i in range(self.config.group_size)])
+            self._servers_down.discard(scheduled.server)  # it serves: a later failure is a new outage
         except ServerUnavailable as exc:  # not the group's fault: run it again on a server that works
             for lane in lanes:
                 lane.release()
@@ -361,7 +364,8 @@ class RolloutScheduler:
                 failure = exc
             else:
                 scheduled.emit("group_redispatched", error=str(exc))
-                log.warning("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
+                self._report_server_down(exc)
+                log.debug("group %d (sample %s): %s; re-dispatching it", group_id, item.sample.sample_id, exc)
                 scheduled.redispatches += 1
                 self.stats.groups_redispatched += 1
                 # queued before any await: cancelled at the lock (the run's end), close() still ends it
@@ -401,6 +405,12 @@ class RolloutScheduler:
                         self._give_back(scheduled.target_step)
                         self._changed.notify_all()
             raise
+
+    def _report_server_down(self, exc: ServerUnavailable) -> None:
+        """One warning per server outage, however many of its groups were in flight (each is an event)."""
+        if exc.server not in self._servers_down:
+            self._servers_down.add(exc.server)
+            log.warning("%s; re-dispatching its groups to the other servers", exc)
 
     async def _fail(self, group_id: int, scheduled: ScheduledGroup, lanes: list[Lane], exc: Exception) -> None:
         """A group that failed outright: counted; too many in a row stop the run."""

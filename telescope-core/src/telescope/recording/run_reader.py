@@ -23,6 +23,13 @@ is lost or repeated when a block is sealed between or during calls. :meth:`RunRe
 wraps the same in an object with ``read_new()``. :meth:`RunReader.event_tail` returns the
 events of the last ``event_tail_window_seconds`` cheaply, for live views.
 
+After a trainer restart or a resume, the rows of re-trained steps that the abandoned
+attempt wrote are left out of ``metrics()``, ``latest_metrics()``, ``rollouts()`` and
+``read_rollouts_since()`` unless asked for (``include_abandoned``; see
+:mod:`telescope.recording.run_attempts`). Followers (:meth:`RunReader.follow`) and chunks
+return every row as written, with its ``attempt``: their consumer filters with
+:meth:`RunReader.superseded`, which can grow while it reads.
+
 Limits: ``metrics()``, ``evals()`` and the full-stream reads (``events()``, ``rollouts()``)
 read everything on each call; poll with cursors instead. A JSON Lines file that is
 truncated or replaced under a follower is read again from its start.
@@ -39,6 +46,7 @@ from typing import Any, Protocol
 from telescope.recording.block_format import EVENTS_SCHEMA, META_FILE, ROLLOUTS_SCHEMA
 from telescope.recording.block_reader import Chunk, RecordFilter, StreamCursor, StreamReader
 from telescope.recording.jsonl import parse_lines
+from telescope.recording.run_attempts import Attempt, current_rows, read_attempts, superseded_from
 from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE
 from telescope.recording.run_store import (
     CONFIG_JSON,
@@ -133,23 +141,39 @@ class RunReader:
         """Whether this looks like a run directory (it has a status or a metrics file)."""
         return (self.run_dir / STATUS_FILE).exists() or (self.run_dir / METRICS_FILE).exists()
 
-    def metrics(self) -> list[Record]:
-        """Per-step metric records in file order (a resumed run may repeat steps)."""
-        return read_jsonl(self.run_dir / METRICS_FILE)
+    def attempts(self) -> list[Attempt]:
+        """Every (re)start of training the run recorded (``attempts.json``; ``[]`` for an older run)."""
+        return read_attempts(self.run_dir)
+
+    def superseded(self) -> dict[int, int]:
+        """Per attempt a later one went back on, the first step of its abandoned rows
+        (:func:`~telescope.recording.run_attempts.superseded_from`)."""
+        return superseded_from(self.attempts())
+
+    def metrics(self, *, include_abandoned: bool = False) -> list[Record]:
+        """Per-step metric records in file order: those of the current attempt, or with
+        ``include_abandoned`` every row written (each carries its ``attempt``)."""
+        records = read_jsonl(self.run_dir / METRICS_FILE)
+        return records if include_abandoned else current_rows(records, self.superseded())
 
     def latest_metrics(self) -> dict[int, Record]:
-        """The last record of each step (the one a resumed run wrote last wins)."""
+        """The current record of each step (the last one written, when a step was written twice)."""
         return {int(record["step"]): record for record in self.metrics() if "step" in record}
 
-    def rollouts(self, step: int | None = None) -> list[Record]:
-        """Rollout records in the order they were logged, all or those of one ``step``."""
-        return self._rollouts().read_all(RecordFilter(step=step))
+    def rollouts(self, step: int | None = None, *, include_abandoned: bool = False) -> list[Record]:
+        """Rollout records in the order they were logged, all or those of one ``step``: the
+        current attempt's, or with ``include_abandoned`` every record (each carries its ``attempt``)."""
+        records = self._rollouts().read_all(RecordFilter(step=step))
+        return records if include_abandoned else current_rows(records, self.superseded())
 
     def read_rollouts_since(
-        self, cursor: StreamCursor | None = None, *, step: int | None = None
+        self, cursor: StreamCursor | None = None, *, step: int | None = None, include_abandoned: bool = False
     ) -> tuple[list[Record], StreamCursor]:
-        """The rollouts logged after ``cursor`` (from the start when ``None``) and the next cursor."""
-        return self._rollouts().read_since(cursor, RecordFilter(step=step))
+        """The rollouts logged after ``cursor`` (from the start when ``None``) and the next cursor;
+        the abandoned ones left out unless ``include_abandoned`` (as known at this call: a later
+        attempt can make records already returned abandoned, see :meth:`superseded`)."""
+        records, cursor = self._rollouts().read_since(cursor, RecordFilter(step=step))
+        return (records if include_abandoned else current_rows(records, self.superseded())), cursor
 
     def events(
         self,

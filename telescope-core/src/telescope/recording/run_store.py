@@ -11,7 +11,10 @@ Layout of a run directory (``runs/<wandb_run_name>/`` unless ``run_dir`` is set)
                     tail-<N>.jsonl + tail-<N>.idx (the open block), _meta.json
     rollouts/       one record per rollout (see :func:`rollout_record`), in blocks of
                     ``rollout_block_size`` rollouts, same files
-    status.json     {"status", "step", "pid", "start_time", "end_time", "updated_time", ...}
+    status.json     {"status", "step", "pid", "host", "attempt", "start_time", "end_time", "updated_time", ...}
+    attempts.json   every (re)start of training: {"attempts": [{"attempt", "start_step", "reason", ...}]};
+                    metrics rows and rollout records carry their ``attempt``
+                    (:mod:`telescope.recording.run_attempts`: which rows are current)
     logs/           process logs: ``<name>.log``; ``detailed/`` and ``stdout/`` hold the
                     detailed and captured-stdout logs (see :meth:`RunStore.log_path`)
 
@@ -77,6 +80,7 @@ from telescope.recording.jsonl import (
     to_jsonable,
     write_atomic,
 )
+from telescope.recording.run_attempts import ATTEMPT_FIELD, AttemptReason, record_attempt
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig
@@ -126,7 +130,7 @@ LogKind = Literal["main", "detailed", "stdout"]
 
 log = logging.getLogger(__name__)
 
-_RESERVED_METRIC_KEYS = frozenset({"step", "time"})
+_RESERVED_METRIC_KEYS = frozenset({"step", "time", ATTEMPT_FIELD})
 
 
 # ----------------------------------------------------------------------- records
@@ -272,6 +276,8 @@ class RunStore:
         self._status: dict[str, Any] = self._read_existing_status()
         self._unsubscribers: list[Callable[[], None]] = []
         self._closed = False
+        #: the attempt this store's rows belong to (:meth:`begin_attempt`); ``None`` before one began
+        self.attempt: int | None = None
         self._atexit = _flush_at_exit(weakref.ref(self))
         atexit.register(self._atexit)
 
@@ -307,12 +313,28 @@ class RunStore:
         write_atomic(self.run_dir / CONFIG_YAML, text if text.endswith("\n") else text + "\n")
         write_atomic(self.run_dir / CONFIG_JSON, json.dumps(to_jsonable(data), indent=2, allow_nan=False) + "\n")
 
+    def begin_attempt(self, start_step: int, reason: AttemptReason) -> int:
+        """Record a (re)start of training at ``start_step`` in ``attempts.json``; returns its number.
+
+        The rows written from now on carry it, and the rows an earlier attempt wrote for
+        ``start_step`` and later read as abandoned (:mod:`telescope.recording.run_attempts`).
+        """
+        self._check_open()
+        had_rows = (self.run_dir / METRICS_FILE).exists() and (self.run_dir / METRICS_FILE).stat().st_size > 0
+        attempt = record_attempt(self.run_dir, start_step, reason, had_rows=had_rows)
+        self.attempt = attempt.attempt
+        with self._status_lock:
+            self._status[ATTEMPT_FIELD] = attempt.attempt
+        return attempt.attempt
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any], *, timestamp: float | None = None) -> None:
-        """Append one step's metrics; ``step`` and ``time`` are reserved keys."""
+        """Append one step's metrics; ``step``, ``time`` and ``attempt`` are reserved keys."""
         clashing = _RESERVED_METRIC_KEYS & set(metrics)
         if clashing:
             raise ValueError(f"metric names {sorted(clashing)} are reserved by the run store; rename them")
         record: dict[str, Any] = {"step": int(step), "time": time.time() if timestamp is None else timestamp}
+        if self.attempt is not None:
+            record[ATTEMPT_FIELD] = self.attempt
         record.update(metrics)
         self._metrics.write(record)
 
@@ -326,16 +348,17 @@ class RunStore:
         They are written at the next :meth:`set_status` (the end of the step), flush
         interval, :meth:`flush` or :meth:`close`, whichever comes first. A bare
         :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
-        without ``step`` gets ``step``.
+        without ``step`` gets ``step``. Each gets the store's ``attempt`` once one began.
         """
         lines: list[Mapping[str, Any]] = []
+        tag = {ATTEMPT_FIELD: self.attempt} if self.attempt is not None else {}
         for record in records:
             if isinstance(record, Rollout):
-                lines.append(rollout_record(record, step=step, group_index=-1))
+                lines.append({**rollout_record(record, step=step, group_index=-1), **tag})
             elif "step" in record:
-                lines.append(dict(record))
+                lines.append({**record, **tag})
             else:
-                lines.append({"step": int(step), **record})
+                lines.append({"step": int(step), **record, **tag})
         self._rollouts.put_many(lines)
 
     def log_event(self, event: Mapping[str, Any]) -> None:

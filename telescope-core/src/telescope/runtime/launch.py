@@ -302,9 +302,13 @@ def launch_run(loaded: LoadedConfig) -> int:
         summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated, tokenizer_loading))
         log.info("run completed: %s", summary)
     except (KeyboardInterrupt, _Terminated) as exc:
-        status, code, error = "interrupted", 130, exc
-        if isinstance(exc, _Terminated):
-            error = _Terminated("terminated by SIGTERM")
+        status, code = "interrupted", 130
+        # status.json's error says which signal stopped the run (a bare KeyboardInterrupt says nothing)
+        error = (
+            _Terminated("terminated by SIGTERM")
+            if isinstance(exc, _Terminated)
+            else KeyboardInterrupt("interrupted by SIGINT (Ctrl-C)")
+        )
         print("telescope: interrupted; workers stopped, the run directory is intact", file=sys.stderr)
     except TrainerLost as exc:
         status, code, error = "failed", 1, exc

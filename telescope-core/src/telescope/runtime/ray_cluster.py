@@ -87,8 +87,6 @@ def runtime_env(config: TelescopeConfig, run_dir: Path) -> dict[str, Any]:
     if config.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
         env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
         env_vars.setdefault("PATH", os.environ.get("PATH", ""))
-    if config.ray_propagate_run_dir:
-        env_vars.setdefault("TELESCOPE_RUN_DIR", str(run_dir))
     for name in ("RAY_AUTH_MODE", "WANDB_MODE", "HF_HUB_OFFLINE", "TELESCOPE_CACHE", "TOKENIZERS_PARALLELISM"):
         if name in os.environ:
             env_vars.setdefault(name, os.environ[name])

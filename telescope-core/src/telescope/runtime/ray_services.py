@@ -12,8 +12,10 @@ cluster or starts a private one. :class:`RayServices` then
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
   rank 0's node address). Each worker takes the address and the GPUs Ray gives it
-  on its node (:mod:`telescope.runtime.workers`): a server's URL is its node's
-  address, and each placement is recorded as a ``worker.placed`` event
+  on its node (:mod:`telescope.runtime.workers`): a server binds loopback on the
+  orchestrator's node and its node's address on another (``inference_host: auto``),
+  and asks for the run token (:mod:`telescope.runtime.access`) made here for the
+  servers and their clients; each placement is recorded as a ``worker.placed`` event
   (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``), its
   start-up as a ``worker.startup`` event (the process's start to its readiness). A server
   on another node that listens on loopback only (``inference_host: 127.0.0.1``)
@@ -51,7 +53,9 @@ loads (``weights.load``) and requests (``inference.*``) are emitted by their cli
 
 Shutdown asks every server's worker to stop its server and every answering trainer
 rank to close (together, in one bounded wait: :mod:`telescope.runtime.worker_shutdown`), kills every actor
-(samplers included), stops the trace receiver and removes the placement groups.
+(samplers included), stops the trace receiver and removes the placement groups; then the
+run's shared-memory folders (:func:`~telescope.transports.shm_folders.remove_run_folders`),
+whether rank 0 closed or not (also when a trainer group is replaced).
 Nothing is killed by PID from the driver's host: a server process dies with its
 worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
 crashed or killed actor leaves no stray process. After SIGTERM to the process group
@@ -92,15 +96,19 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
+from telescope.runtime.access import new_run_token
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
+from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
+from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from telescope.api.context import InferenceContext
     from telescope.api.settings import PluginSettings
+    from telescope.inference.client import InferenceClient
     from telescope.runtime.supervisor import ServerSupervisor
 
 log = logging.getLogger("telescope.run.workers")
@@ -121,6 +129,8 @@ class RayServices:
         self.generation = ServerPool([], config.vllm_scheduling_policy)
         #: names this run's placement groups in a shared cluster (``telescope-<run id>-<role>``)
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+        #: the run token every server asks for (:mod:`telescope.runtime.access`); in memory only
+        self.access_token = new_run_token()
         #: where each worker runs (``placement()`` of each server and rank)
         self.server_placements: list[dict[str, Any]] = []
         self.trainer_placements: list[dict[str, Any]] = []
@@ -138,6 +148,7 @@ class RayServices:
         self._trainers_ready: asyncio.Future[None] | None = None  # start_trainers()'s task
         self._weights = asyncio.Condition()
         self._pushed_version: int | None = None  # the version every available server holds
+        self._oom_kills_at_start = oom_kills()  # a rank's death is out of memory only if this count rose
         self._trainer_ahead = False  # the trainer stepped since that version was pushed
 
     # ----------------------------------------------------------------- start
@@ -150,7 +161,6 @@ class RayServices:
         """
         from telescope.api.context import InferenceContext, TrainerContext
         from telescope.inference import default_backend_name
-        from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
         from telescope.runtime.addressing import unreachable_server
@@ -161,7 +171,9 @@ class RayServices:
         plugins = get_plugins()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
-        inference_context = InferenceContext.from_config(c)
+        inference_context = dataclasses.replace(InferenceContext.from_config(c), access_token=self.access_token)
+        # inference_host: auto binds each server where the orchestrator (this process) reaches it
+        orchestrator_node = ray.util.get_node_ip_address() if c.inference_host == "auto" else None
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
         inference_context = self._start_trace_receiver(backend, inference_settings, inference_context)
         # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
@@ -200,7 +212,13 @@ class RayServices:
             return inference_actor.options(
                 **placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))
             ).remote(
-                backend, inference_context, inference_settings, i, str(self.run_dir), c.ray_inference_cpus_per_worker
+                backend,
+                inference_context,
+                inference_settings,
+                i,
+                str(self.run_dir),
+                c.ray_inference_cpus_per_worker,
+                orchestrator_node,
             )
 
         def new_trainer(r: int) -> Any:
@@ -234,11 +252,17 @@ class RayServices:
             raise RayStartError(problem)
         urls = [p["url"] for p in self.server_placements]
         log.info("servers up at %s; the trainer ranks are setting up", urls)
-        self.generation.clients = [
-            InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
-            for i, url in enumerate(urls)
-        ]
+        self.generation.clients = [self._client(url, i) for i, url in enumerate(urls)]
         self._gpu = gpu
+
+    def _client(self, url: str, index: int) -> InferenceClient:
+        """The orchestrator's client of server ``index`` (with the run token and the request timeout)."""
+        from telescope.inference.client import InferenceClient
+
+        timeout = self.config.inference_request_timeout_s
+        return InferenceClient(
+            url, model=None, server_index=index, read_timeout=timeout, access_token=self.access_token
+        )
 
     def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
@@ -284,7 +308,10 @@ class RayServices:
         self.transport_name = self._transport_name(gpu, one_node)
         self.transport_settings = plugins.settings_for(PluginKind.WEIGHT_TRANSPORT, self.transport_name, c)
         self.transport_context = dataclasses.replace(
-            TransportContext.from_config(c), sender_host=self.trainer_placements[0]["node"], single_node=one_node
+            TransportContext.from_config(c),
+            sender_host=self.trainer_placements[0]["node"],
+            single_node=one_node,
+            run_id=self.run_id,
         )
         self._init_info = ray.get(
             self.trainers[0].prepare_sender.remote(
@@ -326,7 +353,7 @@ class RayServices:
         if backend == "vllm" and getattr(settings, "enable_vllm_tracing", False):
             multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
             port = int(getattr(settings, "otlp_receiver_port", 4318))
-            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node)
+            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node, context.access_token)
             if endpoint is not None:
                 context = dataclasses.replace(context, traces_endpoint=endpoint)
         return context
@@ -373,8 +400,11 @@ class RayServices:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for rank, task in enumerate(tasks):
-                if task.done() and isinstance(task.exception(), ray.exceptions.RayActorError):
-                    raise TrainerFailure(f"trainer rank {rank} died during {what}", task.exception())
+                error = task.exception() if task.done() else None
+                if isinstance(error, ray.exceptions.RayActorError):
+                    log.debug("trainer rank %d: Ray reports: %s", rank, error)  # its list of possible causes
+                    why = death_reason(error, self._oom_kills_at_start, self.trainer_placements[rank : rank + 1])
+                    raise TrainerFailure(f"trainer rank {rank} died during {what}: {why}")
             return list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:  # the others, when one rank died: the restart kills their actors
@@ -473,8 +503,6 @@ class RayServices:
 
     async def restart_server(self, index: int) -> str:
         """Start server ``index`` again on its placement (the same actor, else a new one); returns its URL."""
-        from telescope.inference.client import InferenceClient
-
         try:
             url = str(await self.servers[index].restart.remote())
         except ray.exceptions.RayActorError:  # the actor died with its server: a new one on the same bundle
@@ -485,9 +513,7 @@ class RayServices:
             url = str(await self.servers[index].base_url.remote())
         client = self.generation.clients[index]
         if url.rstrip("/") != client.base_url:  # another port: a new client (the old one is closed)
-            self.generation.clients[index] = InferenceClient(
-                url, model=None, server_index=index, read_timeout=self.config.inference_request_timeout_s
-            )
+            self.generation.clients[index] = self._client(url, index)
             with contextlib.suppress(Exception):
                 await client.aclose()
         return url
@@ -530,6 +556,8 @@ class RayServices:
         for trainer in self.trainers:
             with contextlib.suppress(Exception):
                 ray.kill(trainer, no_restart=True)
+        remove_run_folders(self.run_id)  # the killed rank 0 did not close its transport
+        self._oom_kills_at_start = oom_kills()
         self.trainers[:] = [self._new_trainer(r) for r in range(len(self.trainers))]  # in place: the monitor's list
         try:
             master_addr, master_port = await self.trainers[0].rendezvous_address.remote()
@@ -564,13 +592,15 @@ class RayServices:
         if self.supervisor is not None:
             await self.supervisor.stop()
         await self.generation.aclose()
-        if budget_s is None:
-            self.shutdown()
-            return
-        if gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
-            await asyncio.to_thread(bounded, budget_s, self.shutdown)
-        else:
-            log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
+        try:
+            if budget_s is None:
+                self.shutdown()
+            elif gcs_reachable():  # server processes die with their workers (PR_SET_PDEATHSIG), wherever those run
+                await asyncio.to_thread(bounded, budget_s, self.shutdown)
+            else:
+                log.warning("Ray's GCS is gone (SIGTERM to the process group?): skipping the Ray cleanup")
+        finally:  # whether rank 0 closed its transport or not, nothing of the run stays in shared memory
+            remove_run_folders(self.run_id)
 
     def shutdown(self) -> None:
         """Stop servers (each on its node, by its worker), kill actors, free placement groups (safe to call twice).

@@ -47,6 +47,11 @@ process (an HTTP server or a vLLM worker), not necessarily a Ray worker, and a
 file mapping needs no connection to anything; Ray's object store is also shared
 memory on one machine, but each ``put`` would allocate (and fault in) new pages.
 
+The region's folder (``telescope-weights-p<pid>-<run id>-*``) never outlives the run: its
+owner removes it on every exit, the run's driver removes it when the run ends, and the next
+sender to start removes the folders of owners that are gone
+(:mod:`~telescope.transports.shm_folders`).
+
 Limits: one machine only (receivers must see the sender's ``/dev/shm``);
 ``/dev/shm`` must hold two copies of the weights (as much as the previous design
 held while it replaced one version's file by the next); the latest version only
@@ -64,10 +69,9 @@ for its first 10 ms, then every 1 ms (:func:`_poll_interval`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -78,11 +82,14 @@ import numpy as np
 import torch
 
 from telescope.api.transport import WeightTransport
+from telescope.transports import shm_folders
 from telescope.transports.bucketing import ALIGN, Manifest, TensorSpec, dtype_from_name, plan
 
 if TYPE_CHECKING:
     from telescope.api.context import TransportContext
     from telescope.api.settings import PluginSettings
+
+log = logging.getLogger(__name__)
 
 _ONE_BUCKET = 1 << 62
 #: Bytes before a slot's data: two int64 words, the version the slot holds (or is being written with) and how
@@ -106,11 +113,6 @@ _FAST_POLL_S, _FAST_POLL_FOR_S, _SLOW_POLL_S = 0.0001, 0.01, 0.001
 def _poll_interval(waited: float) -> float:
     """The sleep before the next look at ``current.json``, ``waited`` seconds into a receive."""
     return _FAST_POLL_S if waited < _FAST_POLL_FOR_S else _SLOW_POLL_S
-
-
-def _shm_parent() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def _slot_stride(data_bytes: int) -> int:
@@ -163,10 +165,14 @@ class MemoryTransport(WeightTransport):
         settings: PluginSettings | None = None,
         *,
         root: str | Path | None = None,
+        parent: str | Path | None = None,
         timeout_s: float | None = None,
     ) -> None:
+        """``root``: a folder to use as is (the caller removes it); else the sender creates one under
+        ``parent`` (default ``/dev/shm``), which it owns and removes (:mod:`~telescope.transports.shm_folders`)."""
         super().__init__(context, settings)
         self.root = Path(root) if root is not None else None
+        self.parent = Path(parent) if parent is not None else None
         self._owns_root = False
         self.timeout_s = timeout_s if timeout_s is not None else self.context.timeout_s
         self._region: _Region | None = None
@@ -177,7 +183,9 @@ class MemoryTransport(WeightTransport):
     # ------------------------------------------------------------------ sender
     def prepare_sender(self, num_receivers: int) -> dict[str, Any]:
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="telescope-weights-", dir=_shm_parent()))
+            for orphan in shm_folders.reclaim_orphaned_folders(self.parent):
+                log.warning("removed %s: shared memory left by a run that did not close", orphan)
+            self.root = shm_folders.create_owned_folder(self.context.run_id, self.parent)
             self._owns_root = True
         self.root.mkdir(parents=True, exist_ok=True)
         return {"transport": self.name, "root": str(self.root)}
@@ -321,5 +329,5 @@ class MemoryTransport(WeightTransport):
     def close(self) -> None:
         self._region = None
         if self._owns_root and self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            shm_folders.remove_owned_folder(self.root)
             self._owns_root = False

@@ -14,7 +14,7 @@ from telescope_ui_sync.server.deps import cursor, inside, loads, run_row, state
 
 router = APIRouter(prefix="/api")
 
-FINAL = frozenset({"completed", "failed", "interrupted"})
+FINAL = frozenset({"completed", "failed", "interrupted", "died"})
 #: Files a run directory may show through /api/files (logs and the config; nothing else).
 FILE_PREFIXES: tuple[str, ...] = ("logs/", "config.yaml", "config.json", "status.json")
 MAX_FILE_BYTES = 2 * 1024 * 1024

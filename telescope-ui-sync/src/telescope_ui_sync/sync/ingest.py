@@ -29,7 +29,7 @@ to line, a corrupt line), that batch goes through the Python functions of
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from telescope.recording.jsonl import parse_lines
+from telescope.recording.run_attempts import ATTEMPT_FIELD
 from telescope_ui_sync.sync import records as rec
 from telescope_ui_sync.sync.schema import BIN_WIDTHS
 
@@ -365,7 +366,7 @@ def metrics_long(run_id: str, lines: list[bytes]) -> tuple[pa.Table, int, int]:
     step = step.filter(last)
     time = _numeric(wide.column("time"), False) if "time" in wide.column_names else None
     time_array = time.combine_chunks() if time is not None else pa.nulls(wide.num_rows, pa.float64())
-    long = _long(wide, {"step": step, "time": time_array}, frozenset({"step", "time"}), with_bool=True)
+    long = _long(wide, {"step": step, "time": time_array}, frozenset({"step", "time", ATTEMPT_FIELD}), with_bool=True)
     rows = pa.table(
         {
             "run_id": pa.array([run_id] * len(long["name"]), pa.string()),
@@ -433,3 +434,24 @@ def _infra_in_python(run_id: str, infra: pa.Table) -> pa.Table:
             for key, item in zip(columns, (start, kind, lane, name, value), strict=True):
                 columns[key].append(item)
     return rec.system_metrics_table(run_id, *columns.values())
+
+
+#: SQL: the attempt that wrote a ``rollouts`` row (0 for a record written before attempts existed).
+_ROW_ATTEMPT = f"coalesce(TRY_CAST(json_extract(record_json, '$.{ATTEMPT_FIELD}') AS BIGINT), 0)"
+
+
+def drop_abandoned_rollouts(
+    con: duckdb.DuckDBPyConnection, run_id: str, superseded: Mapping[int, int], from_seq: int = 0
+) -> None:
+    """Delete the run's ``rollouts`` rows (from ``from_seq`` on) that a later attempt abandoned.
+
+    ``superseded``: per attempt, the first step of its abandoned rows
+    (:func:`telescope.recording.run_attempts.superseded_from`).
+    """
+    if not superseded:
+        return
+    abandoned = " OR ".join(f"({_ROW_ATTEMPT} = {int(a)} AND step >= {int(k)})" for a, k in superseded.items())
+    con.execute(
+        f"DELETE FROM rollouts WHERE run_id = $run AND seq >= $from AND ({abandoned})",
+        {"run": run_id, "from": from_seq},
+    )

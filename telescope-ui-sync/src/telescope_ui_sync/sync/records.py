@@ -20,6 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from telescope.recording.run_attempts import ATTEMPT_FIELD
+
 Record = dict[str, Any]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
@@ -65,7 +67,7 @@ def metrics_columns(run_id: str, records: Iterable[Record]) -> pa.Table:
             continue
         at = _number(record.get("time"))
         for name, raw in record.items():
-            if name == "step" or name == "time":
+            if name == "step" or name == "time" or name == ATTEMPT_FIELD:
                 continue
             if raw.__class__ is float or raw.__class__ is int:
                 value = float(raw)

@@ -15,8 +15,14 @@ runs); W&B runs too, when wandb is installed (:mod:`.wandb_source`). A backgroun
 runs a pass every ``poll_interval`` seconds; a pass over runs with nothing new costs a few
 ``stat`` calls each.
 
-Limits: a resumed run that writes a step again replaces that step's metrics; rollouts,
-events and evals are appended as written (a resumed run may repeat some). Runs are synced
+A run that restarted its trainer or was resumed shows its current attempt only
+(:mod:`telescope.recording.run_attempts`): metrics lines and rollout rows that a later attempt
+abandoned are left out, and when a new attempt appears the run's metrics are read again and
+its abandoned rollout rows deleted (they stay in the run directory). A ``running`` run whose
+process is gone shows ``died`` (:func:`~telescope.recording.run_liveness.run_state`).
+
+Limits: a resumed run that writes a step again replaces that step's metrics; events and
+evals are appended as written (a resumed run may repeat some). Runs are synced
 one after the other in one thread.
 """
 
@@ -36,6 +42,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from telescope.recording.run_attempts import is_abandoned
+from telescope.recording.run_liveness import run_state
 from telescope.recording.run_reader import Chunk, RunReader
 from telescope_ui_sync.sync import ingest, wandb_source
 from telescope_ui_sync.sync import records as rec
@@ -52,6 +60,8 @@ STREAM_TABLES: dict[str, tuple[str, ...]] = {
     "events": ("events", "event_bins", "system_metrics"),
     "evals": ("evals",),
 }
+#: The saved position that records which attempts the synced rows were filtered by.
+ATTEMPTS_KEY = "attempts"
 #: Seconds between two listings of the W&B projects' runs (the API source).
 API_LIST_S = 30.0
 #: A pass reads a stream at most this many times (a run written faster than it is read
@@ -113,6 +123,22 @@ def discover(roots: Iterable[Path]) -> list[tuple[Path, Path]]:
     return found
 
 
+def current_lines(lines: list[bytes], superseded: dict[int, int]) -> list[bytes]:
+    """The metrics lines that no later attempt abandoned (a line that is not JSON is kept, to be counted)."""
+    if not superseded:
+        return lines
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            kept.append(line)
+            continue
+        if not (isinstance(record, dict) and is_abandoned(record, superseded)):
+            kept.append(line)
+    return kept
+
+
 class RunSyncer(Syncer):
     """Syncs one run directory into the database (see the module docstring)."""
 
@@ -122,6 +148,8 @@ class RunSyncer(Syncer):
         self.root = root or run_dir
         self.reader = RunReader(run_dir)
         self._status_text: str | None = None
+        self._shown_status: str | None = None
+        self._superseded: dict[int, int] = {}  # what the synced rows were filtered by (see _apply_attempts)
         self._has_config = False
         self.streams: dict[str, JsonlStream | ChunkStream] = {}
         self.next_eval_seq = 0
@@ -140,6 +168,8 @@ class RunSyncer(Syncer):
             self.streams[name] = stream
         row = self.con.execute("SELECT max(seq) FROM evals WHERE run_id = ?", [self.run_id]).fetchone()
         self.next_eval_seq = (row[0] + 1) if row and row[0] is not None else 0
+        applied = saved.get(ATTEMPTS_KEY, {}).get("superseded", {})
+        self._superseded = {int(a): int(k) for a, k in applied.items()}
         for key, position in saved.items():
             if key.startswith("log:"):
                 relative = key[4:]
@@ -159,6 +189,7 @@ class RunSyncer(Syncer):
             return result
         self._set_missing(False)
         self._refresh_run_row()
+        self._apply_attempts()  # before the streams: a new attempt's rows follow its record
         for name in STREAMS:
             result.rows[name] = self._sync_stream(name)
         result.rows["logs"] = self._sync_logs()
@@ -169,11 +200,14 @@ class RunSyncer(Syncer):
         return result
 
     def _refresh_run_row(self) -> None:
+        """The run's row, when status.json changed or the run's process died (a ``running`` status
+        whose process is gone reads ``died``: :func:`~telescope.recording.run_liveness.run_state`)."""
         status = self.reader.status()
         status_text = json.dumps(status, sort_keys=True) if status is not None else None
-        if status_text == self._status_text and self._has_config:
+        shown = run_state(status).status if status is not None else None
+        if status_text == self._status_text and shown == self._shown_status and self._has_config:
             return
-        self._status_text = status_text
+        self._status_text, self._shown_status = status_text, shown
         config = self.reader.config()
         self._has_config = config is not None
         metadata = self.reader.metadata()
@@ -184,7 +218,7 @@ class RunSyncer(Syncer):
             "number_of_steps = ?, status_json = ?, config_json = ?, config_yaml = ?, metadata_json = ?, "
             "name = ? WHERE run_id = ?",
             [
-                status.get("status"),
+                shown,
                 rec._integer(status.get("step")),
                 rec._number(status.get("start_time")),
                 rec._number(status.get("end_time")),
@@ -198,6 +232,20 @@ class RunSyncer(Syncer):
                 self.run_id,
             ],
         )
+
+    def _apply_attempts(self) -> None:
+        """When the run recorded a new attempt: read its metrics again (the abandoned lines left
+        out) and delete the rollout rows it abandoned."""
+        superseded = self.reader.superseded()
+        if superseded == self._superseded:
+            return
+        with self._transaction():
+            self._delete("metrics")
+            self.streams["metrics"] = open_stream(self.reader, "metrics")
+            self._save_cursor("metrics", self.streams["metrics"].position())
+            ingest.drop_abandoned_rollouts(self.con, self.run_id, superseded)
+            self._save_cursor(ATTEMPTS_KEY, {"superseded": {str(a): k for a, k in superseded.items()}})
+        self._superseded = superseded
 
     def _sync_stream(self, name: str) -> int:
         stream = self.streams[name]
@@ -220,7 +268,7 @@ class RunSyncer(Syncer):
                 if stream.reset:
                     self._delete(name)
                 if name == "metrics":
-                    table, records, bad = ingest.metrics_long(self.run_id, lines)
+                    table, records, bad = ingest.metrics_long(self.run_id, current_lines(lines, self._superseded))
                     stream.skipped += bad
                     ingest.replace_steps(self.con, self.run_id, table)
                 else:
@@ -259,6 +307,8 @@ class RunSyncer(Syncer):
                         records = insert(self.con, self.run_id, ingest.parquet_source(files), stream.next_seq)
                     else:  # only skipped lines: the cursor moves, nothing to write
                         records = 0
+                    if name == "rollouts":  # rows of an attempt already abandoned when they were read
+                        ingest.drop_abandoned_rollouts(self.con, self.run_id, self._superseded, stream.next_seq)
                     self._save_cursor(name, stream.advance(batch[-1].cursor, records))
                 added += records
         return added
