@@ -35,7 +35,18 @@ from telescope.plugins.registry import PluginEntry, PluginKind
 Install = Callable[[str], Project]
 
 #: Pages without an example project of their own.
-NO_PROJECT = {"README.md", "megatron-backend.md"}  # megatron-backend.md describes a shipped package
+#: Pages without an example package: the index, a shipped package's description, the reference pages.
+NO_PROJECT = {
+    "README.md",
+    "megatron-backend.md",
+    "architecture.md",
+    "several-machines.md",
+    "server-access.md",
+    "run-store.md",
+    "eval.md",
+    "faults.md",
+    "upstream-differences.md",
+}
 #: Languages of blocks that are files of a project (they must carry a marker).
 CODE_LANGS = {"python", "toml", "yaml"}
 

@@ -56,7 +56,7 @@ def test_telescope_config_validate_accepts_it(path: str, capsys: pytest.CaptureF
 
 def test_the_upstream_defaults_are_telescopes_but_the_code_snapshot_exclusions_and_the_bind_address() -> None:
     """Every key of the upstream defaults file is a field, and its value is Telescope's default too,
-    except the code snapshot's exclusions (Telescope's own list; README, Configuration) and
+    except the code snapshot's exclusions (Telescope's own list; docs/upstream-differences.md) and
     ``inference_host`` (``auto``: servers bind only where the run reaches them, not ``0.0.0.0``)."""
     upstream = yaml.safe_load((UPSTREAM / DEFAULTS).read_text())
     as_layer = load_config(UPSTREAM / DEFAULTS, layer=True).config

@@ -62,7 +62,7 @@ crashed or killed actor leaves no stray process. After SIGTERM to the process gr
 (``close(budget_s=...)``) the Ray cleanup gets a bounded time, and none when Ray's
 GCS is already gone.
 
-Faults (README, "Faults a run survives"): every request to a server has the read timeout
+Faults (``docs/faults.md``): every request to a server has the read timeout
 ``inference_request_timeout_s``; a trainer rank that dies makes the trainer calls raise
 :class:`~telescope.orchestrator.services.TrainerFailure` (at once, without waiting for
 the other ranks). Restarting dead servers and trainer ranks, and the watchdog's probe,
