@@ -25,48 +25,6 @@ instead of the compact one (:mod:`telescope.inference.embedded.compact`);
 after an untimed batch of the same size; the first compile takes tens of seconds);
 ``--sync-mb 0`` skips the weight sync.
 
-Figures (2026-11-23, the "small" preset, 0.84M parameters, float32, prompt 32,
-64 new tokens; a shared 2-core VM loaded by other jobs, load average 12 to 28, so
-wall-clock figures vary 2-3x between runs; ``OMP_NUM_THREADS=1`` for both sides,
-because with 2 threads on the oversubscribed cores both sides collapsed to a few
-tokens/s). Ratio engine / generate:
-
-=====  =====================  =====================  ==========================
-batch  before (helper-parity)  after (compact fwd)    after, CPU-time ratio
-=====  =====================  =====================  ==========================
-1      1.12 (wall, median 3)  1.78 (wall, median 3)  1.81 (before: 1.07)
-8      1.13                   1.08                   1.37 (before: 0.92)
-64     0.88                   0.85                   1.11 (before: 0.63)
-=====  =====================  =====================  ==========================
-
-Wall ratios: medians of 3 alternating rounds (before / after in separate
-processes, each running both engine and generate). CPU-time ratios: process CPU
-seconds of the engine's steps run on the calling thread against
-``model.generate`` in the same process, medians of 3, one thread (robust to the
-load, not a wall-clock figure). The issue's targets (2x at batch 64, 1.2x at 8
-and 1) are met at batch 1 only; at batch 64 with one thread both sides are close
-to compute-bound on this model (linear layers and attention are most of the
-engine's CPU time), so the remaining gap is not per-call overhead alone.
-
-Again on 2026-11-25 (idle machine, ``OMP_NUM_THREADS=1``, ``--repeats 3``, wall-clock
-medians; after the decode step was rewritten as a capturable ``decode_step``):
-1.64 at batch 1 (per run 1.21, 1.89, 1.61), 1.48 at batch 8 (1.51, 1.43, 1.55), 1.03 at
-batch 64 (0.99, 1.02, 1.15). A profile of the batch-64 decode step: matrix products
-(``mm``, ``bmm``, ``addmm``) 55% of its CPU time, the sampler's ``exponential_`` 8%.
-
-After the sampler's change to an inverse transform (one uniform per row instead of an
-exponential per vocabulary entry; ``bench/bench_sampling.py``), the same day and
-command, two rounds of 3: batch 1 1.71 and 1.61, batch 8 1.21 and 1.55, batch 64 1.47
-and 1.39 (per run 1.47, 1.45, 1.43 and 1.48, 1.42, 1.31). The batch-64 decode forward
-alone takes 5.0 ms per step at 65 columns, of which the matrix products are about 2 ms
-by micro-benchmarks of the same shapes; the rest is per-op overhead of ~30 small ops
-per layer.
-
-On 2026-11-26 (same command, idle machine): 1.70 at batch 1 (1.69, 1.73, 1.73), 1.62 at
-batch 8 (1.66, 1.62, 1.55), 1.27 at batch 64 (1.22, 1.29, 1.38). The decode step alone,
-timed apart: 3.8 ms at 64 rows and 65 columns; ``torch.compile`` of it: 3.9 ms (12 s to
-compile), so it is not used on the CPU.
-
 The GPU path (``--device cuda``) uses random weights with Qwen2.5-0.5B's shapes
 (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocabulary 151936) and
 prompt token ids only, and measures the engine twice, with its decode step replayed
@@ -74,24 +32,7 @@ as CUDA graphs and eagerly (``--cuda-graphs on,off``); on CUDA each engine figur
 the second of two batches of the same size (the first captures the graphs), and
 ``generate`` is warmed up with a 4-token call.
 
-GPU figures on 2026-11-26, one NVIDIA H200 (same command and software): batch 64
-graphs 16,834, eager 5,996, generate 3,782 tokens/s (4.45x, 1.59x); batch 256 graphs
-43,096, eager 19,574, generate 10,577 (4.07x, 1.85x); per-run graphs/generate ratios
-15.60, 4.33, 4.45 and 10.11, 4.01, 2.54.
-
-GPU figures (2026-11-25, one NVIDIA H100 80GB HBM3, torch 2.11.0+cu130,
-transformers 5.17.0; ``--device cuda --batches 64,256 --new-tokens 128 --repeats
-3``; tokens/s, medians of 3):
-
-=====  ===========  ==========  ==========  ===============  ==============
-batch  graphs       eager       generate    graphs/generate  eager/generate
-=====  ===========  ==========  ==========  ===============  ==============
-64     10,448       3,358       1,697       6.16             1.98
-256    24,314       9,256       7,103       3.42             1.30
-=====  ===========  ==========  ==========  ===============  ==============
-
-Per-run graphs/generate ratios 13.16, 5.46, 6.16 (batch 64) and 11.44, 3.08, 3.42
-(batch 256): ``generate``'s first run is the slowest despite its warm-up call.
+Current figures: ``bench/README.md``.
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ sampling of ``--rows`` rows from random logits, medians of ``--repeats``:
   ``torch.Generator`` (the engine's seeded sampling before, and vLLM's for seeded
   requests).
 
-Figures (2026-11-25, this project's 2-core CPU machine, idle, one thread, 64 rows): see
-the README's performance notes.
+Current figures: ``bench/README.md``.
 """
 
 from __future__ import annotations

@@ -16,25 +16,14 @@ a measured bf16 matmul rate of the card (6 x parameters x tokens for forward and
 backward, plus 12 x layers x hidden x seq for attention; gradient checkpointing's
 recomputation is not counted as useful work).
 
-GPU figures (``--device cuda --size 0.5b --groups 8 --group-size 16 --prompt 256
---min-completion 64 --max-completion 1024``, torch 2.11.0+cu130, no flash-attn;
-100.5k tokens per step in 25 rows of 4,096):
-
-- 2026-11-26, one NVIDIA H200: 3.57 s per step, 28.2k tokens/s, MFU 0.144 of a
-  measured 788 TFLOP/s, 19.8 GiB peak (11.8% and 14.3% in two other runs). Still
-  bound by the host: ``--profile 25`` shows the GPU busy 1.8 s of the step.
-- 2026-11-25, one NVIDIA H100, before the packed-attention plan and the plain module
-  at one rank: 9.63 s per step, 10.4k tokens/s, MFU 0.054.
-
 On the CPU torch uses all the machine's cores unless ``OMP_NUM_THREADS`` says
 otherwise, where the loop gives its trainer one thread per Ray CPU (one in the quick
-start): ``OMP_NUM_THREADS=1`` times what the loop's trainer does. For example,
-2026-11-27 (an AVX2-only AMD EPYC, the tiny ``medium`` model, 8 x 8 samples, prompt 16,
-completions 100-128, 8.3k tokens a step): 3.8-4.0 s a step on two threads, 7.1-7.6 s
-on one.
+start): ``OMP_NUM_THREADS=1`` times what the loop's trainer does.
 
 ``--profile N`` runs one more step under ``torch.profiler`` and prints its top N ops
 (by device time on CUDA), the device's busy time, kernel launches and synchronisations.
+
+Current figures: ``bench/README.md``.
 """
 
 from __future__ import annotations

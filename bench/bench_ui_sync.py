@@ -15,33 +15,8 @@ more (warm). Prints figures; asserts nothing. ``--scale 0.1`` for a quick look.
 ``--keep DIR`` writes the run under DIR and reuses it on the next call (writing the full
 run takes a few minutes).
 
-Measured at full scale (the issue's target: sync < 60 s, every page's first data < 500 ms)
-on this project's machine, 2 CPU cores shared with other jobs, so noisy (wall times grow
-with the load; the CPU times move much less). With the load average at about 5:
-
-    sync: 35.4 s, CPU 30.1 s (metrics 5,000, rollouts 500,000, events 2,000,000)
-    incremental pass (one more step): 200 ms, CPU 189 ms
-    database: 354 MiB
-    page API (first call, cold)   wall ms
-      runs list                      28
-      overview (summary)             14
-      metrics catalog                32
-      metrics series (10 charts)    171
-      rollouts steps                 36
-      rollouts (one step)            13
-      rollout sample                 10
-      rollouts search               318
-      rollouts search (rare)        266
-      timeline (whole run)          176
-      timeline (1% window)          196
-      evals                          23
-      logs                           16
-      infra                          33
-      sandboxes                     134
-
-With the load average at 14-18 the sync took 172-206 s (CPU 33-35 s) and the pages up to
-~3 s of wall time (at most 375 ms of CPU). The sync before DuckDB read the blocks itself
-(rows parsed in Python): 151.5 s at a load average of about 10, CPU 64.9 s, on the same run.
+The issue's targets: sync < 60 s, every page's first data < 500 ms. Current figures:
+``bench/README.md``.
 """
 
 from __future__ import annotations

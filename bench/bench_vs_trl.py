@@ -11,7 +11,7 @@ TRL), the whole wall time, and the ratio.
 ``--precision bf16`` trains both in bfloat16 mixed precision (float32 weights):
 Telescope's ``mixed_precision_dtype: bfloat16`` with its engine still generating in
 float32, TRL's ``bf16=True``, where accelerate's autocast also covers generation.
-Figures are in the README's performance notes.
+Current figures: ``bench/README.md``.
 
 Also printed, to say how far the overlap can go: TRL's time per step split into
 generation (``_generate_and_score_completions``: generating and scoring the

@@ -35,9 +35,20 @@ from telescope.plugins.registry import PluginEntry, PluginKind
 Install = Callable[[str], Project]
 
 #: Pages without an example project of their own.
-#: megatron-backend.md describes a shipped package; gateway.md a command (its agent.py is run by
-#: tests/core/inference/test_gateway.py::test_the_docs_agent_runs)
-NO_PROJECT = {"README.md", "megatron-backend.md", "gateway.md"}
+#: Pages without an example package: the index, a shipped package's description, the reference pages
+#: (gateway.md's agent.py is run by tests/core/inference/test_gateway.py::test_the_docs_agent_runs).
+NO_PROJECT = {
+    "README.md",
+    "megatron-backend.md",
+    "architecture.md",
+    "several-machines.md",
+    "server-access.md",
+    "run-store.md",
+    "eval.md",
+    "faults.md",
+    "upstream-differences.md",
+    "gateway.md",
+}
 #: Languages of blocks that are files of a project (they must carry a marker).
 CODE_LANGS = {"python", "toml", "yaml"}
 

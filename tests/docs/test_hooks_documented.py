@@ -132,7 +132,7 @@ class LifecycleProbe:
 def recorded_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl without the keys the store adds."""
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in ("step", "time")} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if k not in ("step", "time", "attempt")} for line in lines]
 
 
 def same_metrics(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -142,6 +142,10 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     assert {"prompt", "completion", "reward", "advantage", "sample_metrics", "policy_version", "stop_reason"} <= set(
         rollouts[0]
     )
+    # one node: the server listens on loopback only (inference_host: auto), and the run's clients, holding
+    # its token, generated, pushed weights and scraped metrics there
+    [placed] = [e for e in reader.events() if e["kind"] == "worker.placed" and e["component"] == "inference"]
+    assert placed["url"].startswith("http://127.0.0.1:"), placed
     infra = [e for e in reader.events() if e["kind"].startswith("infra.")]  # the monitor's, in the run store
     assert {"infra.system", "infra.torch_memory", "infra.inference"} <= {e["kind"] for e in infra}
     assert all("node" in e for e in infra if e["kind"] != "infra.inference")

@@ -1,4 +1,4 @@
-"""What the README and the schema say of ``kl_estimator: k3`` matches ``kl_penalty``: capped, so an underestimate."""
+"""What the docs (upstream differences) and the schema say of ``kl_estimator: k3`` matches ``kl_penalty``: capped, so an underestimate."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import torch
 from telescope.api.algorithm import KL_K3_MAX, kl_penalty
 from telescope.config.schema import TelescopeConfig
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "upstream-differences.md"
 
 
 def k3_paragraph() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = DOC.read_text(encoding="utf-8")
     start = text.index("- `kl_estimator: k3`")
     return " ".join(text[start : text.index("\n- ", start + 1)].split())
 
 
-def test_the_readme_states_the_cap_and_that_it_underestimates() -> None:
+def test_the_docs_state_the_cap_and_that_it_underestimates() -> None:
     paragraph = k3_paragraph()
     assert f"min(exp(d) - 1 - d, {KL_K3_MAX:g})" in paragraph and "underestimate" in paragraph
     [above] = re.findall(r"`d` above about ([\d.]+)", paragraph)
@@ -33,7 +33,7 @@ def test_the_schema_describes_the_cap() -> None:
 
 
 def test_the_cap_underestimates_a_large_drift() -> None:
-    """The README's claim: on a drifted policy the capped mean is below the KL it estimates."""
+    """The docs' claim: on a drifted policy the capped mean is below the KL it estimates."""
     generator = torch.Generator().manual_seed(0)
     sampler = torch.log_softmax(torch.randn(4000, 50, generator=generator), -1)
     policy = torch.log_softmax(sampler + 3 * torch.randn(4000, 50, generator=generator), -1)

@@ -31,6 +31,8 @@ DEVIATIONS = {
     "advantage_norm",
     # documented as "[".git", ".venv", ...]": the elided tail is ours to choose.
     "wandb_code_exclude_patterns",
+    # "0.0.0.0" let anyone on the network reach the servers; "auto" binds only where the run needs.
+    "inference_host",
 }
 
 

@@ -54,14 +54,16 @@ def test_telescope_config_validate_accepts_it(path: str, capsys: pytest.CaptureF
     assert out.startswith("ok: ")
 
 
-def test_the_upstream_defaults_are_telescopes_but_the_code_snapshot_exclusions() -> None:
+def test_the_upstream_defaults_are_telescopes_but_the_code_snapshot_exclusions_and_the_bind_address() -> None:
     """Every key of the upstream defaults file is a field, and its value is Telescope's default too,
-    except the code snapshot's exclusions (Telescope's own list; README, Configuration)."""
+    except the code snapshot's exclusions (Telescope's own list; docs/upstream-differences.md) and
+    ``inference_host`` (``auto``: servers bind only where the run reaches them, not ``0.0.0.0``)."""
     upstream = yaml.safe_load((UPSTREAM / DEFAULTS).read_text())
     as_layer = load_config(UPSTREAM / DEFAULTS, layer=True).config
     assert {k for k, v in upstream.items() if getattr(as_layer, k) != v} == set()  # taken as given
     defaults = load_config(None, {"environments": [{"name": "countdown"}]}).config
-    assert {k for k, v in upstream.items() if getattr(defaults, k) != v} == {"wandb_code_exclude_patterns"}
+    differing = {k for k, v in upstream.items() if getattr(defaults, k) != v}
+    assert differing == {"wandb_code_exclude_patterns", "inference_host"}
 
 
 def test_a_defaults_layer_still_needs_valid_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,9 +78,9 @@ def backend(tiny_model_path: Path) -> ChosenReplies:
 def sdk(backend: ChosenReplies) -> Iterator[openai.OpenAI]:
     async def connect() -> Gateway:
         client = InferenceClient("http://backend", http_transport=httpx.MockTransport(backend.handle))
-        return await Gateway.connect(client, backend.tokenizer, api_key="secret")
+        return await Gateway.connect(client, backend.tokenizer)
 
-    thread = ServerThread(create_gateway_app(connect), lifespan="on").start()
+    thread = ServerThread(create_gateway_app(connect, api_key="secret"), lifespan="on").start()
     with openai.OpenAI(base_url=thread.base_url + "/v1", api_key="secret", max_retries=0) as client:
         yield client
     thread.stop()

@@ -200,3 +200,33 @@ def test_a_stopped_server_does_not_wait_for_a_weight_update_whose_sender_hung(
     assert STOP_GRACE_S <= took < STOP_GRACE_S + 8, f"the server took {took:.1f} s to stop"
     log = (tmp_path / "logs" / "inference_0.log").read_text()
     assert "exiting without it" in log
+
+
+@pytest.mark.slow
+def test_a_run_configs_server_binds_loopback_and_asks_for_the_token_it_got_privately(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """``inference_host: auto`` (the default) outside Ray is loopback; the token is in the server's
+    environment only: not on its command line (``ps`` shows that to every user), not in the run folder."""
+    import httpx
+    import psutil
+
+    from telescope.plugins.facade import get_plugins
+    from telescope.runtime.access import RUN_TOKEN_ENV, authorization_header, new_run_token
+
+    token = new_run_token()
+    config = _embedded_config(tiny_model_path).model_copy(update={"inference_host": "auto"})
+    server = get_plugins().create_inference_backend("embedded", config, token).start_server(0, run_dir=tmp_path)
+    try:
+        process = psutil.Process(server.process.pid)  # type: ignore[attr-defined]
+        listening = {c.laddr.ip for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        assert listening == {"127.0.0.1"}
+        assert server.address.base_url == f"http://127.0.0.1:{config.inference_base_port}"
+        assert token not in " ".join(process.cmdline()) and process.environ()[RUN_TOKEN_ENV] == token
+        with httpx.Client(base_url=server.address.base_url, timeout=30) as http:
+            assert http.get("/metrics").status_code == 401
+            assert http.get("/metrics", headers=authorization_header(token)).status_code == 200
+    finally:
+        server.stop()
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or token not in path.read_text(errors="replace"), path

@@ -28,6 +28,7 @@ from telescope.inference.plugin import VLLMSettings
 from telescope.inference.protocol import CompletionRequest
 from telescope.inference.vllm_backend import (
     EXTENSION_CLASS,
+    TOKEN_MIDDLEWARE,
     TelescopeWorkerExtension,
     serve_command,
     serve_env,
@@ -176,6 +177,51 @@ def test_serve_env_points_the_exporter_at_the_receiver() -> None:
     assert env["OTEL_RESOURCE_ATTRIBUTES"] == "team=rl,telescope.server=2"
     plain = serve_env(dataclasses.replace(context, traces_endpoint=None), 0, base={})
     assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in plain and "OTEL_RESOURCE_ATTRIBUTES" not in plain
+
+
+def test_vllm_asks_for_the_run_token_on_every_route_and_never_sees_it_on_its_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's own ``--api-key`` guards only paths under ``/v1``; the run's middleware guards the rest too
+    (``/collective_rpc`` pushes weights). Built as vLLM's ``--middleware`` builds it: the class at that
+    import path, with the token from the environment ``serve_env`` gives the process."""
+    from opentelemetry.util.re import parse_env_headers
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from telescope.runtime.access import RUN_TOKEN_ENV, authorization_header
+
+    token = "vllm-run-token"
+    context, settings = _traced()
+    context = dataclasses.replace(context, access_token=token)
+    command = serve_command(context, 0, settings, model_path="m", executable="vllm")
+    assert dict(zip(command[3::2], command[4::2], strict=False))["--middleware"] == TOKEN_MIDDLEWARE
+    assert token not in " ".join(command) and "--api-key" not in command  # ps shows a command line to everyone
+    env = serve_env(context, 0, base={})
+    assert env[RUN_TOKEN_ENV] == env["VLLM_API_KEY"] == token
+    headers = parse_env_headers(env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"], liberal=True)  # as vLLM's exporter reads
+    assert headers == {"authorization": f"Bearer {token}"}  # the run's trace receiver asks for it too
+
+    module, name = TOKEN_MIDDLEWARE.rsplit(".", 1)
+    middleware = getattr(importlib.import_module(module), name)
+    guarded = ("/collective_rpc", "/reset_prefix_cache", "/metrics", "/v1/completions")
+    app = Starlette(
+        routes=[Route(p, lambda _: PlainTextResponse("ok"), methods=["GET", "POST"]) for p in (*guarded, "/health")]
+    )
+    app.add_middleware(middleware)  # what vLLM does with a --middleware class
+    monkeypatch.setenv(RUN_TOKEN_ENV, env[RUN_TOKEN_ENV])
+    with TestClient(app) as client:
+        for path in guarded:
+            assert client.post(path).status_code == 401, path
+            assert client.post(path, headers=authorization_header(token)).status_code == 200, path
+        assert client.get("/health").status_code == 200
+
+    plain = dataclasses.replace(context, access_token=None)
+    assert "--middleware" not in serve_command(plain, 0, settings, model_path="m", executable="vllm")
+    stale = serve_env(plain, 0, base={RUN_TOKEN_ENV: "old", "VLLM_API_KEY": "old"})
+    assert RUN_TOKEN_ENV not in stale and "VLLM_API_KEY" not in stale
 
 
 def test_serve_env_assigns_gpus_and_dev_mode() -> None:

@@ -189,3 +189,25 @@ def test_a_busy_port_moves_the_receiver_with_a_warning(caplog: pytest.LogCapture
         assert any(f"otlp_receiver_port {port} is not free" in r.getMessage() for r in caplog.records)
     finally:
         moved.stop()
+
+
+def test_a_receiver_with_the_run_token_takes_exports_only_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's receiver asks for the run token; vLLM's exporter sends it from the environment the run gives it."""
+    from telescope.api.context import InferenceContext
+    from telescope.inference.vllm_backend import serve_env
+
+    got: list[Mapping[str, Any]] = []
+    server, endpoint = start_trace_receiver(0, multi_node=False, access_token="trace-token")
+    assert server is not None and endpoint is not None
+    server.publish_event = got.append
+    try:
+        assert endpoint.startswith("http://127.0.0.1:")  # one node: loopback
+        refused = httpx.post(endpoint, content=b"", headers={"content-type": "application/x-protobuf"})
+        assert refused.status_code == 401 and server.exports == 0
+        context = InferenceContext(model="m", traces_endpoint=endpoint, access_token="trace-token")
+        headers = serve_env(context, 0, base={})["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", headers)  # what the vLLM process gets
+        export_with_the_sdk(endpoint, [("llm_request", ARRIVAL, ARRIVAL + 1.75, VLLM_ATTRIBUTES)])
+    finally:
+        server.stop()
+    assert server.exports == 1 and "inference.request" in by_kind(got)

@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from telescope.api.context import TransportContext
+from telescope.api.context import InferenceContext, TransportContext
+from telescope.config.schema import TelescopeConfig
 from telescope.runtime.addressing import (
     NODE_IP_ENV,
     advertised_host,
@@ -14,6 +15,7 @@ from telescope.runtime.addressing import (
     is_loopback,
     local_address_towards,
     rendezvous_host,
+    server_bind_host,
     single_node,
 )
 from telescope.runtime.processes import choose_port, connect_host
@@ -29,6 +31,17 @@ def test_a_wildcard_bound_server_is_reached_at_its_nodes_address(monkeypatch: py
     assert connect_host("0.0.0.0") == advertised_host("::") == "10.77.0.2"
     assert connect_host("127.0.0.1") == "127.0.0.1"  # bound to one address: that one
     assert connect_host("10.0.0.5") == "10.0.0.5"
+
+
+def test_servers_bind_only_where_the_orchestrator_reaches_them_never_every_interface() -> None:
+    """``inference_host: auto`` (the default): loopback beside the orchestrator, the node's address elsewhere."""
+    assert TelescopeConfig.model_validate({"environments": [{"name": "countdown"}]}).inference_host == "auto"
+    assert server_bind_host("10.0.0.1", orchestrator_node="10.0.0.1") == "127.0.0.1"  # one node
+    assert server_bind_host("10.0.0.2", orchestrator_node="10.0.0.1") == "10.0.0.2"  # another node
+    config = TelescopeConfig.model_validate({"environments": [{"name": "countdown"}]})
+    assert InferenceContext.from_config(config).host == "127.0.0.1"  # no scheduler: telescope eval, tests
+    explicit = config.model_copy(update={"inference_host": "0.0.0.0"})
+    assert InferenceContext.from_config(explicit).host == "0.0.0.0"  # asked for: kept
 
 
 def test_loopback_detection() -> None:

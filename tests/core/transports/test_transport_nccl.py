@@ -87,3 +87,19 @@ def test_broadcast_over_nccl(cpu_staging: bool) -> None:
     if torch.cuda.device_count() < 3:
         pytest.skip("needs 3 GPUs (one sender, two receivers)")
     _run("nccl", "cuda:{rank}", cpu_staging=cpu_staging)
+
+
+def test_the_rendezvous_listens_on_its_address_only() -> None:
+    """A ``TCPStore`` left to itself listens on every interface; the sender's listens where it is dialled."""
+    import os
+
+    import psutil
+
+    sender = NCCLTransport(None, backend="gloo")  # a context by hand: one node, loopback
+    info = sender.prepare_sender(num_receivers=1)
+    try:
+        connections = psutil.Process(os.getpid()).net_connections("inet")
+        listening = [c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port == info["port"]]
+        assert info["host"] == "127.0.0.1" and listening == ["127.0.0.1"]
+    finally:
+        sender.close()

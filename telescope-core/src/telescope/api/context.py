@@ -9,7 +9,7 @@ from a loaded config; tests build them directly.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -80,8 +80,10 @@ class InferenceContext(_Context):
     #: None = the backend's default
     max_num_batched_tokens: int | None = None
     scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    #: the address servers bind (``inference_host``, whose default is ``0.0.0.0``; loopback for a context
-    #: built by hand); a wildcard is reached at the node's address (:mod:`telescope.runtime.addressing`)
+    #: the address servers bind: loopback for a context built by hand or from a config outside Ray
+    #: (``inference_host: auto``); a run's inference worker sets it to loopback on the orchestrator's node
+    #: and to its node's address elsewhere. An explicit ``inference_host`` is kept; a wildcard
+    #: (``0.0.0.0``) is reached at the node's address (:mod:`telescope.runtime.addressing`)
     host: str = "127.0.0.1"
     base_port: int = 8100
     tensor_parallel_size: int = 1
@@ -94,6 +96,10 @@ class InferenceContext(_Context):
     #: None: not scheduled (``telescope eval``, tests), so worker ``i`` takes its share of the visible devices
     #: (:func:`telescope.runtime.devices.worker_visible_devices`).
     gpu_ids: tuple[str, ...] | None = None
+    #: The run token (:mod:`telescope.runtime.access`) the servers must ask for on every route but ``/health``
+    #: (hand it to the server process in its environment, ``TELESCOPE_RUN_TOKEN``, never on its command
+    #: line); set by the run. None: the servers run open (a context built by hand, tests).
+    access_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> InferenceContext:
@@ -102,10 +108,16 @@ class InferenceContext(_Context):
             model=c.model, model_dtype=c.model_dtype, seed=c.seed, max_model_len=c.max_model_len,
             max_concurrent_sequences=max(1, c.max_concurrent_prompts_per_server * c.group_size),
             max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-            scheduling_policy=c.vllm_scheduling_policy, host=c.inference_host, base_port=c.inference_base_port,
+            scheduling_policy=c.vllm_scheduling_policy, host=_bind_host(c.inference_host),
+            base_port=c.inference_base_port,
             tensor_parallel_size=c.inference_tensor_parallel_size, chat_template=c.chat_template,
             enable_thinking=c.enable_thinking,
         )  # fmt: skip
+
+
+def _bind_host(inference_host: str) -> str:
+    """``inference_host`` as servers started without a scheduler bind it: ``auto`` is loopback."""
+    return "127.0.0.1" if inference_host == "auto" else inference_host
 
 
 @dataclass(frozen=True)

@@ -250,7 +250,12 @@ class TelescopeConfig(BaseModel):
         "auto",
         description='Inference backend: "embedded", "vllm" or a plugin. "auto" = vllm when usable, else embedded',
     )
-    inference_host: str = Field("0.0.0.0", description="Host address for inference servers")
+    inference_host: str = Field(
+        "auto",
+        min_length=1,
+        description='Address inference servers bind. "auto" = loopback on the orchestrator node, a node address '
+        '(as Ray reports it) elsewhere; "0.0.0.0" = every interface. Servers always ask for the run token',
+    )
     inference_base_port: int = Field(8100, ge=1, le=65535, description="Base port for inference servers")
     max_model_len: int = Field(4096, ge=2, description="Maximum context length (prompt + completion)")
     max_num_seqs: int | None = Field(

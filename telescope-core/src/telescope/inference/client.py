@@ -44,6 +44,10 @@ plus the server-side phases ``inference.queue``, ``inference.prefill`` and
 phases come from its OTLP spans). The caller's ids (``group_id``, ``sample_id``,
 ``turn``) come from :func:`telescope.recording.events.context`.
 
+Access: ``access_token`` (the run token, :mod:`telescope.runtime.access`) goes in
+``Authorization: Bearer`` on every request, health and metrics included; a server
+that asks for it answers 401 without it, which is raised at once, not retried.
+
 Retries (tenacity): connection failures and 503 are retried with exponential
 back-off (a server still starting, a restart); anything else is raised at once,
 because a completion is not free to repeat. ``read_timeout`` bounds the wait for
@@ -65,10 +69,11 @@ from pydantic_core import to_json
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from telescope.inference import weight_updates
-from telescope.inference.http_transport import AiohttpTransport, StreamedResponse
+from telescope.inference.http_transport import JSON_HEADERS, AiohttpTransport, StreamedResponse
 from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
 from telescope.inference.request_batching import BatchLineError, BatchRouteMissing, RequestBatcher
 from telescope.recording.events import emit
+from telescope.runtime.access import authorization_header
 
 #: The embedded server's route for several completions in one POST (:mod:`telescope.inference.request_batching`).
 BATCH_PATH = "/v1/completions/batch"
@@ -279,6 +284,7 @@ class InferenceClient:
         http_transport: httpx.AsyncBaseTransport | None = None,
         server_index: int | None = None,
         batch_requests: bool = True,
+        access_token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.server_index = server_index  # the ``server`` of this client's timeline events
@@ -288,7 +294,9 @@ class InferenceClient:
         self.read_timeout = read_timeout
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
         transport = http_transport or AiohttpTransport(max_connections=max_connections)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
+        auth = authorization_header(access_token)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport, headers=auth)
+        self._post_headers = {**JSON_HEADERS, **auth}
         # POSTs go straight to aiohttp when it is the transport (AiohttpTransport.post_json)
         self._direct = transport if isinstance(transport, AiohttpTransport) else None
         self._timeouts = timeout.as_dict()
@@ -317,7 +325,9 @@ class InferenceClient:
         async for attempt in self._retrying(retry):
             with attempt:
                 if self._direct is not None and method == "POST" and json is not None:
-                    response = await self._direct.post_json(self.base_url + path, to_json(json), self._timeouts)
+                    response = await self._direct.post_json(
+                        self.base_url + path, to_json(json), self._timeouts, self._post_headers
+                    )
                 else:
                     response = await self._http.request(method, path, json=json)
                 if response.status_code >= 400:
@@ -412,7 +422,9 @@ class InferenceClient:
         response: StreamedResponse | None = None
         async for attempt in self._retrying():
             with attempt:
-                response = await self._direct.open_post(self.base_url + BATCH_PATH, payload, timeouts)
+                response = await self._direct.open_post(
+                    self.base_url + BATCH_PATH, payload, timeouts, self._post_headers
+                )
                 if response.status >= 400:
                     text = await response.text()
                     response.close()

@@ -43,14 +43,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from types import MappingProxyType
 
 import aiohttp
 import httpx
 
 #: Response headers dropped because aiohttp has already undone them.
 _CONSUMED_HEADERS = {b"content-encoding", b"transfer-encoding", b"content-length"}
-_JSON_HEADERS = {"Content-Type": "application/json"}
+#: The headers of a JSON POST.
+JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
 
 
 @contextlib.contextmanager
@@ -117,24 +119,29 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _CONSUMED_HEADERS]
         return httpx.Response(status_code=response.status, headers=headers, content=content, request=request)
 
-    async def post_json(self, url: str, body: bytes, timeout: dict[str, float | None]) -> httpx.Response:
+    async def post_json(
+        self, url: str, body: bytes, timeout: dict[str, float | None], headers: Mapping[str, str] = JSON_HEADERS
+    ) -> httpx.Response:
         """``POST url`` with a JSON ``body``; the whole answer as an ``httpx.Response`` (errors mapped the same way).
 
-        ``timeout``: httpx's keys (``connect``, ``read``, ``pool``), as ``handle_async_request`` reads them.
+        ``timeout``: httpx's keys (``connect``, ``read``, ``pool``), as ``handle_async_request`` reads them;
+        ``headers``: the request's (the client adds its ``Authorization`` to :data:`JSON_HEADERS`).
         """
         session = self._session_for_loop()
         client_timeout = _client_timeout(timeout)
         with mapped_errors(lambda: httpx.Request("POST", url)):
             async with session.post(
-                url, data=body, headers=_JSON_HEADERS, allow_redirects=False, timeout=client_timeout
+                url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout
             ) as response:
                 return httpx.Response(status_code=response.status, content=await response.read())
 
-    async def open_post(self, url: str, body: bytes, timeout: dict[str, float | None]) -> StreamedResponse:
+    async def open_post(
+        self, url: str, body: bytes, timeout: dict[str, float | None], headers: Mapping[str, str] = JSON_HEADERS
+    ) -> StreamedResponse:
         """``POST url`` with a JSON ``body``; the answer once its headers are in, its body still to read.
 
         The caller reads it (:meth:`StreamedResponse.lines` or :meth:`~StreamedResponse.text`)
-        and must :meth:`~StreamedResponse.close` it.
+        and must :meth:`~StreamedResponse.close` it. ``headers`` as for :meth:`post_json`.
         """
         session = self._session_for_loop()
         client_timeout = _client_timeout(timeout)
@@ -144,7 +151,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
         with mapped_errors(request):
             response = await session.post(
-                url, data=body, headers=_JSON_HEADERS, allow_redirects=False, timeout=client_timeout
+                url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout
             )
         return StreamedResponse(response, request)
 

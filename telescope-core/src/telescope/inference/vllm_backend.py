@@ -28,8 +28,17 @@ The server (:func:`serve_command`)
       sampling defaults (a hidden ``top_k: 20`` would silently truncate);
     - ``--worker-extension-cls`` :class:`TelescopeWorkerExtension` and
       ``VLLM_SERVER_DEV_MODE=1``, which exposes ``/collective_rpc`` (weight
-      updates) and ``/reset_prefix_cache``. Dev mode also exposes other
-      unauthenticated control routes: keep inference ports on a private network.
+      updates) and ``/reset_prefix_cache``, and other control routes of dev mode
+      (``/sleep``, ``/wake_up``, ...).
+
+    Access: with the run's token (``InferenceContext.access_token``), ``--middleware``
+    :data:`TOKEN_MIDDLEWARE` (:class:`~telescope.runtime.access.RunTokenMiddleware`)
+    asks for it on every route but ``/health``, and the process gets the token in its
+    environment (:func:`serve_env`: ``TELESCOPE_RUN_TOKEN``), not on its command line,
+    which ``ps`` shows. vLLM's own ``--api-key`` (here its environment twin,
+    ``VLLM_API_KEY``, for the same reason) is set too, but alone it would not do: vLLM
+    checks it only on paths under ``/v1``, so ``/collective_rpc``, the other dev-mode
+    routes and ``/metrics`` would stay open.
 
     The worker's GPUs (:mod:`telescope.runtime.devices`): under Ray, exactly the
     ``tp`` ids Ray assigned the worker (``InferenceContext.gpu_ids``; never an index
@@ -46,7 +55,8 @@ Tracing (``enable_vllm_tracing``)
     OpenTelemetry SDK and OTLP exporters (vLLM imports the gRPC and the HTTP
     exporter). Otherwise a warning says why (and what to install) and vLLM starts
     without tracing. :func:`serve_env` then selects the HTTP exporter
-    (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``; vLLM's default is gRPC)
+    (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``; vLLM's default is gRPC),
+    sends the run token the receiver asks for (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``)
     and tags the server's spans with ``telescope.server=<worker index>``
     (``OTEL_RESOURCE_ATTRIBUTES``). The packages are looked up in this
     interpreter's environment, which is vLLM's when ``vllm`` is the console script
@@ -90,6 +100,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
 from telescope.inference import weight_updates
+from telescope.runtime.access import RunTokenMiddleware, with_run_token
 from telescope.runtime.devices import worker_visible_devices
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
@@ -98,6 +109,8 @@ if TYPE_CHECKING:
     from telescope.inference.plugin import VLLMSettings
 
 EXTENSION_CLASS = "telescope.inference.vllm_backend.TelescopeWorkerExtension"
+#: vLLM's ``--middleware``: the run-token check on every route (it reads the token from the environment).
+TOKEN_MIDDLEWARE = f"{RunTokenMiddleware.__module__}.{RunTokenMiddleware.__qualname__}"
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +182,8 @@ def serve_command(
     endpoint = tracing_endpoint(context, settings)
     if endpoint is not None:
         command += ["--otlp-traces-endpoint", endpoint]
+    if context.access_token is not None:  # the token itself travels in the environment (serve_env)
+        command += ["--middleware", TOKEN_MIDDLEWARE]
     return command
 
 
@@ -218,8 +233,14 @@ def _default_settings() -> VLLMSettings:
 
 
 def serve_env(context: InferenceContext, worker_index: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of the ``vllm serve`` process (dev-mode routes, its GPUs)."""
-    env = dict(os.environ if base is None else base)
+    """Environment of the ``vllm serve`` process (dev-mode routes, the run token, its GPUs)."""
+    env = with_run_token(dict(os.environ if base is None else base), context.access_token)
+    if context.access_token is not None:  # vLLM's own check, on its /v1 routes (the middleware covers all)
+        env["VLLM_API_KEY"] = context.access_token
+        if context.traces_endpoint is not None:  # the run's trace receiver asks for the token too
+            env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = f"Authorization=Bearer%20{context.access_token}"
+    else:
+        env.pop("VLLM_API_KEY", None)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if context.traces_endpoint is not None:  # used only when serve_command passed the endpoint

@@ -30,7 +30,7 @@ Resume: a checkpoint holds the trainer state (weights, optimizer, LR schedule, R
 and a sidecar with the orchestrator's state (step, prompt position, counters); the run
 continues at the next step with the restored weights pushed to every server first.
 
-Faults (README, "Faults a run survives"): the loop runs under a :class:`~telescope.orchestrator.watchdog.Watchdog`
+Faults (``docs/faults.md``): the loop runs under a :class:`~telescope.orchestrator.watchdog.Watchdog`
 (``watchdog_timeout_s``), which fails the run naming the stuck component when nothing
 progresses. When a trainer rank dies (:class:`~telescope.orchestrator.services.TrainerFailure`),
 the loop restarts the trainer group (the training service's ``restart_trainer``), loads

@@ -159,11 +159,17 @@ class Plugins:
         settings = self.settings_for(PluginKind.TRAINER_BACKEND, name, config)
         return self.trainer_backend(name)(TrainerContext.from_config(config), algorithm, settings)
 
-    def create_inference_backend(self, name: str, config: TelescopeConfig) -> InferenceBackend:
+    def create_inference_backend(
+        self, name: str, config: TelescopeConfig, access_token: str | None = None
+    ) -> InferenceBackend:
+        """A backend as a run builds one; its servers ask for ``access_token`` (the run token) when given."""
+        import dataclasses
+
         from telescope.api.context import InferenceContext
 
         settings = self.settings_for(PluginKind.INFERENCE_BACKEND, name, config)
-        return self.inference_backend(name)(InferenceContext.from_config(config), settings)
+        context = dataclasses.replace(InferenceContext.from_config(config), access_token=access_token)
+        return self.inference_backend(name)(context, settings)
 
     def create_weight_transport(self, name: str, config: TelescopeConfig) -> WeightTransport:
         """A transport as a run builds one: its own settings and the transport context."""

@@ -35,9 +35,12 @@ prefill starts. Without a ``ttft`` the phases are placed back from the span's en
 front end's few milliseconds of tokenisation and IPC; a phase is never placed
 before the span's start.
 
-Limits: traces only (no metrics or logs routes); no authentication, so the
-receiver listens on loopback unless the run has several nodes (then on all
-interfaces: keep the port on a private network, as the inference ports).
+Access: given the run token (``access_token``), the receiver answers 401 to an
+export without it (:class:`~telescope.runtime.access.RunTokenMiddleware`); the run
+has vLLM send it (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``). The run binds it on
+loopback, or on its node's address when the run has several nodes.
+
+Limits: traces only (no metrics or logs routes).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the route's annotations here
 
 from telescope.recording.infra_monitor import Event, publish
+from telescope.runtime.access import RunTokenMiddleware
 
 if TYPE_CHECKING:
     import uvicorn
@@ -223,12 +227,15 @@ def request_events(request: ExportTraceServiceRequest) -> list[Event]:
 # ------------------------------------------------------------------ server
 
 
-def create_app(handle: Callable[[ExportTraceServiceRequest], None]) -> FastAPI:
-    """The receiver's app: ``POST /v1/traces`` decodes the export and calls ``handle``."""
+def create_app(handle: Callable[[ExportTraceServiceRequest], None], access_token: str | None = None) -> FastAPI:
+    """The receiver's app: ``POST /v1/traces`` decodes the export and calls ``handle`` (``access_token``:
+    the run token it asks for; None: open)."""
     from fastapi.responses import JSONResponse, Response
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     app = FastAPI(title="Telescope OTLP trace receiver")
+    if access_token is not None:
+        app.add_middleware(RunTokenMiddleware, token=access_token)
 
     @app.post(TRACES_PATH)
     async def traces(raw: Request) -> Response:
@@ -259,8 +266,10 @@ class OtlpTraceReceiver:
         host: str = "127.0.0.1",
         port: int = 4318,
         publish_event: Callable[[Mapping[str, Any]], None] = publish,
+        access_token: str | None = None,
     ) -> None:
         self.host = host
+        self.access_token = access_token
         self.requested_port = port
         self.publish_event = publish_event
         self.spans = 0
@@ -308,7 +317,7 @@ class OtlpTraceReceiver:
             sock.close()
             raise
         self._socket = sock
-        config = uvicorn.Config(create_app(self.handle), log_level="warning", lifespan="off")
+        config = uvicorn.Config(create_app(self.handle, self.access_token), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         server = self._server
         self._thread = threading.Thread(

@@ -2,11 +2,16 @@
 
 No code path assumes 127.0.0.1 or the driver's host. The rules:
 
-- A server bound to a wildcard (``inference_host: 0.0.0.0``, the default) is reached
-  at its node's address: :func:`advertised_host` returns ``TELESCOPE_NODE_IP``, which
-  the Ray worker that starts it sets to the node address Ray reports
-  (``ray.util.get_node_ip_address()`` inside the actor); outside Ray (``telescope
-  eval``, tests) it is loopback. A server bound to one address is reached there.
+- A server binds only where its clients are (``inference_host: auto``, the default,
+  :func:`server_bind_host`): loopback on the orchestrator's node (its one HTTP
+  client), the node's address as Ray reports it on another node; outside Ray
+  (``telescope eval``, tests) loopback. Never every interface unless the config says
+  ``inference_host: 0.0.0.0``.
+- A server bound to a wildcard is reached at its node's address:
+  :func:`advertised_host` returns ``TELESCOPE_NODE_IP``, which the Ray worker that
+  starts it sets to the node address Ray reports (``ray.util.get_node_ip_address()``
+  inside the actor); outside Ray it is loopback. A server bound to one address is
+  reached there.
 - A rendezvous (the trainer's process group, the weight transport's store) is
   hosted by the rank that owns it, at its node's address; a peer binds the
   interface it reaches that address through (:func:`local_address_towards`):
@@ -51,6 +56,12 @@ def bound_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def server_bind_host(node: str, orchestrator_node: str) -> str:
+    """Where a server on ``node`` binds (``inference_host: auto``): loopback on the orchestrator's node, else
+    the node's own address (the one its clients on other nodes dial; never a wildcard)."""
+    return LOOPBACK if node == orchestrator_node else node
 
 
 def is_loopback(host: str) -> bool:
@@ -130,7 +141,7 @@ def unreachable_server(placements: list[dict[str, Any]], here: str, inference_ho
             return (
                 f"inference server {index} runs on node {placed['node']} but listens on {placed['url']} "
                 f"(inference_host={inference_host!r}), which the orchestrator on {here} cannot "
-                "reach; set inference_host: 0.0.0.0 (the default) or that node's address"
+                "reach; set inference_host: auto (the default) or that node's address"
             )
     return None
 

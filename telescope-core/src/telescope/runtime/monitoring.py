@@ -180,30 +180,31 @@ def build_infra_monitor(
     return InfraMonitor(collectors)
 
 
-def start_trace_receiver(port: int, multi_node: bool) -> tuple[OtlpTraceReceiver | None, str | None]:
+def start_trace_receiver(
+    port: int, multi_node: bool, access_token: str | None = None
+) -> tuple[OtlpTraceReceiver | None, str | None]:
     """The OTLP receiver on ``port`` (else on a free port, with a warning); returns it and its endpoint.
 
-    Loopback on a single node; with several nodes it listens on every interface and
-    advertises the IP Ray reports for this node. ``(None, None)`` (and a warning)
-    when it cannot start: vLLM then starts without tracing.
+    Loopback on a single node; with several nodes it listens on the IP Ray reports for
+    this node (never every interface). ``access_token``: the run token it asks for.
+    ``(None, None)`` (and a warning) when it cannot start: vLLM then starts without tracing.
     """
     from telescope.recording.otlp_receiver import OtlpTraceReceiver
 
-    host = "0.0.0.0" if multi_node else "127.0.0.1"
-    advertised = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
+    host = ray.util.get_node_ip_address() if multi_node else "127.0.0.1"
     try:
-        receiver = OtlpTraceReceiver(host, port).start()
+        receiver = OtlpTraceReceiver(host, port, access_token=access_token).start()
     except OSError as exc:
         log.warning("otlp_receiver_port %d is not free (%s); the trace receiver takes another port", port, exc)
         try:
-            receiver = OtlpTraceReceiver(host, 0).start()
+            receiver = OtlpTraceReceiver(host, 0, access_token=access_token).start()
         except (OSError, RuntimeError) as again:
             log.warning("the OTLP trace receiver could not start (%s); vLLM runs without tracing", again)
             return None, None
     except RuntimeError as exc:
         log.warning("the OTLP trace receiver could not start (%s); vLLM runs without tracing", exc)
         return None, None
-    return receiver, receiver.endpoint(advertised)
+    return receiver, receiver.endpoint()
 
 
 def record_placements(servers: Sequence[dict[str, Any]], trainers: Sequence[dict[str, Any]]) -> None:

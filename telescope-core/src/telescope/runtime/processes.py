@@ -139,7 +139,7 @@ class ProcessServer(InferenceServer):
         address: ServerAddress,
         log_file: Path,
         cleanup: list[Path] | None = None,
-        bind_host: str = "0.0.0.0",
+        bind_host: str = "127.0.0.1",
     ) -> None:
         self.process = process
         self._address = address

@@ -12,8 +12,10 @@ cluster or starts a private one. :class:`RayServices` then
 - starts ``inference_num_workers / inference_tensor_parallel_size`` inference
   servers and ``trainer_num_workers`` trainer ranks (process group rendezvous at
   rank 0's node address). Each worker takes the address and the GPUs Ray gives it
-  on its node (:mod:`telescope.runtime.workers`): a server's URL is its node's
-  address, and each placement is recorded as a ``worker.placed`` event
+  on its node (:mod:`telescope.runtime.workers`): a server binds loopback on the
+  orchestrator's node and its node's address on another (``inference_host: auto``),
+  and asks for the run token (:mod:`telescope.runtime.access`) made here for the
+  servers and their clients; each placement is recorded as a ``worker.placed`` event
   (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``), its
   start-up as a ``worker.startup`` event (the process's start to its readiness). A server
   on another node that listens on loopback only (``inference_host: 127.0.0.1``)
@@ -60,17 +62,11 @@ crashed or killed actor leaves no stray process. After SIGTERM to the process gr
 (``close(budget_s=...)``) the Ray cleanup gets a bounded time, and none when Ray's
 GCS is already gone.
 
-Faults (README, "Faults a run survives"): every request to a server has the read timeout
-``inference_request_timeout_s``; :meth:`RayServices.supervise` starts the
-:class:`~telescope.runtime.supervisor.ServerSupervisor`, which restarts a dead server
-on its placement (:meth:`RayServices.restart_server`) and gives it the current weights
-(:meth:`RayServices.resync_weights`: the transport is connected again and the last
-pushed version pushed again, once the trainer holds that version). A trainer rank
-that dies makes the trainer calls raise
+Faults (``docs/faults.md``): every request to a server has the read timeout
+``inference_request_timeout_s``; a trainer rank that dies makes the trainer calls raise
 :class:`~telescope.orchestrator.services.TrainerFailure` (at once, without waiting for
-the other ranks), and :meth:`RayServices.restart_trainer` replaces every rank in the
-same placement bundles; the orchestrator then loads the last checkpoint.
-:meth:`RayServices.probe` tells the watchdog which server or rank does not answer.
+the other ranks). Restarting dead servers and trainer ranks, and the watchdog's probe,
+are :mod:`telescope.runtime.ray_recovery`'s (``RayServices`` inherits them).
 """
 
 from __future__ import annotations
@@ -94,8 +90,10 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
+from telescope.runtime.access import new_run_token
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
+from telescope.runtime.ray_recovery import PING_TIMEOUT_S, WorkerRecovery
 from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
 from telescope.transports.shm_folders import remove_run_folders
@@ -105,16 +103,13 @@ if TYPE_CHECKING:
 
     from telescope.api.context import InferenceContext
     from telescope.api.settings import PluginSettings
+    from telescope.inference.client import InferenceClient
     from telescope.runtime.supervisor import ServerSupervisor
 
 log = logging.getLogger("telescope.run.workers")
 
 
-#: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
-PING_TIMEOUT_S = 5.0
-
-
-class RayServices:
+class RayServices(WorkerRecovery):
     """Trainer ranks and inference servers as Ray actors (see the module docstring)."""
 
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
@@ -125,6 +120,8 @@ class RayServices:
         self.generation = ServerPool([], config.vllm_scheduling_policy)
         #: names this run's placement groups in a shared cluster (``telescope-<run id>-<role>``)
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+        #: the run token every server asks for (:mod:`telescope.runtime.access`); in memory only
+        self.access_token = new_run_token()
         #: where each worker runs (``placement()`` of each server and rank)
         self.server_placements: list[dict[str, Any]] = []
         self.trainer_placements: list[dict[str, Any]] = []
@@ -155,7 +152,6 @@ class RayServices:
         """
         from telescope.api.context import InferenceContext, TrainerContext
         from telescope.inference import default_backend_name
-        from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
         from telescope.runtime.addressing import unreachable_server
@@ -166,7 +162,9 @@ class RayServices:
         plugins = get_plugins()
         gpu = ray.cluster_resources().get("GPU", 0) > 0
         backend = default_backend_name(gpu) if c.inference_backend == "auto" else c.inference_backend
-        inference_context = InferenceContext.from_config(c)
+        inference_context = dataclasses.replace(InferenceContext.from_config(c), access_token=self.access_token)
+        # inference_host: auto binds each server where the orchestrator (this process) reaches it
+        orchestrator_node = ray.util.get_node_ip_address() if c.inference_host == "auto" else None
         inference_settings = plugins.settings_for(PluginKind.INFERENCE_BACKEND, backend, c)
         inference_context = self._start_trace_receiver(backend, inference_settings, inference_context)
         # weight receivers per server: the backend says (1 for the embedded engine, its TP size for vLLM)
@@ -205,7 +203,13 @@ class RayServices:
             return inference_actor.options(
                 **placed(inference_group, i, c.ray_inference_cpus_per_worker, float(tp))
             ).remote(
-                backend, inference_context, inference_settings, i, str(self.run_dir), c.ray_inference_cpus_per_worker
+                backend,
+                inference_context,
+                inference_settings,
+                i,
+                str(self.run_dir),
+                c.ray_inference_cpus_per_worker,
+                orchestrator_node,
             )
 
         def new_trainer(r: int) -> Any:
@@ -239,11 +243,17 @@ class RayServices:
             raise RayStartError(problem)
         urls = [p["url"] for p in self.server_placements]
         log.info("servers up at %s; the trainer ranks are setting up", urls)
-        self.generation.clients = [
-            InferenceClient(url, model=None, server_index=i, read_timeout=c.inference_request_timeout_s)
-            for i, url in enumerate(urls)
-        ]
+        self.generation.clients = [self._client(url, i) for i, url in enumerate(urls)]
         self._gpu = gpu
+
+    def _client(self, url: str, index: int) -> InferenceClient:
+        """The orchestrator's client of server ``index`` (with the run token and the request timeout)."""
+        from telescope.inference.client import InferenceClient
+
+        timeout = self.config.inference_request_timeout_s
+        return InferenceClient(
+            url, model=None, server_index=index, read_timeout=timeout, access_token=self.access_token
+        )
 
     def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
@@ -334,7 +344,7 @@ class RayServices:
         if backend == "vllm" and getattr(settings, "enable_vllm_tracing", False):
             multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
             port = int(getattr(settings, "otlp_receiver_port", 4318))
-            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node)
+            self.trace_receiver, endpoint = start_trace_receiver(port, multi_node, context.access_token)
             if endpoint is not None:
                 context = dataclasses.replace(context, traces_endpoint=endpoint)
         return context
@@ -467,103 +477,6 @@ class RayServices:
     async def load_checkpoint(self, path: Path) -> dict[str, Any]:
         metas = await self._on_ranks(f"loading {path.name}", lambda t: t.load_checkpoint.remote(str(path)))
         return dict(metas[0])
-
-    # ---------------------------------------------------------------- faults
-
-    def supervise(self, on_fatal: Callable[[BaseException], None]) -> None:
-        """Start restarting dead servers (``inference_health_check_interval_s > 0``); ``on_fatal`` ends the run."""
-        from telescope.runtime.supervisor import ServerSupervisor
-
-        c = self.config
-        if c.inference_health_check_interval_s <= 0 or not self.servers:
-            return
-        self.supervisor = ServerSupervisor(
-            self, c.inference_health_check_interval_s, c.inference_max_restarts, on_fatal
-        ).start()
-        self.generation.on_failure = self.supervisor.check_soon
-
-    async def restart_server(self, index: int) -> str:
-        """Start server ``index`` again on its placement (the same actor, else a new one); returns its URL."""
-        from telescope.inference.client import InferenceClient
-
-        try:
-            url = str(await self.servers[index].restart.remote())
-        except ray.exceptions.RayActorError:  # the actor died with its server: a new one on the same bundle
-            assert self._new_server is not None
-            with contextlib.suppress(Exception):
-                ray.kill(self.servers[index])
-            self.servers[index] = self._new_server(index)
-            url = str(await self.servers[index].base_url.remote())
-        client = self.generation.clients[index]
-        if url.rstrip("/") != client.base_url:  # another port: a new client (the old one is closed)
-            self.generation.clients[index] = InferenceClient(
-                url, model=None, server_index=index, read_timeout=self.config.inference_request_timeout_s
-            )
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        return url
-
-    async def resync_weights(self, index: int) -> None:
-        """Give restarted server ``index`` the weights the others hold: connect the transport again, push.
-
-        A new sending end, every server connected to it, and the last pushed version sent
-        again (to all: a collective transport sends to the whole group). Waits until the
-        trainer holds that version (not between a training step and its push), so the
-        weights sent are the ones the version names. Before the first push there is
-        nothing to send: the servers only connect.
-        """
-        async with self._weights:
-            await self._weights.wait_for(lambda: not self._trainer_ahead or self._pushed_version is None)
-            await self._reconnect(also=index)
-            if self._pushed_version is not None:
-                await self._push(self._pushed_version, also=index)
-
-    async def _reconnect(self, also: int | None = None) -> None:
-        """A new sending end on rank 0 and the servers in service (and ``also``) connected to it."""
-        receivers = len(self.generation.clients) * self.receivers_per_server
-        [self._init_info] = await self._on_ranks(
-            "connecting the weight transport",
-            lambda t: t.prepare_sender.remote(
-                self.transport_name, self.transport_context, self.transport_settings, receivers
-            ),
-            ranks=1,
-        )
-        await self.connect_weights(self._serving(also))
-
-    async def restart_trainer(self) -> None:
-        """Replace every trainer rank by a new actor on the same bundle, and connect the weights again.
-
-        The new ranks hold the initial model: the orchestrator loads the last checkpoint
-        next, then pushes its weights.
-        """
-        assert self._new_trainer is not None
-        self.trainer_restarts += 1
-        for trainer in self.trainers:
-            with contextlib.suppress(Exception):
-                ray.kill(trainer, no_restart=True)
-        remove_run_folders(self.run_id)  # the killed rank 0 did not close its transport
-        self._oom_kills_at_start = oom_kills()
-        self.trainers[:] = [self._new_trainer(r) for r in range(len(self.trainers))]  # in place: the monitor's list
-        try:
-            master_addr, master_port = await self.trainers[0].rendezvous_address.remote()
-            await asyncio.gather(*(t.setup.remote(master_addr, master_port) for t in self.trainers))
-            async with self._weights:
-                self._trainer_ahead = True  # the new ranks hold no version the servers have
-                await self._reconnect()
-        except ray.exceptions.RayActorError as exc:
-            raise TrainerFailure("a new trainer rank died while starting", exc) from exc
-
-    def fault_metrics(self) -> dict[str, float]:
-        restarts = self.supervisor.total_restarts if self.supervisor is not None else 0
-        return {"infra/server_restarts": float(restarts)}
-
-    async def probe(self) -> list[dict[str, Any]]:
-        """The watchdog's findings: does each server answer ``/health``, does each trainer rank answer a ping?"""
-        from telescope.runtime.supervisor import probe_rank, probe_server
-
-        checks = [probe_server(i, c, self.generation) for i, c in enumerate(self.generation.clients)]
-        checks += [probe_rank(r, t, PING_TIMEOUT_S) for r, t in enumerate(self.trainers)]
-        return list(await asyncio.gather(*checks))
 
     # -------------------------------------------------------------- shutdown
 

@@ -7,9 +7,10 @@ reads its CHECKPOINT). So one agent program is pointed at the model before train
 at a checkpoint after.
 
 How (:func:`serve`): the backend (``embedded`` by default, ``vllm`` when asked) starts
-its server as a child process on a free loopback port, exactly as a run starts one;
-the gateway (:mod:`telescope.inference.gateway`) then serves on ``host:port`` in this
-process and talks to that server through the orchestrator's client. SIGTERM or Ctrl-C
+its server as a child process on a free loopback port, exactly as a run starts one, with
+a token of its own that only the gateway holds (:mod:`telescope.runtime.access`); the
+gateway (:mod:`telescope.inference.gateway`) then serves on ``host:port`` in this process
+and talks to that server through the orchestrator's client. SIGTERM or Ctrl-C
 stops the gateway (requests in flight finish), then the backend's process; the command
 then exits 0. The backend's process also dies with this one if it is killed outright.
 """
@@ -82,7 +83,7 @@ def model_context_length(folder: str) -> int:
     return FALLBACK_MAX_MODEL_LEN
 
 
-def inference_context(options: ServeOptions, model: str) -> InferenceContext:
+def inference_context(options: ServeOptions, model: str, access_token: str | None = None) -> InferenceContext:
     """The backend's context: ``model`` (a folder or ``tiny:`` name), loopback, the options' limits."""
     from telescope.api.context import InferenceContext
     from telescope.models.tiny import resolve_model_path
@@ -96,6 +97,7 @@ def inference_context(options: ServeOptions, model: str) -> InferenceContext:
         host=BACKEND_HOST,
         base_port=8100,
         chat_template=options.chat_template,
+        access_token=access_token,
     )
 
 
@@ -120,6 +122,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> Non
     from telescope.inference.gateway.app import create_gateway_app
     from telescope.inference.gateway.service import Gateway
     from telescope.models.tiny import resolve_model_path
+    from telescope.runtime.access import new_run_token
 
     model = model_folder(options.source)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
@@ -128,22 +131,24 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> Non
     server: InferenceServer | None = None
     try:
         with stopping:
-            server = create_backend(options, inference_context(options, model)).start_server(0)
+            backend_token = new_run_token()  # the backend asks for it: only this gateway calls it
+            server = create_backend(options, inference_context(options, model, backend_token)).start_server(0)
             backend_url = server.address.base_url
 
             async def connect() -> Gateway:
-                client = InferenceClient(backend_url, read_timeout=None)
+                client = InferenceClient(backend_url, read_timeout=None, access_token=backend_token)
                 return await Gateway.connect(
                     client,
                     tokenizer,
                     chat_template=options.chat_template,
                     tool_parser=options.tool_parser,
                     max_concurrent_requests=options.max_concurrent_requests,
-                    api_key=options.api_key,
                 )
 
             host, port = listener.getsockname()[:2]
-            gateway = uvicorn.Server(uvicorn.Config(create_gateway_app(connect), log_level="warning", lifespan="on"))
+            gateway = uvicorn.Server(
+                uvicorn.Config(create_gateway_app(connect, api_key=options.api_key), log_level="warning", lifespan="on")
+            )
             _announce_when_started(gateway, f"http://{host}:{port}/v1", announce)
             stopping.serving = True  # from here uvicorn handles the signals (a graceful stop)
             gateway.run(sockets=[listener])

@@ -17,7 +17,9 @@ Serving: ``inference_num_workers / inference_tensor_parallel_size`` servers of
 ``inference_backend``; at most ``max_concurrent_samples_per_server`` rollouts in flight
 on each, and the servers are sized to it (the server batch, vLLM's ``--max-num-seqs``,
 is that bound when ``max_num_seqs`` is null). The ``ray_*`` fields of an eval config are
-accepted (they are run fields) and unused here: the servers are local processes.
+accepted (they are run fields) and unused here: the servers are local processes, on
+loopback unless ``inference_host`` names another address, and ask for a token made
+for the eval (:mod:`telescope.runtime.access`).
 
 Limits: the servers restart for every checkpoint (a fresh load each; a weight update
 in place would save the start-up, at the cost of one more path to keep right); the
@@ -50,13 +52,15 @@ class EvalServers:
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
         from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
+        from telescope.runtime.access import new_run_token
 
         name = config.inference_backend
         if name == "auto":
             from telescope.inference import default_backend_name
 
             name = default_backend_name()
-        backend = get_plugins().create_inference_backend(name, config)
+        access_token = new_run_token()  # the servers ask for it; only this process's clients hold it
+        backend = get_plugins().create_inference_backend(name, config, access_token)
         count = max(1, config.inference_num_workers // config.inference_tensor_parallel_size)
         self.servers = []
         try:
@@ -66,7 +70,12 @@ class EvalServers:
             self.stop()
             raise
         clients = [
-            InferenceClient(s.address.base_url, server_index=i, read_timeout=config.inference_request_timeout_s)
+            InferenceClient(
+                s.address.base_url,
+                server_index=i,
+                read_timeout=config.inference_request_timeout_s,
+                access_token=access_token,
+            )
             for i, s in enumerate(self.servers)
         ]
         self.generation = ServerPool(clients, config.vllm_scheduling_policy)

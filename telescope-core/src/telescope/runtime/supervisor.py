@@ -15,9 +15,9 @@ mid-run is noticed within a second or two. Then, for that server:
 2. it is restarted on its placement: the same actor starts a new server process (the
    backend's ``start_server`` with the same index, so the same device and port), or, when
    the actor died too, a new actor takes the same placement-group bundle
-   (:meth:`~telescope.runtime.ray_services.RayServices.restart_server`);
+   (:meth:`~telescope.runtime.ray_recovery.WorkerRecovery.restart_server`);
 3. it gets the current weights: the weight transport is connected again and the last
-   pushed version is pushed again (:meth:`~telescope.runtime.ray_services.RayServices.resync_weights`,
+   pushed version is pushed again (:meth:`~telescope.runtime.ray_recovery.WorkerRecovery.resync_weights`,
    which waits while a training step has moved the trainer past that version);
 4. it is marked available again; ``infra/server_restarts`` counts the restart and an
    ``inference.server_restart`` event (``server``, ``reason``, ``url``) times it.
@@ -42,7 +42,7 @@ from telescope.recording import events
 
 if TYPE_CHECKING:
     from telescope.orchestrator.services import ServerPool
-    from telescope.runtime.ray_services import RayServices
+    from telescope.runtime.ray_recovery import WorkerRecovery
 
 log = logging.getLogger("telescope.run.supervisor")
 
@@ -62,7 +62,7 @@ class ServerSupervisor:
     """Keeps the inference servers of a run alive (see the module docstring)."""
 
     def __init__(
-        self, services: RayServices, interval_s: float, max_restarts: int, on_fatal: Callable[[BaseException], None]
+        self, services: WorkerRecovery, interval_s: float, max_restarts: int, on_fatal: Callable[[BaseException], None]
     ) -> None:
         self.services = services
         self.interval_s = interval_s

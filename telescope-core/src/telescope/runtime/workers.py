@@ -248,7 +248,13 @@ class TrainerWorker:
 
 @ray.remote
 class InferenceWorker:
-    """One inference server, started through the configured inference backend."""
+    """One inference server, started through the configured inference backend.
+
+    ``orchestrator_node`` (``inference_host: auto``): the node of the orchestrator, the
+    servers' one HTTP client; the server binds loopback on that node, this node's
+    address on another (:func:`~telescope.runtime.addressing.server_bind_host`). None
+    keeps the context's ``host``.
+    """
 
     def __init__(
         self,
@@ -258,14 +264,17 @@ class InferenceWorker:
         index: int,
         run_dir: str | None,
         cpus: float,
+        orchestrator_node: str | None = None,
     ) -> None:
         from telescope.plugins.facade import get_plugins
-        from telescope.runtime.addressing import NODE_IP_ENV
+        from telescope.runtime.addressing import NODE_IP_ENV, server_bind_host
         from telescope.runtime.devices import ray_gpu_ids
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
         self.node = ray.util.get_node_ip_address()
         os.environ[NODE_IP_ENV] = self.node  # a wildcard-bound server is reached at this node's address
+        if orchestrator_node is not None:  # inference_host: auto
+            context = dataclasses.replace(context, host=server_bind_host(self.node, orchestrator_node))
         self.gpu_ids = ray_gpu_ids()
         if self.gpu_ids:  # the devices Ray assigned this worker (the backend must not pick others)
             context = dataclasses.replace(context, gpu_ids=self.gpu_ids)

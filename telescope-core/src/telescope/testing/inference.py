@@ -21,6 +21,8 @@ the contract of :mod:`telescope.api.inference`:
 - cancelling a request (closing its connection) aborts it on the server;
 - a weight update through the ``memory`` transport is loaded in place: the
   server's policy version moves and its output changes;
+- given the run token (``context.access_token``), the server answers 401 without it
+  (generation, metrics, weight calls) and keeps ``/health`` open;
 - ``stop`` releases the port.
 
 ``model_path`` is a tiny model the kit builds locally (``tiny:test``). The tests
@@ -30,6 +32,7 @@ take seconds each; the whole class is marked ``slow``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import socket
 from collections.abc import Iterator
@@ -177,6 +180,36 @@ class InferenceBackendConformance:
             sender.close()
         assert version == 7
         assert before != after, "new weights did not change the output: the update was not loaded"
+
+    def test_a_server_asks_for_the_run_token(self, tmp_path: Path) -> None:
+        """With ``context.access_token`` set, every route the client uses but ``/health`` answers 401 without it."""
+        from telescope.inference.client import InferenceClient, InferenceServerError
+        from telescope.models.tiny import resolve_model_path
+
+        made = self.make_backend(Path(resolve_model_path("tiny:test")), free_port())
+        # built again as the run builds a backend: its constructor, the context with the run token
+        backend = type(made)(dataclasses.replace(made.context, access_token="conformance-run-token"), made.settings)
+        server = backend.start_server(0, tmp_path)
+
+        async def refused_and_served() -> tuple[list[int], int]:
+            async with InferenceClient(server.address.base_url, access_token="not-the-run-token") as stranger:
+                assert await stranger.health(), "/health must stay open for liveness probes"
+                statuses = []
+                generation = stranger.complete(self.prompt, max_tokens=2)
+                for call in (generation, stranger.metrics(), stranger.get_policy_version()):
+                    with pytest.raises(InferenceServerError) as refused:
+                        await call
+                    statuses.append(refused.value.status)
+            async with InferenceClient(server.address.base_url, access_token="conformance-run-token") as client:
+                served = await client.complete(self.prompt, max_tokens=2, ignore_eos=True)
+                return statuses, len(served.completions[0].token_ids)
+
+        try:
+            statuses, generated = self._run(refused_and_served())
+        finally:
+            server.stop()
+        assert statuses == [401, 401, 401]
+        assert generated == 2
 
     def test_stop_releases_the_port(self, tmp_path: Path) -> None:
         from telescope.models.tiny import resolve_model_path

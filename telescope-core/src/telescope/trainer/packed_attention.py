@@ -8,7 +8,7 @@ flash-attn) transformers' ``sdpa`` path builds a block-diagonal ``S x S`` mask a
 computes attention over the *whole* row: for a row of 64 Countdown samples of ~44
 tokens that is ``2048^2`` scores per head and layer where the documents need
 ``64 x 44^2`` (45x fewer), and on the CPU it was most of the train step's time
-(measured: ``bench/bench_trainer.py``, see the README's performance notes).
+(measured: ``bench/bench_trainer.py``, current figures in ``bench/README.md``).
 
 Design. :func:`packed_attention` is registered with transformers'
 ``AttentionInterface`` as :data:`ATTENTION_NAME`; transformers then builds no mask

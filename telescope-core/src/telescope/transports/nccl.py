@@ -34,8 +34,10 @@ is dialled at loopback only when ``ray_broadcast_prefer_loopback_if_single_node`
 set and the run placed the sender and every receiver on one node
 (``TransportContext.single_node``, computed from the placement), else at rank 0's
 node address (``TransportContext.sender_host``, as Ray reports it), or
-``TELESCOPE_WEIGHT_BROADCAST_HOST`` when set. Over gloo every rank binds the
-interface that routes to that host (:func:`telescope.runtime.addressing.local_address_towards`),
+``TELESCOPE_WEIGHT_BROADCAST_HOST`` when set. The store listens on that address
+only (a socket bound to it, handed to the store), not on every interface. Over
+gloo every rank binds the interface that routes to that host
+(:func:`telescope.runtime.addressing.local_address_towards`),
 not the address its hostname resolves to, which is often loopback and unreachable
 from another node; NCCL picks its interfaces itself (``NCCL_SOCKET_IFNAME``).
 """
@@ -51,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from telescope.api.transport import WeightTransport
-from telescope.runtime.addressing import local_address_towards, rendezvous_host
+from telescope.runtime.addressing import bound_socket, local_address_towards, rendezvous_host
 from telescope.transports.bucketing import Manifest, dtype_from_name, pack, plan, unpack
 
 if TYPE_CHECKING:
@@ -103,8 +105,17 @@ class NCCLTransport(WeightTransport):
         if num_receivers < 1:
             raise ValueError("the nccl transport needs at least one receiver")
         host = rendezvous_host(self.prefer_loopback, self.single_node, self.context.sender_host)
+        listening = bound_socket(host, 0)  # that address only: a TCPStore left to itself listens on every one
+        listening.listen()
+        port = int(listening.getsockname()[1])
         self._store = dist.TCPStore(
-            host, 0, world_size=None, is_master=True, timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False
+            host,
+            port,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=self.timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=listening.detach(),  # the store owns (and closes) the socket from here
         )
         self._address = (host, int(self._store.port))
         self.rank, self.world_size = 0, num_receivers + 1

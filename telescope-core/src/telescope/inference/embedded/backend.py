@@ -11,6 +11,10 @@ a scheduler, worker ``i`` takes visible device ``i mod count``
 (:func:`telescope.runtime.devices.embedded_device`). It is the default wherever
 vLLM is not usable (``inference_backend: auto``).
 
+With the run's token (``InferenceContext.access_token``) the server asks for it on
+every route but ``/health``; the process gets it in its environment
+(``TELESCOPE_RUN_TOKEN``), never on its command line.
+
 For tests and notebooks, :func:`start_in_thread` serves an engine from a thread
 of the current process instead (no process start-up, shares the GIL).
 """
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
+from telescope.runtime.access import with_run_token
 from telescope.runtime.devices import embedded_device
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
@@ -85,7 +90,7 @@ class EmbeddedBackend(InferenceBackend):
         ]
         if run_dir is not None:  # the server writes its log records; its console goes to log_file
             command += ["--log-dir", str(run_dir), "--log-name", f"inference_{worker_index}"]
-        env = dict(os.environ)
+        env = with_run_token(dict(os.environ), context.access_token)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         if context.gpu_ids:  # the process sees exactly the GPUs Ray assigned this worker
             env["CUDA_VISIBLE_DEVICES"] = ",".join(context.gpu_ids)
@@ -101,4 +106,5 @@ def start_in_thread(context: InferenceContext, port: int = 0, device: str | None
     from telescope.inference.embedded.server import ServerThread, create_app
 
     engine = Engine(EngineSettings.from_context(context, device=device)).start()
-    return engine, ServerThread(create_app(engine), host="127.0.0.1", port=port).start()
+    app = create_app(engine, access_token=context.access_token)
+    return engine, ServerThread(app, host="127.0.0.1", port=port).start()

@@ -34,6 +34,12 @@ Routes (vLLM-compatible unless marked):
   event-loop iteration this way (a group's samples): one HTTP exchange instead of
   one per sample, each sample still its own engine request.
 
+Access: with a run token (the process reads it from ``TELESCOPE_RUN_TOKEN``, never
+from its command line) every route but ``/health`` answers 401 without
+``Authorization: Bearer <token>`` (:mod:`telescope.runtime.access`); ``/health``
+answers an empty 200 or 503 to anyone. Without one the server is open, and says so
+in its log when it listens beyond loopback.
+
 A completion response carries the request's ``timing`` (queued, admitted, first
 token, finished; a Telescope extension field), and a weight update's result its
 server-side ``start`` time, for the run's timeline.
@@ -85,6 +91,8 @@ from telescope.inference.protocol import (
     UsageInfo,
     new_request_id,
 )
+from telescope.runtime.access import RUN_TOKEN_ENV, RunTokenMiddleware, token_from_env
+from telescope.runtime.addressing import is_loopback
 from telescope.runtime.devices import embedded_device
 from telescope.runtime.garbage_collection import freeze_startup_objects
 
@@ -265,8 +273,13 @@ def build_response(
     return CompletionResponse(id=result.request_id, model=model, choices=choices, usage=usage, timing=timing)
 
 
-def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
-    """A FastAPI app serving ``engine`` (which must be started)."""
+def create_app(engine: Engine, served_model_name: str | None = None, access_token: str | None = None) -> FastAPI:
+    """A FastAPI app serving ``engine`` (which must be started).
+
+    ``access_token``: the run token every route but ``/health`` asks for
+    (:class:`~telescope.runtime.access.RunTokenMiddleware`); None serves without one
+    (an engine served by hand on loopback, tests).
+    """
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -277,6 +290,8 @@ def create_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     token_names = TokenNames(engine.tokenizer)
     app = FastAPI(title="Telescope embedded inference engine")
     app.state.engine = engine
+    if access_token is not None:
+        app.add_middleware(RunTokenMiddleware, token=access_token)
 
     @app.get("/health")
     async def health() -> Response:
@@ -480,11 +495,19 @@ def main(argv: list[str] | None = None) -> None:
         from telescope.recording.run_logs import capture_process_logs
 
         capture_process_logs(args.log_dir, args.log_name, tee_streams=False)
+    token = token_from_env()
+    if token is None and not is_loopback(args.host):
+        log.warning(
+            "serving on %s without a run token (%s unset): anyone who reaches this port can generate and "
+            "replace the weights",
+            args.host,
+            RUN_TOKEN_ENV,
+        )
     engine = Engine(settings).start()
     freeze_startup_objects("embedded inference server")
     log.info("embedded engine serving %s on %s:%d (%s)", settings.model_path, args.host, args.port, settings.device)
     try:
-        _serve_until_stopped(create_app(engine), args.host, args.port)
+        _serve_until_stopped(create_app(engine, access_token=token), args.host, args.port)
     finally:
         with contextlib.suppress(Exception):
             engine.stop()

@@ -7,7 +7,8 @@
 - ``GET /v1/models``: the served model and its context length; ``GET /health``.
 
 ``stream: true`` answers as server-sent events (see :mod:`.responses` for what a stream
-holds and its limit). Errors: :mod:`.errors`. Authentication: :func:`check_api_key`.
+holds and its limit). Errors: :mod:`.errors`. Authentication: :func:`create_gateway_app`'s
+``api_key``, checked as the run's servers check the run token.
 
 Limit: a caller that disconnects does not abort its call; the backend finishes it (bounded
 by its ``max_tokens``) and the answer is dropped.
@@ -16,25 +17,16 @@ by its ``max_tokens``) and the answer is dropped.
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from telescope.inference.gateway.errors import GatewayError, install_error_handlers
+from telescope.inference.gateway.errors import install_error_handlers
 from telescope.inference.gateway.responses import ChatAnswer, TextAnswer
 from telescope.inference.gateway.schema import ChatCompletionRequest, TextCompletionRequest
 from telescope.inference.gateway.service import Gateway, SamplingOptions
-
-
-def check_api_key(request: Request, api_key: str | None) -> None:
-    """With an ``api_key``, a request must carry ``Authorization: Bearer <api_key>`` (else 401)."""
-    if api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise GatewayError(401, "missing or wrong API key: send Authorization: Bearer <key>", code="invalid_api_key")
+from telescope.runtime.access import RunTokenMiddleware
 
 
 def _options(body: ChatCompletionRequest | TextCompletionRequest, max_tokens: int, top: int) -> SamplingOptions:
@@ -49,8 +41,12 @@ def _options(body: ChatCompletionRequest | TextCompletionRequest, max_tokens: in
     )
 
 
-def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]]) -> FastAPI:
+def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]], *, api_key: str | None = None) -> FastAPI:
     """The ASGI app serving ``gateway``, or the one ``gateway()`` makes at start-up (in the server's loop).
+
+    With ``api_key``, every route but ``/health`` asks for ``Authorization: Bearer <api_key>``
+    (the run token's check, :class:`~telescope.runtime.access.RunTokenMiddleware`: 401 in
+    OpenAI's error shape otherwise).
 
     Pass a factory when the gateway's client must be made in the event loop that serves the
     app (a server started in another thread or process); the app's lifespan closes its client.
@@ -71,19 +67,12 @@ def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]]) -> F
     if isinstance(gateway, Gateway):
         app.state.gateway = gateway
     install_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(RunTokenMiddleware, token=api_key)
 
     def current() -> Gateway:
         served: Gateway = app.state.gateway
         return served
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.url.path != "/health":
-            try:
-                check_api_key(request, current().api_key)
-            except GatewayError as exc:
-                return exc.response()
-        return await call_next(request)
 
     @app.get("/health")
     async def health() -> Response:

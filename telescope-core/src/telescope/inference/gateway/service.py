@@ -85,7 +85,6 @@ class Gateway:
         chat_template: str | None = None,
         tool_parser: str = "auto",
         max_concurrent_requests: int = 64,
-        api_key: str | None = None,
         observers: Sequence[CallObserver] = (),
     ) -> None:
         self.client = client
@@ -95,7 +94,6 @@ class Gateway:
         self.model_names = {model_name, *model_aliases}
         self.max_model_len = max_model_len
         self.max_concurrent_requests = max_concurrent_requests
-        self.api_key = api_key
         self.observers = list(observers)
         self.in_flight = 0
         self._token_text: dict[int, str] = {}
