@@ -10,7 +10,10 @@ test_gateway_tools.py.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +61,24 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture(scope="module")
-def gateway_url(server: ServerThread, tiny_model_path: Path, recorder: Recorder) -> Iterator[str]:
+def gateways() -> list[Gateway]:
+    """The gateway the app made at its start (one), for tests that hold its backend calls."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def gateway_url(
+    server: ServerThread, tiny_model_path: Path, recorder: Recorder, gateways: list[Gateway]
+) -> Iterator[str]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
 
     async def connect() -> Gateway:
         client = InferenceClient(server.base_url)
-        return await Gateway.connect(client, tokenizer, max_concurrent_requests=2, observers=[recorder])
+        gateway = await Gateway.connect(client, tokenizer, max_concurrent_requests=2, observers=[recorder])
+        gateways.append(gateway)
+        return gateway
 
     thread = ServerThread(create_gateway_app(connect), lifespan="on").start()
     yield thread.base_url + "/v1"
@@ -205,22 +218,35 @@ def test_prompt_over_the_context_is_a_400_with_the_limit(client: openai.OpenAI) 
     assert caught.value.param == "prompt" and "512" in caught.value.message
 
 
-def test_saturated_gateway_answers_429(client: openai.OpenAI, gateway_url: str) -> None:
-    """Two calls in flight fill the gateway (max_concurrent_requests=2): the third is refused at once."""
+def test_saturated_gateway_answers_429(
+    client: openai.OpenAI, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls held in flight fill the gateway (max_concurrent_requests=2): a third is refused at once.
 
-    async def go() -> list[Any]:
-        async with openai.AsyncOpenAI(base_url=gateway_url, api_key="unused", max_retries=0) as sdk:
-            model = (await sdk.models.list()).data[0].id
-            calls = [
-                sdk.completions.create(model=model, prompt="hi", max_tokens=200, extra_body={"ignore_eos": True})
-                for _ in range(6)
-            ]
-            return await asyncio.gather(*calls, return_exceptions=True)
+    The backend calls are held by the test (not raced against the model's speed), then
+    released: the two held calls complete.
+    """
+    model = model_of(client)
+    [gateway] = gateways
+    release = threading.Event()
+    complete = gateway.client.complete
 
-    outcomes = asyncio.run(go())
-    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
-    assert refused and all(o.status_code == 429 for o in refused)
-    assert any(not isinstance(o, Exception) for o in outcomes)
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.to_thread(release.wait)
+        return await complete(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.client, "complete", held)
+    with ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(client.completions.create, model=model, prompt="hi", max_tokens=4) for _ in range(2)]
+        try:
+            while gateway.in_flight < 2:  # both calls reached the backend (the test's timeout guards a hang)
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as refused:
+                client.completions.create(model=model, prompt="hi", max_tokens=4)
+        finally:
+            release.set()
+        assert refused.value.status_code == 429 and "saturated" in refused.value.message
+        assert [len(call.result().choices) for call in calls] == [1, 1]
 
 
 def test_the_docs_agent_runs(
