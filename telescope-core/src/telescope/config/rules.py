@@ -2,8 +2,9 @@
 
 Checked after the schema's own rules, before anything starts: plugin names and
 algorithm capabilities, the ``model`` (a local folder must exist and hold
-``config.json``; see :mod:`telescope.config.checks`) and every environment's and
-eval's ``kwargs`` against its constructor. Each problem is one message naming the
+``config.json``; see :mod:`telescope.config.checks`), every environment's and
+eval's ``kwargs`` against its constructor, and the local data files they name
+(:mod:`telescope.config.data_files`). Each problem is one message naming the
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
+from telescope.config.data_files import data_file_kwargs_problems
 from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
 
@@ -99,6 +101,7 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
             entries.append((f"evals[{i}]", ev.name, plugins.environment(ev.name), ev.kwargs))
     for where, name, cls, kwargs in entries:
         problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
+        problems.extend(f"{where}.kwargs: {p}" for p in data_file_kwargs_problems(name, cls, kwargs))
         problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):
         problems.extend(_algorithm_problems(config, algorithm_capabilities(registry, config.algorithm), derived))
