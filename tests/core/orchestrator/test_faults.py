@@ -375,7 +375,7 @@ def test_a_run_whose_reward_always_raises_stops_with_the_rewards_error(tmp_path:
         run_loop(tmp_path, tokenizer, services, RaisingReward, max_consecutive_errored_batches=2)
     assert services.batches == []  # nothing trained: every group was empty
     message = str(stopped.value)
-    assert "every rollout of the last 6 groups (2 batches of 3) errored" in message
+    assert "every rollout of the last 6 groups (2 x prompts_batch_size_for_trainer 3) errored" in message
     assert "environment 'parity'" in message and "KeyError in compute_reward of sample" in message
     assert "no field 'target' in this sample" in message
     raised = RaisingReward.compute_reward.__code__

@@ -53,7 +53,7 @@ class ErroredGroupStreak:
     def _message(self, environment: str, error: str) -> str:
         return (
             f"no batch can be formed: every rollout of the last {self.count} groups "
-            f"({self.max_batches} batches of {self.batch_size}) errored. The last error, environment "
-            f"{environment!r}: {error}. Fix the environment (its reward function or environment "
+            f"({self.max_batches} x prompts_batch_size_for_trainer {self.batch_size}) errored. The last error, "
+            f"environment {environment!r}: {error}. Fix the environment (its reward function or environment "
             "steps); to wait longer, raise max_consecutive_errored_batches (0 = wait forever)"
         )
