@@ -9,6 +9,7 @@
   completes, each step recorded once for readers and no shared memory left; without a checkpoint the
   run fails cleanly, says the rank was killed (not out of memory) and prints the command that starts it again;
 - a reward function that hangs for some completions is timed out, counted, and the run completes;
+- a reward function that always raises fails the run (exit 1) with its error and where it was raised;
 - a trainer rank that stops answering (SIGSTOP) is named by the watchdog in status.json and the run fails.
 
 The orchestration logic of each (with fakes, in seconds): tests/core/orchestrator/test_faults.py.
@@ -63,6 +64,39 @@ class HangingCountdown(CountdownEnvironment):
 def telescope_register_environments(register):
     register("hanging_countdown", HangingCountdown)
 """
+
+
+#: An installed plugin: countdown whose reward always raises.
+RAISING_REWARD_PLUGIN = """
+from telescope import hookimpl
+from telescope_envs.countdown import CountdownEnvironment
+
+class RaisingCountdown(CountdownEnvironment):
+    def compute_reward(self, completion, sample, eos_token=""):
+        raise KeyError("reward_key")
+
+@hookimpl
+def telescope_register_environments(register):
+    register("raising_countdown", RaisingCountdown)
+"""
+
+#: The quick start's countdown problems, for a plugin environment named ``{name}``.
+PLUGIN_ENVIRONMENT = (
+    "[{{name: {name}, kwargs: {{dataset_name: generated, num_samples: 2000, num_numbers: 2,"
+    " max_number: 9, seed: 0, prompt_style: compact}}}}]"
+)
+
+
+def install_plugin(tmp_path: Path, module: str, source: str) -> dict[str, str]:
+    """Install ``source`` as plugin module ``module`` (an entry point) in a folder; the env that puts it on the path."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    info = site / f"{module}-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[telescope]\n{module} = {module}\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
 
 def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -280,17 +314,9 @@ def _logged_at(log: str, marker: str) -> float:
 
 
 def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "hanging_reward_plugin.py").write_text(HANGING_REWARD_PLUGIN, encoding="utf-8")
-    info = site / "hanging_reward_plugin-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hanging-reward-plugin\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text("[telescope]\nhanging_reward_plugin = hanging_reward_plugin\n")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    env = install_plugin(tmp_path, "hanging_reward_plugin", HANGING_REWARD_PLUGIN)
     run_dir = tmp_path / "run"
-    environments = ('[{name: hanging_countdown, kwargs: {dataset_name: generated, num_samples: 2000, num_numbers: 2,'
-                    ' max_number: 9, seed: 0, prompt_style: compact}}]')  # fmt: skip
+    environments = PLUGIN_ENVIRONMENT.format(name="hanging_countdown")
     process = telescope(
         run_dir, "--number_of_steps", "3", "--environments", environments, "--reward_timeout_s", "1",
         "--inference_base_port", "8259", env=env,
@@ -301,3 +327,24 @@ def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) 
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert sum(m["timeouts/reward/count"] for m in metrics) > 0
     assert all(len(r["completion"]) % 2 == 0 for r in RunReader(run_dir).rollouts())
+
+
+def test_a_reward_that_always_raises_fails_the_run_with_its_error(tmp_path: Path) -> None:
+    env = install_plugin(tmp_path, "raising_reward_plugin", RAISING_REWARD_PLUGIN)
+    run_dir = tmp_path / "run"
+    process = telescope(
+        run_dir, "--number_of_steps", "3", "--environments", PLUGIN_ENVIRONMENT.format(name="raising_countdown"),
+        "--eval_before_training", "false", "--eval_after_training", "false", "--max_consecutive_errored_batches", "1",
+        "--inference_base_port", "8263", env=env,
+    )  # fmt: skip
+    err = finish(process)
+    assert process.returncode == 1, err[-3000:]
+    plugin = tmp_path / "site" / "raising_reward_plugin.py"
+    where = f"raised at {plugin}:7 in compute_reward"
+    assert "every rollout of the last 4 groups (1 x prompts_batch_size_for_trainer 4) errored" in err, err[-3000:]
+    assert where in err
+    final = status(run_dir)
+    assert final["status"] == "failed"
+    assert "KeyError in compute_reward of sample" in str(final["error"]) and "'reward_key'" in str(final["error"])
+    assert where in str(final["error"])
+    assert RunReader(run_dir).metrics() == []  # no step was trained

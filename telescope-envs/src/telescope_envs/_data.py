@@ -5,7 +5,12 @@
 - a hub name (``"HuggingFaceH4/MATH-500"``) loads as usual (with ``subset`` as the
   config name);
 - a local file (``.json``, ``.jsonl``, ``.csv``, ``.parquet``) loads with the matching
-  builder and ``data_files=``, so tests and offline runs use the same code path;
+  builder and ``data_files=``, so tests and offline runs use the same code path. It is
+  checked first (:func:`telescope.config.data_files.data_file_problems`, the check
+  ``telescope config validate`` runs on an environment's ``data_files``): a missing
+  file, a line that does not parse, or a row without one of ``fields`` raises
+  ``ValueError`` naming the file, the line and the field, where ``datasets`` would
+  fail with a message that names none of them (or look the name up on the hub);
 - a local directory loads as a dataset folder.
 
 ``datasets`` is imported on first use, never when a plugin module is imported.
@@ -18,16 +23,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
+
+from telescope.config.data_files import DATA_FILE_SUFFIXES, data_file_problems
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_rows(dataset_name: str, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
-    """The rows of a dataset (hub name, local file or local folder) as plain dicts."""
+def load_rows(
+    dataset_name: str, split: str = "train", subset: str | None = None, fields: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The rows of a dataset (hub name, local file or local folder) as plain dicts.
+
+    A local file must exist, parse, and give every row ``fields`` (else ``ValueError``).
+    """
+    ext = os.path.splitext(dataset_name)[1].lower()
+    if ext in DATA_FILE_SUFFIXES:
+        problems = data_file_problems(dataset_name, fields)
+        if problems:
+            raise ValueError("bad data file: " + "; ".join(problems))
     import datasets
 
-    ext = os.path.splitext(dataset_name)[1].lower()
     if os.path.isfile(dataset_name) and ext in _BUILDERS:
         ds = datasets.load_dataset(_BUILDERS[ext], data_files={split: dataset_name}, split=split)
     elif subset is not None:

@@ -62,6 +62,7 @@ class CalculatorEnvironment(ToolEnvironment):
     """Arithmetic with ``add`` and ``subtract`` tools; reward 1.0 for the right final answer."""
 
     name: ClassVar[str] = "calculator"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ("question", "answer")}
     tools: ClassVar[list[Any]] = [add, subtract]
     max_turns: ClassVar[int] = 6
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
@@ -104,7 +105,8 @@ class CalculatorEnvironment(ToolEnvironment):
         if self.dataset_name == "generated":
             items = self._generate()
         else:
-            items = [(str(r["question"]), float(r["answer"])) for r in load_rows(self.dataset_name, self.dataset_split)]
+            rows = load_rows(self.dataset_name, self.dataset_split, fields=self.data_files["dataset_name"])
+            items = [(str(r["question"]), float(r["answer"])) for r in rows]
         ids = unique_ids([stable_id(self.name, q) for q, _ in items])
         return [
             Sample(prompt=q, answer=a, sample_id=sid, environment=self.name)

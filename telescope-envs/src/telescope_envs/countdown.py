@@ -188,6 +188,7 @@ class CountdownEnvironment(ThinkingPrefix, BaseEnvironment):
     }
     reward_min: ClassVar[float] = 0.0
     reward_max: ClassVar[float] = 2.0
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ("nums", "target")}
 
     def __init__(
         self,
@@ -228,7 +229,7 @@ class CountdownEnvironment(ThinkingPrefix, BaseEnvironment):
         if self.dataset_name == "generated":
             problems = generate_problems(self.num_samples, self.num_numbers, self.max_number, self.seed)
         else:
-            rows = load_rows(self.dataset_name, self.dataset_split)
+            rows = load_rows(self.dataset_name, self.dataset_split, fields=self.data_files["dataset_name"])
             problems = [([int(n) for n in row["nums"]], int(row["target"])) for row in rows]
         if self.max_samples is not None:
             problems = problems[: self.max_samples]

@@ -38,6 +38,9 @@ class GPQAEnvironment(BaseEnvironment):
     """Four-way multiple choice; reward 1.0 for the right letter."""
 
     name: ClassVar[str] = "gpqa"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dataset_name": ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+    }
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "correct": {"min": 0.0, "max": 1.0},
         "answered": {"min": 0.0, "max": 1.0},
@@ -57,7 +60,7 @@ class GPQAEnvironment(BaseEnvironment):
 
     def load_dataset(self) -> list[Sample]:
         subset = None if self.dataset_name.endswith((".json", ".jsonl", ".csv", ".parquet")) else self.dataset_subset
-        rows = load_rows(self.dataset_name, self.dataset_split, subset)
+        rows = load_rows(self.dataset_name, self.dataset_split, subset, fields=self.data_files["dataset_name"])
         if self.max_samples is not None:
             rows = rows[: self.max_samples]
         ids = unique_ids([stable_id(self.name, str(r["Question"])) for r in rows])

@@ -41,6 +41,7 @@ class MathEnvironment(ThinkingPrefix, BaseEnvironment):
     """Math problems whose reward is a math-verify check of the boxed answer."""
 
     name: ClassVar[str] = "math"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ()}  # column names vary by source
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "correct": {"min": 0.0, "max": 1.0},
         "has_boxed": {"min": 0.0, "max": 1.0},

@@ -103,6 +103,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
     """Code generation graded by running tests in a sandbox."""
 
     name: ClassVar[str] = "i3_code"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ()}  # column names vary by source
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "pass_rate": {"min": 0.0, "max": 1.0},
         "all_passed": {"min": 0.0, "max": 1.0},

@@ -96,6 +96,7 @@ class WordleEnvironment(MultiTurnEnvironment):
     """Guess the secret word in ``num_guesses`` tries, with G/Y/X feedback after each."""
 
     name: ClassVar[str] = "wordle"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ("word",)}
     max_turns: ClassVar[int] = 6
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "solved": {"min": 0.0, "max": 1.0},
@@ -139,7 +140,8 @@ class WordleEnvironment(MultiTurnEnvironment):
         if self.dataset_name == "builtin":
             words = list(WORDS)
         else:
-            words = [str(r["word"]).strip().lower() for r in load_rows(self.dataset_name, self.dataset_split)]
+            rows = load_rows(self.dataset_name, self.dataset_split, fields=self.data_files["dataset_name"])
+            words = [str(r["word"]).strip().lower() for r in rows]
         if self.max_samples is not None:
             words = words[: self.max_samples]
         ids = unique_ids([stable_id(self.name, w) for w in words])

@@ -6,6 +6,7 @@
 - a trainer failure restarts the trainer group from the last checkpoint (or fails, saying how to resume);
 - a crash in the middle of a checkpoint save leaves the previous checkpoint usable: the run resumes from it;
 - a run whose groups are all zero-advantage stops after a bound and says why;
+- a run whose reward always raises stops after a bound with the reward's own error and where it was raised;
 - the watchdog names what is stuck (a server, the trainer, an environment call, a sandbox command) in
   status.json and fails the run.
 
@@ -30,6 +31,7 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_orchestrator
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.deadlines import OperationTimeout, running_calls, timeout_kind
+from telescope.orchestrator.errored_groups import AllRolloutsErrored
 from telescope.orchestrator.group_records import NoLearningSignal
 from telescope.orchestrator.orchestrator import TrainerLost
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
@@ -74,6 +76,13 @@ class ConstantReward(ParityEnvironment):
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return RewardResult(total_reward=1.0)
+
+
+class RaisingReward(ParityEnvironment):
+    """compute_reward always raises: every rollout errors."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        raise KeyError("no field 'target' in this sample")
 
 
 def registry_with(environment: type) -> Registry:
@@ -416,6 +425,28 @@ def test_a_run_whose_groups_are_all_zero_advantage_stops_and_says_why(tmp_path: 
     message = str(stopped.value)
     assert "the last 6 groups" in message and "zero-advantage" in message and "reward: 1" in message
     assert "max_consecutive_zero_advantage_batches" in message
+
+
+def test_a_run_whose_reward_always_raises_stops_with_the_rewards_error(tmp_path: Path, tokenizer: Any) -> None:
+    services = FakeServices()
+    with pytest.raises(AllRolloutsErrored) as stopped:
+        run_loop(tmp_path, tokenizer, services, RaisingReward, max_consecutive_errored_batches=2)
+    assert services.batches == []  # nothing trained: every group was empty
+    message = str(stopped.value)
+    assert "every rollout of the last 6 groups (2 x prompts_batch_size_for_trainer 3) errored" in message
+    assert "environment 'parity'" in message and "KeyError in compute_reward of sample" in message
+    assert "no field 'target' in this sample" in message
+    raised = RaisingReward.compute_reward.__code__
+    assert f"raised at {raised.co_filename}:{raised.co_firstlineno + 1} in compute_reward" in message
+    assert "max_consecutive_errored_batches" in message, message
+
+
+def test_a_reward_that_raises_for_some_samples_does_not_stop_the_run(tmp_path: Path, tokenizer: Any) -> None:
+    reader = run_loop(
+        tmp_path, tokenizer, FakeServices(), ParityEnvironment, max_consecutive_errored_batches=1, number_of_steps=3,
+        environments=[{"name": "parity", "kwargs": {"fail_on": "q1"}}],
+    )  # fmt: skip
+    assert [m["step"] for m in reader.metrics()] == [0, 1, 2]
 
 
 class HangingServer(FakeServices):

@@ -24,7 +24,10 @@ the run's ``sandbox_provider``. Two class attributes are checked by ``telescope 
 validate`` before anything starts: ``requires`` (optional modules the environment
 imports, with the command that installs each) and ``uses_sandbox`` (it runs
 model-written code: the provider it will use, the run's ``sandbox_provider`` or its own
-``sandbox_provider`` keyword argument, must be registered and installed).
+``sandbox_provider`` keyword argument, must be registered and installed). A third,
+``data_files``, names the keyword arguments that may point at a local data file and
+the fields each row needs: validation checks such a file exists, parses, and has them
+(:mod:`telescope.config.data_files`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ class EnvironmentBase(ABC):
     #: ``sandbox_provider`` (``self.context``) unless a ``sandbox_provider`` keyword argument
     #: overrides it; validation checks that the provider is registered and installed.
     uses_sandbox: ClassVar[bool] = False
+    #: Keyword arguments that may name a local data file (``.json``, ``.jsonl``, ``.csv``,
+    #: ``.parquet``, or a path), each with the fields every row needs: {"dataset_name": ("question",
+    #: "answer")}. Validation reports a missing file, a line that does not parse, or a row without
+    #: a field, naming the file, the line and the field.
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: The run context (the core sets it per instance; this default applies outside a run).
     context: EnvironmentContext = EnvironmentContext()
 

@@ -4,7 +4,8 @@ Checked after the schema's own rules, before anything starts: plugin names and
 algorithm capabilities, the ``model`` (a local folder must exist and hold
 ``config.json``; see :mod:`telescope.config.checks`), every environment's and
 eval's ``kwargs`` against its constructor (names, and values against the annotations:
-:mod:`telescope.config.constructors`), and ``inference_tensor_parallel_size`` against
+:mod:`telescope.config.constructors`), the local data files they name
+(:mod:`telescope.config.data_files`), and ``inference_tensor_parallel_size`` against
 the embedded inference engine, which runs each server on one device. Each problem is one message naming the
 fields, the value and how to fix it. Algorithm capabilities are read from
 registration metadata or the class attributes, never by importing torch.
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
 from telescope.config.constructors import kwargs_type_problems
+from telescope.config.data_files import data_file_kwargs_problems
 from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
 
@@ -108,6 +110,7 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
     for where, name, cls, kwargs in entries:
         problems.extend(f"{where}.kwargs: {p}" for p in environment_kwargs_problems(name, cls, kwargs))
         problems.extend(f"{where}.kwargs.{key}: {p}" for key, p in kwargs_type_problems(name, cls, kwargs))
+        problems.extend(f"{where}.kwargs: {p}" for p in data_file_kwargs_problems(name, cls, kwargs))
     for name, cls, kwargs, where in _distinct_needs(entries):
         problems.extend(environment_needs_problems(config, registry, where, name, cls, kwargs))
     if _check_name(registry, PluginKind.ALGORITHM, config.algorithm, "algorithm", problems):

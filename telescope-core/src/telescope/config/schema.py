@@ -328,6 +328,14 @@ class TelescopeConfig(BaseModel):
         "(N x prompts_batch_size_for_trainer) were discarded as zero-advantage: no batch can be formed. "
         "0 = wait forever",
     )
+    max_consecutive_errored_batches: int = Field(
+        3,
+        ge=0,
+        description="Fail the run with the environment's own error (exception, message, where it was raised) "
+        "when this many batches' worth of groups in a row (N x prompts_batch_size_for_trainer) had every "
+        "rollout errored (a reward or environment step that always raises or times out): no batch can be "
+        "formed. 0 = wait forever",
+    )
     watchdog_timeout_s: float = Field(
         1800.0,
         ge=0,
@@ -581,8 +589,8 @@ _section("checkpointing", [
 ])  # fmt: skip
 _section("fault tolerance", [
     "inference_request_timeout_s", "reward_timeout_s", "environment_step_timeout_s",
-    "max_consecutive_zero_advantage_batches", "watchdog_timeout_s", "inference_health_check_interval_s",
-    "inference_max_restarts", "trainer_max_restarts",
+    "max_consecutive_zero_advantage_batches", "max_consecutive_errored_batches", "watchdog_timeout_s",
+    "inference_health_check_interval_s", "inference_max_restarts", "trainer_max_restarts",
 ])  # fmt: skip
 _section("evals", [
     "eval_before_training", "eval_after_training", "eval_num_servers", "eval_start_end_use_all_servers", "evals",

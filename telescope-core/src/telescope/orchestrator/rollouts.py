@@ -9,7 +9,10 @@
 - Environment code (rewards, environment replies, tools) runs in worker threads:
   a slow reward never blocks generation, and an exception marks this rollout as
   errored (``rollout.error``, a zero reward, counted in the metrics) instead of
-  stopping the run. A reward or an environment step that runs past its limit
+  stopping the run. The error names the exception, the call, the sample and where
+  the exception was raised (:func:`raised_at`), so a run that stops because every
+  rollout errors (:mod:`telescope.orchestrator.errored_groups`) can say why. A
+  reward or an environment step that runs past its limit
   (``RolloutLimits.reward_timeout_s`` / ``environment_step_timeout_s``) is abandoned
   the same way, its error starting with ``timeout/<kind>:``
   (:mod:`telescope.orchestrator.deadlines`).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -166,7 +170,7 @@ async def run_rollout(
     except OperationTimeout as exc:  # a hung environment step or request: this rollout only
         error = str(exc)
     except Exception as exc:  # an environment failure marks this rollout, the run goes on
-        error = f"{type(exc).__name__} during generation: {exc}"
+        error = f"{type(exc).__name__} during generation of sample {sample.sample_id!r}: {exc} [{raised_at(exc)}]"
     finally:
         if lane is not None and free_lane_after_generation:
             lane.release()
@@ -179,6 +183,15 @@ async def run_rollout(
     if lane is not None:
         lane.release()
     return dataclasses.replace(unscored, reward=reward, error=reward.error)
+
+
+def raised_at(exc: BaseException) -> str:
+    """``raised at FILE:LINE in FUNCTION``: the innermost frame of ``exc``'s traceback (where it was raised)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "raised at an unknown place"
+    last = frames[-1]
+    return f"raised at {last.filename}:{last.lineno} in {last.name}"
 
 
 def _token_versions(generation: Generation) -> list[int]:
@@ -239,7 +252,7 @@ async def _compute_reward(
     except OperationTimeout as exc:  # a hung reward function: abandoned, counted, the run goes on
         return RewardResult(total_reward=0.0, error=str(exc))
     except Exception as exc:  # a failing reward function is contained and counted
-        return RewardResult(total_reward=0.0, error=f"{type(exc).__name__} in compute_reward: {exc}")
+        return RewardResult(total_reward=0.0, error=f"{type(exc).__name__} in {what}: {exc} [{raised_at(exc)}]")
 
 
 async def all_or_none(coroutines: list[Awaitable[Rollout]]) -> list[Rollout]:

@@ -50,7 +50,10 @@ the algorithm sees them (scaled, penalty included) are all equal are discarded a
 ``zero_advantage`` when ``discard_group_zero_advantage``; when
 ``max_consecutive_zero_advantage_batches`` batches' worth of groups in a row are, no
 batch can ever be formed and :meth:`RolloutScheduler.next_batch` raises
-:class:`NoLearningSignal` (the run fails and says why).
+:class:`NoLearningSignal` (the run fails and says why). Likewise when every rollout of
+``max_consecutive_errored_batches`` batches' worth of groups in a row errored: it raises
+:class:`~telescope.orchestrator.errored_groups.AllRolloutsErrored`, quoting the
+environment's error and where it was raised.
 
 Servers that fail. A group whose server cannot serve (a rollout raised
 :class:`~telescope.orchestrator.rollouts.ServerUnavailable`: the server died or is
@@ -95,6 +98,7 @@ from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.batching import training_rewards
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.errored_groups import ErroredGroupStreak
 from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.group_records import (
     NoLearningSignal,
@@ -176,6 +180,7 @@ class RolloutScheduler:
         self._servers_down: set[int] = set()  # servers whose failure was logged (once per outage)
         self._consecutive_zero_advantage = 0
         self._zero_advantage_limit = config.max_consecutive_zero_advantage_batches * self.batch_size
+        self._errored_streak = ErroredGroupStreak(config.max_consecutive_errored_batches, self.batch_size)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -436,6 +441,7 @@ class RolloutScheduler:
         self._consecutive_failures = 0
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
+        all_errored = self._errored_streak.observe(slot.name, group.rollouts)
         # overlong / gibberish / repetition filters and the overlong penalty (filters.py)
         group = Group(sample=group.sample, rollouts=[self.checks.apply(r) for r in group.rollouts if not r.error])
         ranges = {group.sample.environment: (slot.reward_min, slot.reward_max)}
@@ -453,6 +459,8 @@ class RolloutScheduler:
                 limit = self._zero_advantage_limit
                 if limit and self._consecutive_zero_advantage >= limit and self._failure is None:
                     self._failure = NoLearningSignal(self._no_signal_message())
+            if all_errored is not None and self._failure is None:
+                self._failure = all_errored
             rewards = [r.reward.total_reward if r.reward is not None else None for r in group.rollouts]
             if reason is None:
                 self._consecutive_zero_advantage = 0

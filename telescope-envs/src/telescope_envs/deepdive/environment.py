@@ -133,6 +133,7 @@ class DeepDiveEnvironment(ToolEnvironment):
     """Research a question with search and page tools; a judge grades the final answer."""
 
     name: ClassVar[str] = "deepdive"
+    data_files: ClassVar[dict[str, tuple[str, ...]]] = {"dataset_name": ()}  # column names vary by source
     #: Hard cap of the ``max_turns`` keyword argument.
     max_turns: ClassVar[int] = 64
     reward_min: ClassVar[float] = 0.0
