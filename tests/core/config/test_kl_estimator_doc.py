@@ -1,4 +1,4 @@
-"""What the docs (upstream differences) and the schema say of ``kl_estimator: k3`` matches ``kl_penalty``: capped, so an underestimate."""
+"""What docs/upstream-differences.md and the schema say of ``kl_estimator: k3``: capped, so an underestimate."""
 
 from __future__ import annotations
 

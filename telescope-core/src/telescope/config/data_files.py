@@ -28,11 +28,12 @@ Pure functions: nothing raises for bad input, nothing is imported from the netwo
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
+
+from telescope.config.constructors import constructor_of
 
 #: Suffixes that make a keyword value a local data file (what ``datasets`` loads with a builder).
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
@@ -90,10 +91,8 @@ def data_file_kwargs_problems(name: str, cls: type, kwargs: Mapping[Any, Any]) -
 
 
 def _default(cls: type, key: str) -> object:
-    try:
-        parameter = inspect.signature(cls).parameters.get(key)
-    except (TypeError, ValueError):
-        return None
+    """The constructor's default for ``key`` (its signature read once per class, as the kwargs checks read it)."""
+    parameter = constructor_of(cls).keyword.get(key)
     return None if parameter is None or parameter.default is parameter.empty else parameter.default
 
 
