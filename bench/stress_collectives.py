@@ -45,6 +45,7 @@ import ctypes.util
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -281,6 +282,8 @@ def main() -> int:
     if args.child:
         run_child(args.child, args.model_dir, args.iterations)
         return 0
+    # A `timeout` (SIGTERM) still ends the busy processes and the run in progress (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     checks = glibc_check_environment(args.perturb) if args.checks == "glibc" else {}
     print(f"checks: {' '.join(f'{k}={v}' for k, v in checks.items()) or 'none'}; load: {args.load} busy processes")
     outcomes = stress(args.paths.split(","), {**os.environ, **checks}, args)
