@@ -1,9 +1,11 @@
-"""spawn_ranks: ranks forked from a preloaded fork server still get the caller's environment and errors."""
+"""spawn_ranks: ranks forked from a preloaded fork server still get the caller's environment, errors and stderr;
+a rank killed by a signal leaves its Python stack in the error."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,16 @@ def failing_worker(rank: int, world_size: int) -> None:
         raise ValueError("rank 1 fails on purpose")
 
 
+def chatty_worker(rank: int, world_size: int) -> None:
+    print(f"rank {rank} of {world_size} writes to stderr", file=sys.stderr)
+
+
+def aborting_worker(rank: int, world_size: int) -> None:
+    if rank == 1:
+        print("rank 1 is about to abort", file=sys.stderr, flush=True)
+        os.abort()  # what glibc does on a corrupted heap ("malloc_consolidate(): unaligned fastbin chunk detected")
+
+
 def test_each_rank_sees_the_environment_as_it_is_at_the_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for value in ("first", "second"):  # the second call reuses the fork server, started during the first
         monkeypatch.setenv("TELESCOPE_SPAWN_PROBE", value)
@@ -40,3 +52,17 @@ def test_each_rank_sees_the_environment_as_it_is_at_the_call(tmp_path: Path, mon
 def test_an_error_in_a_rank_fails_the_call() -> None:
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         spawn_ranks(failing_worker, 2)
+
+
+def test_each_ranks_stderr_reaches_the_caller(capfd: pytest.CaptureFixture[str]) -> None:
+    spawn_ranks(chatty_worker, 2)
+    err = capfd.readouterr().err
+    assert "rank 0 of 2 writes to stderr" in err and "rank 1 of 2 writes to stderr" in err
+
+
+def test_a_rank_killed_by_a_signal_leaves_its_stack_and_stderr_in_the_error() -> None:
+    with pytest.raises(Exception, match="SIGABRT") as caught:
+        spawn_ranks(aborting_worker, 2)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "rank 1 is about to abort" in notes
+    assert "Fatal Python error: Aborted" in notes and "in aborting_worker" in notes  # faulthandler's stack

@@ -28,9 +28,12 @@ Helpers: :func:`tiny_trainer_config`, :func:`synthetic_batch` and
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import math
 import os
 import random
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -116,6 +119,15 @@ def spawn_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     that reads a variable at import time read it in the server. The port stays reserved
     (:func:`~telescope.trainer.distributed.reserve_port`) until the ranks have returned,
     so no other test's process takes it before rank 0 listens on it.
+
+    Each rank's standard error (file descriptor 2: Python's, C++'s and glibc's
+    messages) goes to a file of its own, which the call copies to its caller's
+    ``sys.stderr`` when the ranks have returned: a forked rank would otherwise write
+    to the descriptor the fork server inherited when it started, under pytest the
+    capture file of whichever test started it. Python's ``faulthandler`` writes there
+    too, so a rank killed by a signal (glibc aborting on a corrupted heap, a
+    segmentation fault) leaves the Python stack of every thread it had; when the
+    call fails, the tail of each rank's file is added to the error as a note.
     """
     import multiprocessing
 
@@ -124,22 +136,47 @@ def spawn_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     from telescope.trainer.distributed import reserve_port
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_PRELOAD))
-    with reserve_port("127.0.0.1") as reservation:
+    with reserve_port("127.0.0.1") as reservation, tempfile.TemporaryDirectory(prefix="telescope-ranks-") as logs:
         port = reservation.getsockname()[1]
         environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        mp.start_processes(_rank_entry, args=(fn, world_size, environment, args), nprocs=world_size, join=True,
-                           start_method="forkserver")  # fmt: skip
+        try:
+            rank_args = (fn, world_size, environment, logs, args)
+            mp.start_processes(_rank_entry, args=rank_args, nprocs=world_size, join=True, start_method="forkserver")
+        except BaseException as error:
+            for rank, text in _rank_outputs(logs, world_size):
+                error.add_note(f"rank {rank}'s standard error (last lines):\n" + "\n".join(text.splitlines()[-60:]))
+            raise
+        finally:
+            for rank, text in _rank_outputs(logs, world_size):
+                sys.stderr.write(f"--- rank {rank}'s standard error ---\n{text}")
+
+
+def _rank_outputs(logs: str, world_size: int) -> Iterator[tuple[int, str]]:
+    """Each rank's non-empty standard error file, in rank order."""
+    for rank in range(world_size):
+        path = Path(logs, f"rank{rank}.stderr")
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if text.strip():
+            yield rank, text
 
 
 def _rank_entry(
-    rank: int, fn: Callable[..., None], world_size: int, environment: dict[str, str], args: tuple[Any, ...]
+    rank: int,
+    fn: Callable[..., None],
+    world_size: int,
+    environment: dict[str, str],
+    logs: str,
+    args: tuple[Any, ...],
 ) -> None:
-    os.environ.clear()
-    os.environ.update(environment)
-    import torch
+    with open(Path(logs, f"rank{rank}.stderr"), "w", buffering=1) as log:
+        os.dup2(log.fileno(), 2)  # sys.stderr writes to descriptor 2, and so do C++ and glibc
+        faulthandler.enable(all_threads=True)
+        os.environ.clear()
+        os.environ.update(environment)
+        import torch
 
-    torch.set_num_threads(1)
-    fn(rank, world_size, *args)
+        torch.set_num_threads(1)
+        fn(rank, world_size, *args)
 
 
 def tiny_model_for_session(tmp_path_factory: pytest.TempPathFactory, preset: str = "test") -> Path:
