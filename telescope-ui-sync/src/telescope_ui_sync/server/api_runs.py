@@ -36,18 +36,29 @@ def progress(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
 @router.get("/health")
 def health(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
     service = state(request).service
+    """The server answers; how many runs and sync passes; the last sync error; the blocks skipped as unreadable."""
     (count,) = cur.execute("SELECT count(*) FROM runs").fetchone() or (0,)
     return {
         "ok": True,
         "runs": count,
         "sync_passes": service.passes if service else None,
         "last_error": service.last_error if service else None,
+        "bad_blocks": [{"run_id": run_id, **block} for run_id, blocks in bad_blocks(cur).items() for block in blocks],
     }
+
+
+def bad_blocks(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
+    """The blocks the syncer skipped because they cannot be read, by run: stream, file and error."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    rows = cur.execute("SELECT run_id, stream, file, error FROM bad_blocks ORDER BY run_id, stream, file").fetchall()
+    for run_id, stream, file, error in rows:
+        out.setdefault(run_id, []).append({"stream": stream, "file": file, "error": error})
+    return out
 
 
 @router.get("/runs")
 def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
-    """Every run under the served folders, oldest first, with its progress."""
+    """Every run under the served folders, oldest first, with its progress and the blocks skipped as unreadable."""
     service = state(request).service
     roots = service.root_strings if service else None
     rows = cur.execute(
@@ -56,12 +67,14 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
     ).fetchall()
     names = ["run_id", "name", "path", "root", "source", "status", "step", "number_of_steps", "start_time",
              "end_time", "updated_time", "missing", "skipped_lines"]  # fmt: skip
+    bad = bad_blocks(cur)
     runs = []
     for row in rows:
         run = dict(zip(names, row, strict=True))
         if roots is not None and run["root"] not in roots:  # synced by a server that served other folders
             continue
         run["progress"] = progress(run)
+        run["bad_blocks"] = bad.get(run["run_id"], [])
         runs.append(run)
     return {"runs": runs, "roots": roots or [], "server_time": time.time()}
 
