@@ -123,6 +123,13 @@ def read_jsonl(path: Path) -> list[Record]:
     return JsonlFollower(path).read_new()
 
 
+def _discarded(records: list[Record], discarded: bool | None) -> list[Record]:
+    """The trained rollout records (``False``), the dropped ones (``True``, with a ``discard_reason``) or all."""
+    if discarded is None:
+        return records
+    return [record for record in records if (record.get("discard_reason") is not None) is discarded]
+
+
 class RunReader:
     """Reads one run directory (see :mod:`telescope.recording.run_store` for the layout)."""
 
@@ -141,15 +148,19 @@ class RunReader:
         """The last record of each step (the one a resumed run wrote last wins)."""
         return {int(record["step"]): record for record in self.metrics() if "step" in record}
 
-    def rollouts(self, step: int | None = None) -> list[Record]:
-        """Rollout records in the order they were logged, all or those of one ``step``."""
-        return self._rollouts().read_all(RecordFilter(step=step))
+    def rollouts(self, step: int | None = None, *, discarded: bool | None = False) -> list[Record]:
+        """Rollout records in the order they were logged, all or those of one ``step``: the
+        trained ones (``discarded=False``), the dropped ones, which have a ``discard_reason``
+        (``True``), or both (``None``)."""
+        return _discarded(self._rollouts().read_all(RecordFilter(step=step)), discarded)
 
     def read_rollouts_since(
-        self, cursor: StreamCursor | None = None, *, step: int | None = None
+        self, cursor: StreamCursor | None = None, *, step: int | None = None, discarded: bool | None = False
     ) -> tuple[list[Record], StreamCursor]:
-        """The rollouts logged after ``cursor`` (from the start when ``None``) and the next cursor."""
-        return self._rollouts().read_since(cursor, RecordFilter(step=step))
+        """The rollouts logged after ``cursor`` (from the start when ``None``), trained,
+        dropped or both as in :meth:`rollouts`, and the next cursor."""
+        records, cursor = self._rollouts().read_since(cursor, RecordFilter(step=step))
+        return _discarded(records, discarded), cursor
 
     def events(
         self,
