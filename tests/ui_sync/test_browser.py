@@ -374,7 +374,7 @@ def test_latex_is_not_read_as_markdown(page, serve, tmp_path: Path) -> None:  # 
     page.reload()
     completion = page.locator(".completion")
     completion.locator(".katex").first.wait_for()
-    sources = completion.locator("annotation").all_inner_texts()
+    sources = completion.locator("annotation").evaluate_all("els => els.map(e => e.textContent)")
     assert sources == list(LATEX.values())
     assert completion.locator("em").count() == 0  # the stars stayed in the math
     assert completion.locator("code").inner_text() == "$not math$"  # code is not math
