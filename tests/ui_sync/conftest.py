@@ -148,6 +148,19 @@ def write_run(
     return run_dir
 
 
+def write_blocks(run: Path, blocks: int, per_block: int = 8) -> None:
+    """A run whose rollouts are in ``blocks`` sealed blocks of ``per_block`` rollouts (one step each)."""
+    store = RunStore(run, rollout_block_size=per_block)
+    store.set_status("running", step=0)
+    for step in range(blocks):
+        store.log_metrics(step, {"reward/mean": 0.5})
+        rollouts = [{"group_index": 0, "rollout_index": i, "prompt": f"p{step}", "completion": "c", "reward": 1.0}
+                    for i in range(per_block)]  # fmt: skip
+        store.log_rollouts(step, rollouts)
+        store.set_status("running", step=step + 1)
+    store.close()
+
+
 @pytest.fixture(scope="session")
 def real_run_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 3-step training run's directory (made once per test session).

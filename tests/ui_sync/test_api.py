@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.ui_sync.conftest import REPO, write_run
+from tests.ui_sync.conftest import REPO, write_blocks, write_run
 
 from telescope_ui_sync import build
 from telescope_ui_sync.server.app import create_app
@@ -430,3 +430,42 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
             serve([tmp_path], db_path=tmp_path / "ui.duckdb", host="127.0.0.1", port=port)
     message = str(exited.value.code)
     assert f"cannot listen on 127.0.0.1:{port}" in message and "--port" in message
+
+
+def test_a_bad_block_is_named_in_health_and_in_the_run_list(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "a"
+    write_blocks(run, 3)
+    block = run / "rollouts" / "block-000001.parquet"
+    block.write_bytes(block.read_bytes()[:100])
+    con = connect(":memory:")
+    service = SyncService(con.cursor(), [tmp_path / "runs"])
+    service.sync_all()
+    api = TestClient(create_app(con, service))
+    health = api.get("/api/health").json()
+    assert [(b["run_id"], b["stream"], b["file"]) for b in health["bad_blocks"]] == [
+        (run_id_for(run), "rollouts", "rollouts/block-000001.parquet")
+    ]
+    assert health["bad_blocks"][0]["error"]
+    (listed,) = api.get("/api/runs").json()["runs"]
+    assert [b["file"] for b in listed["bad_blocks"]] == ["rollouts/block-000001.parquet"]
+    assert api.get(f"/api/runs/{run_id_for(run)}").json()["counts"]["rollouts"] == 16
+
+
+def test_the_eta_counts_the_time_of_recent_steps_not_the_warm_start(tmp_path: Path) -> None:
+    """A run that spent 10 minutes loading and warm-starting before 6 steps of 0.5 s: 4 steps
+    left take 2 s, not 10 minutes / 6 x 4."""
+    import json
+
+    run = write_run(tmp_path / "runs" / "a", steps=6, status="running")
+    status = json.loads((run / "status.json").read_text())
+    status["start_time"] = time.time() - 600
+    (run / "status.json").write_text(json.dumps(status))
+    con = connect(":memory:")
+    service = SyncService(con.cursor(), [tmp_path / "runs"])
+    service.sync_all()
+    api = TestClient(create_app(con, service))
+    (listed,) = api.get("/api/runs").json()["runs"]
+    assert listed["progress"]["eta_s"] == pytest.approx(2.0)
+    assert listed["progress"]["runtime_s"] >= 600
+    summary = api.get(f"/api/runs/{run_id_for(run)}").json()
+    assert summary["run"]["progress"]["eta_s"] == pytest.approx(2.0)

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -278,3 +279,156 @@ def test_a_run_deleted_while_open_is_reported(page, serve, tmp_path: Path) -> No
         httpx.get(f"{served.url}/api/files/{run_id_for(run)}", params={"path": "logs/orchestrator.log"}).status_code
         == 410
     )
+
+
+LATEX = {  # what Markdown mangled when it ran before the math was taken out
+    "matrix": r"\begin{pmatrix} a & b \\ c & d \end{pmatrix}",
+    "thin space": r"a\,b",
+    "braces": r"\{ x \mid x > 0 \}",
+    "stars": r"a*b*c",
+}
+
+
+def write_dashboard_run(run_dir: Path, steps: int = 20) -> Path:
+    """A run for the dashboard's drawing: small and large metric values, a completion full of
+    LaTeX, 64 overlapping requests on one server and 25 event kinds."""
+    now = time.time()
+    store = RunStore(run_dir)
+    store.write_config("number_of_steps: 40\n", {"number_of_steps": 40})
+    store.set_status("running", step=0)
+    for step in range(steps):
+        store.log_metrics(
+            step, {"reward/mean": 0.1 * step, "grad_norm": 2e-4, "timing_step_total": 12345.6789 + step * 1e-4}
+        )
+    completion = " and ".join(f"${tex}$" for tex in LATEX.values()) + " — `$not math$`"
+    store.log_rollouts(
+        0, [{"group_index": 0, "rollout_index": 0, "prompt": "p", "completion": completion, "reward": 1.0}]
+    )
+    for i in range(64):  # concurrent requests of server 0
+        store.log_event({"kind": "inference.request", "start": now - 60 + i * 0.01, "duration_s": 5.0,
+                         "component": "inference", "server": 0})  # fmt: skip
+    for i in range(25):
+        store.log_event({"kind": f"misc.kind{i:02d}", "start": now - 50 + i, "duration_s": 0.5, "component": "misc"})
+    store.set_status("running", step=steps)
+    store.close()
+    return run_dir
+
+
+def test_a_drag_zoom_stays_through_refreshes_and_is_not_a_click(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = write_dashboard_run(tmp_path / "runs" / "draw")
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    for where, metric in (("overview", "reward/mean"), ("metrics", "grad_norm")):
+        page.goto(f"{served.url}/#/{where}")
+        if where == "metrics":
+            page.locator(".metric-filter").fill(metric)
+        chart = page.locator(f".page.{where} [data-metric='{metric}']")
+        over = chart.locator(".u-over")
+        over.wait_for()
+        page.wait_for_timeout(300)
+        full = [float(v) for v in chart.get_attribute("data-x-range").split(",")]
+        box = over.bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + box["width"] * 0.3, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=5)
+        page.mouse.move(box["x"] + box["width"] * 0.6, y, steps=5)
+        page.mouse.up()
+        page.wait_for_timeout(2500)  # two refreshes (every second) brought the data again
+        assert page.url.endswith(f"#/{where}"), f"a drag on {where} was taken for a click: {page.url}"
+        assert chart.get_attribute("data-zoomed") == "yes", where
+        low, high = (float(v) for v in chart.get_attribute("data-x-range").split(","))
+        assert full[0] < low < high < full[1] and high - low < (full[1] - full[0]) / 2, (where, full, low, high)
+        shot(page, f"zoom-{where}")
+        page.mouse.dblclick(box["x"] + box["width"] / 2, y)  # back to the whole data
+        page.wait_for_timeout(1500)
+        assert page.url.endswith(f"#/{where}"), f"a double click on {where} was taken for a click: {page.url}"
+        assert chart.get_attribute("data-zoomed") == ""
+        assert [float(v) for v in chart.get_attribute("data-x-range").split(",")] == full
+    assert page.errors == []
+
+
+def test_small_values_in_legends_and_wide_axis_labels(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = write_dashboard_run(tmp_path / "runs" / "draw")
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/overview")
+    chart = page.locator("[data-metric='grad_norm']")
+    over = chart.locator(".u-over")
+    over.wait_for()
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    assert chart.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text() == "2.00e-4"  # was "0"
+    # ticks of 12345.6789 + 1e-4 steps read like 12345.6795: the Y axis is as wide as they are (60 px clipped them)
+    left = page.locator("[data-metric='timing_step_total'] .u-over").evaluate("el => el.offsetLeft")
+    widest = page.evaluate("telescopeUi.axisSize(['12345.679'])")
+    assert widest > 60 and left >= widest
+    shot(page, "legend-axis")
+    assert page.evaluate("telescopeUi.fmt(2e-4)") == "2.00e-4"
+    assert page.errors == []
+
+
+def test_latex_is_not_read_as_markdown(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = write_dashboard_run(tmp_path / "runs" / "draw")
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.evaluate("localStorage.setItem('telescope-ui:rollouts-render', '\"markdown\"')")
+    page.goto(f"{served.url}/#/rollouts?step=0")
+    page.reload()
+    completion = page.locator(".completion")
+    completion.locator(".katex").first.wait_for()
+    sources = completion.locator("annotation").evaluate_all("els => els.map(e => e.textContent)")
+    assert sources == list(LATEX.values())
+    assert completion.locator("em").count() == 0  # the stars stayed in the math
+    assert completion.locator("code").inner_text() == "$not math$"  # code is not math
+    shot(page, "latex")
+    assert page.errors == []
+
+
+def test_the_timeline_gives_overlapping_events_rows_kinds_colours_and_precise_ticks(
+    page, serve, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    run = write_dashboard_run(tmp_path / "runs" / "draw")
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/timeline")
+    canvas = page.get_by_test_id("timeline-canvas")
+    page.locator(".legend-item").nth(25).wait_for()
+    page.wait_for_timeout(300)
+    assert canvas.bounding_box()["height"] > 64 * 6  # the server's 64 concurrent requests: a row each
+    swatches = page.locator(".legend-item .swatch").evaluate_all("els => els.map(e => e.style.background)")
+    assert len(swatches) == 26 and len(set(swatches)) == 26, swatches  # every kind its own colour
+    assert page.evaluate("telescopeUi.kindColor(0)") != "#dc2626"
+    shot(page, "timeline-rows")
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 170 + (box["width"] - 170) * 0.2, box["y"] + 60)
+    for _ in range(8):  # zoom in to well under a second
+        page.mouse.wheel(0, -1000)
+        page.wait_for_timeout(50)
+    page.wait_for_timeout(800)
+    labels = json.loads(canvas.get_attribute("data-ticks"))
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    assert any("." in label for label in labels), labels  # sub-second offsets
+    assert page.evaluate("telescopeUi.assignRows([{start: 0, end: 2}, {start: 1, end: 3}, {start: 2, end: 4}])") == [
+        0,
+        1,
+        0,
+    ]
+    assert page.errors == []
+
+
+def test_a_bad_block_is_named_on_the_page(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.ui_sync.conftest import write_blocks
+
+    run = tmp_path / "runs" / "bad"
+    write_blocks(run, 4)
+    block = run / "rollouts" / "block-000002.parquet"
+    block.write_bytes(block.read_bytes()[:50])
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/rollouts?step=3")
+    banner = page.locator(f".banner[data-bad-blocks='{run_id_for(run)}']")
+    banner.filter(has_text="rollouts/block-000002.parquet").wait_for()
+    page.locator(".sample-dot").first.wait_for()  # the other blocks' rollouts show
+    shot(page, "bad-block")
+    assert page.errors == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from tests.ui_sync.conftest import write_run
+import pytest
+from tests.ui_sync.conftest import write_blocks, write_run
 
 from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
@@ -238,3 +240,33 @@ def test_the_real_run_syncs_every_stream(real_runs: Path) -> None:
     steps = con.execute("SELECT count(DISTINCT step) FROM metrics WHERE run_id = ?", [rid]).fetchone()[0]
     assert steps == 3 and got["rollouts"] > 0 and got["evals"] > 0 and got["logs"] > 0
     assert con.execute("SELECT status FROM runs").fetchone()[0] == "completed"
+
+
+def test_a_truncated_block_is_skipped_named_and_read_again_only_when_it_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "a"
+    write_blocks(run, 10)
+    block = run / "rollouts" / "block-000003.parquet"
+    good = block.read_bytes()
+    block.write_bytes(good[: len(good) // 2])
+    con = connect(":memory:")
+    service = SyncService(con, [run])
+    rid = run_id_for(run)
+    with caplog.at_level(logging.WARNING, logger="telescope_ui_sync"):
+        assert service.sync_all()[rid].rows["rollouts"] == 72  # the other 9 blocks
+        bad = con.execute("SELECT stream, file, error FROM bad_blocks WHERE run_id = ?", [rid]).fetchall()
+        assert [(stream, file) for stream, file, _ in bad] == [("rollouts", "rollouts/block-000003.parquet")]
+        assert bad[0][2]  # the error is kept
+        assert service.sync_all()[rid].rows["rollouts"] == 0  # not read again while the file is unchanged
+        assert service.sync_all()[rid].rows["rollouts"] == 0
+    warnings = [r for r in caplog.records if "block-000003" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert sorted(step for (step,) in con.execute("SELECT DISTINCT step FROM rollouts").fetchall()) == [
+        0, 1, 2, 4, 5, 6, 7, 8, 9,
+    ]  # fmt: skip
+    block.write_bytes(good)  # repaired: read on the next pass
+    assert service.sync_all()[rid].rows["rollouts"] == 8
+    assert con.execute("SELECT count(*) FROM bad_blocks").fetchone()[0] == 0
+    assert counts(con, rid)["rollouts"] == 80
+    assert con.execute("SELECT count(DISTINCT seq) FROM rollouts").fetchone()[0] == 80

@@ -5,7 +5,10 @@ export interface Run {
   run_id: string; name: string; path: string; status: string | null; step: number | null;
   number_of_steps: number | null; start_time: number | null; end_time: number | null; missing: boolean;
   skipped_lines: number; progress: Progress;
+  /** Sealed blocks the syncer could not read and skipped (absent in a run summary). */
+  bad_blocks?: BadBlock[];
 }
+export interface BadBlock { stream: string; file: string; error: string }
 export interface Ranges { reward: Record<string, [number | null, number | null]>; metrics: Record<string, [number | null, number | null]> }
 export interface RunSummary {
   run: Run; config: Record<string, unknown> | null; config_yaml: string | null; status: Record<string, unknown> | null;

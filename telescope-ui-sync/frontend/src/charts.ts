@@ -1,5 +1,9 @@
 // Line charts on canvas (uPlot): several runs overlaid, EMA smoothing, IQR outlier filter,
 // fixed Y range, a crosshair synced across every chart of a page, click to pick an x.
+// Drag selects an x range to zoom into; the zoom is kept when new data arrives (every
+// refresh) until a double click resets it; a drag or a double click is never taken for a click. Values
+// in legends and on axes go through ``fmt`` (so 2e-4 is not "0"), and the Y axis is as
+// wide as its longest label.
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import { fmt, h } from "./dom";
@@ -34,9 +38,25 @@ export function dropOutliers(values: (number | null)[]): (number | null)[] {
   return values.map((v) => (v === null || v < lo || v > hi ? null : v));
 }
 
+/** How long a click waits to be a double click before it picks. */
+const DOUBLE_CLICK_MS = 300;
+const AXIS_FONT = "12px system-ui, -apple-system, sans-serif";
+let measurer: CanvasRenderingContext2D | null = null;
+
+/** The width in CSS pixels a Y axis needs for ``labels`` (ticks, gap and text), at least 40. */
+export function axisSize(labels: string[] | null | undefined, font = AXIS_FONT): number {
+  measurer ??= document.createElement("canvas").getContext("2d");
+  if (!measurer || !labels?.length) return 40;
+  measurer.font = font;
+  const widest = Math.max(...labels.map((label) => measurer!.measureText(label).width));
+  return Math.max(40, Math.ceil(widest) + 18);
+}
+
 export class LineChart {
   readonly el: HTMLElement;
   private plot: uPlot | null = null;
+  /** The x range the user zoomed into (null: the whole data), kept across data updates. */
+  private zoom: [number, number] | null = null;
   private readonly body: HTMLElement;
   private signature = "";
   private series: Series[] = [];
@@ -88,6 +108,8 @@ export class LineChart {
     const width = Math.max(200, this.body.clientWidth || 360);
     if (this.plot && signature === this.signature) {
       this.plot.setData(data);
+      if (this.zoom) this.plot.setScale("x", { min: this.zoom[0], max: this.zoom[1] });
+      this.showRange();
       return;
     }
     this.destroy();
@@ -104,21 +126,56 @@ export class LineChart {
           ? { range: (_u, lo, hi) => [yMin ?? lo, yMax ?? hi] }
           : {},
       },
-      axes: [{ label: this.settings.xLabel, size: 36, labelSize: 14 }, { size: 60, values: (_u, splits) => splits.map((v) => fmt(v, 4)) }],
-      series: [{ label: this.settings.xLabel }, ...shown.map((run) => ({
+      axes: [
+        { label: this.settings.xLabel, size: 36, labelSize: 14, font: AXIS_FONT, values: (_u, splits) => splits.map((v) => fmt(v, 4)) },
+        { font: AXIS_FONT, size: (_u, values) => axisSize(values), values: (_u, splits) => splits.map((v) => fmt(v, 4)) },
+      ],
+      series: [{ label: this.settings.xLabel, value: (_u, v) => fmt(v, 4) }, ...shown.map((run) => ({
         label: run.label, stroke: run.color, width: 1.5, spanGaps: true, points: { show: false },
+        value: (_u: uPlot, v: number | null) => fmt(v, 4),
       }))],
-      hooks: this.onPick ? {
-        ready: [(u: uPlot) => {
-          u.over.addEventListener("click", () => {
-            const idx = u.cursor.idx;
-            if (idx !== null && idx !== undefined) this.onPick!(u.data[0][idx]);
-          });
-        }],
-      } : {},
+      hooks: {
+        ready: [(u: uPlot) => this.listen(u)],
+        setScale: [(_u: uPlot, key: string) => { if (key === "x") this.showRange(); }],
+      },
     };
     this.body.replaceChildren();
     this.plot = new uPlot(opts, data, this.body);
+    if (this.zoom) this.plot.setScale("x", { min: this.zoom[0], max: this.zoom[1] });
+    this.showRange();
+  }
+
+  /** Drag to zoom (kept), double click to reset, click (not a drag) to pick an x. */
+  private listen(u: uPlot): void {
+    let dragged = false;
+    u.over.addEventListener("mousedown", (down) => {
+      dragged = false;
+      window.addEventListener("mouseup", (up) => {
+        dragged = Math.abs(up.clientX - down.clientX) > 4;
+        if (!dragged) return;
+        window.setTimeout(() => { // after uPlot applied the selection to the scale (in a microtask)
+          const { min, max } = u.scales.x;
+          if (min !== undefined && max !== undefined && min !== null && max !== null) this.zoom = [min, max];
+          this.showRange();
+        });
+      }, { once: true });
+    });
+    let pick: number | undefined; // a click's pick waits for a second click (a double click resets instead)
+    u.over.addEventListener("dblclick", () => { window.clearTimeout(pick); this.zoom = null; this.showRange(); });
+    u.over.addEventListener("click", (event) => {
+      window.clearTimeout(pick);
+      const idx = u.cursor.idx;
+      if (!this.onPick || dragged || event.detail > 1 || idx === null || idx === undefined) return;
+      const x = u.data[0][idx];
+      pick = window.setTimeout(() => this.onPick!(x), DOUBLE_CLICK_MS);
+    });
+  }
+
+  /** The shown x range on the element (``data-x-range``; ``data-zoomed`` when the user zoomed). */
+  private showRange(): void {
+    const x = this.plot?.scales.x;
+    if (x && x.min !== undefined && x.max !== undefined) this.el.dataset.xRange = `${x.min},${x.max}`;
+    this.el.dataset.zoomed = this.zoom ? "yes" : "";
   }
 
   resize(): void {

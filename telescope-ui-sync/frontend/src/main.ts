@@ -1,8 +1,10 @@
 // The shell: sidebar (runs to compare, pages), hash routing, the live refresh loop, and
-// the banners (a run whose directory was deleted, a server that stopped answering).
+// the banners (a run whose directory was deleted, a block of a run that cannot be read, a
+// server that stopped answering). The pure helpers are on ``window.telescopeUi`` too (the
+// browser tests call them).
 import "./style.css";
 import { get, type Run } from "./api";
-import { PALETTE, clear, h, save, store } from "./dom";
+import { PALETTE, clear, fmt, h, save, store } from "./dom";
 import type { Ctx, Page, PageFactory } from "./context";
 import { overviewPage } from "./pages/overview";
 import { metricsPage } from "./pages/metrics";
@@ -12,6 +14,11 @@ import { infraPage } from "./pages/infra";
 import { evalsPage } from "./pages/evals";
 import { sandboxesPage } from "./pages/sandboxes";
 import { logsPage } from "./pages/logs";
+import { axisSize } from "./charts";
+import { protectMath, renderText } from "./render";
+import { KindColors, assignRows, kindColor, offsetLabel, timeTicks } from "./timeline_layout";
+
+Object.assign(window, { telescopeUi: { fmt, axisSize, protectMath, renderText, assignRows, timeTicks, offsetLabel, kindColor, KindColors } });
 
 const PAGES: [string, string, PageFactory][] = [
   ["overview", "Overview", overviewPage],
@@ -155,6 +162,13 @@ function renderBanners(): void {
     if (run?.missing) {
       banners.append(h("div", { class: "banner warning", "data-missing": run.run_id },
         `The directory of run ${run.name} (${run.path}) was deleted. What was synced before is still shown.`));
+    }
+    const bad = run?.bad_blocks ?? [];
+    if (run && bad.length) {
+      banners.append(h("div", { class: "banner warning", "data-bad-blocks": run.run_id },
+        `${bad.length} block${bad.length > 1 ? "s" : ""} of run ${run.name} cannot be read and ${bad.length > 1 ? "are" : "is"} skipped (the rest of the run is shown; a block is read again when its file changes): `,
+        ...bad.slice(0, 5).map((block, i) => h("span", { title: block.error }, `${i ? ", " : ""}${block.file} (${block.error.slice(0, 120)})`)),
+        bad.length > 5 ? ` and ${bad.length - 5} more` : ""));
     }
   }
 }

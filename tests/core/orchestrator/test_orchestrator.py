@@ -149,11 +149,25 @@ def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, toke
     assert in_flight == 0
 
 
+def _by_group(records: list[dict[str, Any]]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault((record["step"], record["group_index"]), []).append(record)
+    return groups
+
+
 def test_zero_advantage_groups_are_discarded_and_counted(tmp_path: Path, tokenizer: Any) -> None:
     services = FakeServices(vocab=[40])  # every token decodes alike: equal lengths per group are likely
     services, reader = run_loop(tmp_path, tokenizer, services)
     discarded = sum(m["discarded/zero_advantage/groups"] for m in reader.metrics())
     assert discarded > 0
+    dropped = reader.rollouts(discarded=True)  # recorded for the dashboard's Discarded page, with their reason
+    assert len(dropped) == sum(m["discarded/zero_advantage/count"] for m in reader.metrics())
+    assert {r["discard_reason"] for r in dropped} == {"zero_advantage"}
+    for (step, group), members in _by_group(dropped).items():
+        assert len({r["reward"] for r in members}) == 1, (step, group)
+    assert all("discard_reason" not in r for r in reader.rollouts())
+    assert len(reader.rollouts(discarded=None)) == len(reader.rollouts()) + len(dropped)
     for batch in services.batches:
         by_group: dict[int, set[float]] = {}
         for s in batch.samples:
@@ -168,6 +182,9 @@ def test_a_failing_reward_function_is_contained_and_counted(tmp_path: Path, toke
     assert len(services.batches) == 6
     errored = [r for r in reader.rollouts() if r["error"]]
     assert errored == []  # errored rollouts are counted, not trained
+    dropped = [r for r in reader.rollouts(discarded=True) if r["discard_reason"] == "error"]
+    assert len(dropped) == sum(m["errors/reward_or_environment/count"] for m in reader.metrics())
+    assert all(r["error"] for r in dropped)
 
 
 def test_same_seed_same_metrics_in_synchronous_mode(tmp_path: Path, tokenizer: Any) -> None:

@@ -442,6 +442,7 @@ class RolloutScheduler:
         errored = [r for r in group.rollouts if r.error]
         self.stats.errored_rollouts.extend(errored)
         all_errored = self._errored_streak.observe(slot.name, group.rollouts)
+        self.stats.discards.add_dropped("error", errored)
         # overlong / gibberish / repetition filters and the overlong penalty (filters.py)
         group = Group(sample=group.sample, rollouts=[self.checks.apply(r) for r in group.rollouts if not r.error])
         ranges = {group.sample.environment: (slot.reward_min, slot.reward_max)}
@@ -451,6 +452,7 @@ class RolloutScheduler:
             reason = None
             if len(group.rollouts) < 2:
                 reason = "too_few_samples"  # errors left too few samples to compare
+                self.stats.discards.add_dropped(reason, group.rollouts)
             elif self.config.discard_group_zero_advantage and len(set(training_rewards(group, ranges))) <= 1:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1

@@ -6,7 +6,8 @@ metrics, Gini coefficients, token lengths, stop reasons), the discarded and
 canceled counts by reason, timeouts by kind (``timeouts/{reward,environment_step,inference_request}/count``),
 groups re-dispatched because their server failed (``infra/groups_redispatched``), timings and run totals
 (with the services' fault counters), then writes them to the run
-store (``metrics.jsonl``, and every trained rollout to ``rollouts/``) and to
+store (``metrics.jsonl``; every trained rollout to ``rollouts/``, and every rollout dropped
+this step with its ``discard_reason``) and to
 each enabled logger (the run store is one :class:`Sink` beside the loggers), to the
 ``telescope_step_end`` hook, and to the progress bar.
 
@@ -26,7 +27,7 @@ from telescope.orchestrator.deadlines import timeout_metrics
 from telescope.orchestrator.group_records import ReadyGroup, SchedulerStats
 from telescope.recording.progress import StepProgress
 from telescope.recording.rollout_metrics import rollout_step_metrics
-from telescope.recording.run_store import RunStore, group_records
+from telescope.recording.run_store import RunStore, discarded_records, group_records
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins
@@ -126,6 +127,8 @@ class StepRecorder:
             sink.log_rollouts(step, records)
 
         self._to_sinks(write)
+        # the dropped rollouts go to the run store only (the dashboard's Discarded page); loggers get the trained ones
+        self.store.log_rollouts(step, discarded_records(step, outcome.stats.discards.dropped))
         self.store.set_status("running", step=step + 1)
         if self.plugins is not None:
             self.plugins.step_end(step, metrics)

@@ -324,7 +324,10 @@ class DiscardLog:
     batch's rollouts an output filter masked, and :meth:`add_trained` for the other
     rollouts that go into the batch (with the others, the denominator of the percentages). It keeps
     the dropped records until the step's metrics are taken: a few groups per step.
-    Not thread-safe; fill it from the orchestrator's event loop.
+    :attr:`dropped` lists every finished group or rollout dropped, with its reason, in order
+    (the run store records them, see :func:`telescope.recording.run_store.discarded_records`);
+    :meth:`add_dropped` adds those no metric counts here (errored rollouts, groups left with
+    too few samples). Not thread-safe; fill it from the orchestrator's event loop.
     """
 
     stale_rollouts: list[Rollout] = field(default_factory=list)
@@ -332,12 +335,23 @@ class DiscardLog:
     canceled: int = 0
     trained_rollouts: int = 0
     filtered_rollouts: list[Rollout] = field(default_factory=list)
+    dropped: list[tuple[str, list[Rollout]]] = field(default_factory=list)
 
     def add_zero_advantage(self, group: Group) -> None:
         self.zero_advantage_groups.append(group)
+        self.dropped.append(("zero_advantage", list(group.rollouts)))
 
     def add_stale(self, rollouts: Iterable[Rollout]) -> None:
-        self.stale_rollouts.extend(rollouts)
+        """One group's finished rollouts, dropped as too far off-policy (``max_async``)."""
+        group = list(rollouts)
+        self.stale_rollouts.extend(group)
+        self.dropped.append(("max_async", group))
+
+    def add_dropped(self, reason: str, rollouts: Iterable[Rollout]) -> None:
+        """Finished rollouts of one group dropped for ``reason`` without a discard metric of their own."""
+        group = list(rollouts)
+        if group:
+            self.dropped.append((reason, group))
 
     def add_canceled(self, count: int = 1) -> None:
         if count < 0:
@@ -369,6 +383,7 @@ class DiscardLog:
         self.canceled = 0
         self.trained_rollouts = 0
         self.filtered_rollouts = []
+        self.dropped = []
 
     def pop_metrics(self) -> dict[str, float]:
         """The step's discard metrics; the log is empty afterwards, ready for the next step."""

@@ -131,6 +131,13 @@ def read_jsonl(path: Path) -> list[Record]:
     return JsonlFollower(path).read_new()
 
 
+def _discarded(records: list[Record], discarded: bool | None) -> list[Record]:
+    """The trained rollout records (``False``), the dropped ones (``True``, with a ``discard_reason``) or all."""
+    if discarded is None:
+        return records
+    return [record for record in records if (record.get("discard_reason") is not None) is discarded]
+
+
 class RunReader:
     """Reads one run directory (see :mod:`telescope.recording.run_store` for the layout)."""
 
@@ -160,19 +167,30 @@ class RunReader:
         """The current record of each step (the last one written, when a step was written twice)."""
         return {int(record["step"]): record for record in self.metrics() if "step" in record}
 
-    def rollouts(self, step: int | None = None, *, include_abandoned: bool = False) -> list[Record]:
+    def rollouts(
+        self, step: int | None = None, *, discarded: bool | None = False, include_abandoned: bool = False
+    ) -> list[Record]:
         """Rollout records in the order they were logged, all or those of one ``step``: the
-        current attempt's, or with ``include_abandoned`` every record (each carries its ``attempt``)."""
-        records = self._rollouts().read_all(RecordFilter(step=step))
+        trained ones (``discarded=False``), the dropped ones, which have a ``discard_reason``
+        (``True``), or both (``None``); those of the current attempt, or with
+        ``include_abandoned`` every record (each carries its ``attempt``)."""
+        records = _discarded(self._rollouts().read_all(RecordFilter(step=step)), discarded)
         return records if include_abandoned else current_rows(records, self.superseded())
 
     def read_rollouts_since(
-        self, cursor: StreamCursor | None = None, *, step: int | None = None, include_abandoned: bool = False
+        self,
+        cursor: StreamCursor | None = None,
+        *,
+        step: int | None = None,
+        discarded: bool | None = False,
+        include_abandoned: bool = False,
     ) -> tuple[list[Record], StreamCursor]:
-        """The rollouts logged after ``cursor`` (from the start when ``None``) and the next cursor;
-        the abandoned ones left out unless ``include_abandoned`` (as known at this call: a later
-        attempt can make records already returned abandoned, see :meth:`superseded`)."""
+        """The rollouts logged after ``cursor`` (from the start when ``None``), trained,
+        dropped or both as in :meth:`rollouts`, and the next cursor; the abandoned ones left
+        out unless ``include_abandoned`` (as known at this call: a later attempt can make
+        records already returned abandoned, see :meth:`superseded`)."""
         records, cursor = self._rollouts().read_since(cursor, RecordFilter(step=step))
+        records = _discarded(records, discarded)
         return (records if include_abandoned else current_rows(records, self.superseded())), cursor
 
     def events(

@@ -10,7 +10,8 @@ Layout of a run directory (``runs/<wandb_run_name>/`` unless ``run_dir`` is set)
                     ``event_block_duration_seconds``: block-<N>.parquet (sealed) and
                     tail-<N>.jsonl + tail-<N>.idx (the open block), _meta.json
     rollouts/       one record per rollout (see :func:`rollout_record`), in blocks of
-                    ``rollout_block_size`` rollouts, same files
+                    ``rollout_block_size`` rollouts, same files; the rollouts the
+                    orchestrator dropped have a ``discard_reason`` (:func:`discarded_records`)
     status.json     {"status", "step", "pid", "host", "attempt", "start_time", "end_time", "updated_time", ...}
     attempts.json   every (re)start of training: {"attempts": [{"attempt", "start_step", "reason", ...}]};
                     metrics rows and rollout records carry their ``attempt``
@@ -65,7 +66,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -92,6 +93,7 @@ __all__ = [
     "RunStatus",
     "RunStore",
     "RunStoreClosedError",
+    "discarded_records",
     "dumps_line",
     "group_records",
     "resolve_run_dir",
@@ -219,6 +221,23 @@ def group_records(
         for group_index, group in enumerate(groups)
         for rollout_index, rollout in enumerate(group.rollouts)
     ]
+
+
+def discarded_records(step: int, dropped: Iterable[tuple[str, Sequence[Rollout]]]) -> list[dict[str, Any]]:
+    """:func:`rollout_record` for every rollout the orchestrator dropped at ``step``, with its
+    ``discard_reason`` (``zero_advantage``, ``max_async``, ``too_few_samples``, ``error``).
+
+    ``dropped`` holds (reason, one group's dropped rollouts), see
+    :attr:`telescope.recording.rollout_metrics.DiscardLog.dropped`; the groups are numbered
+    in that order (their own numbering, apart from the trained groups').
+    """
+    records = []
+    for group_index, (reason, rollouts) in enumerate(dropped):
+        for rollout_index, rollout in enumerate(rollouts):
+            record = rollout_record(rollout, step=step, group_index=group_index, rollout_index=rollout_index)
+            record["discard_reason"] = reason
+            records.append(record)
+    return records
 
 
 # ------------------------------------------------------------------------- store

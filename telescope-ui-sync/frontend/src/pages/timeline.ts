@@ -1,16 +1,23 @@
-// Timeline: one canvas, one row per lane (trainer steps from the metrics, then each
-// component's lanes: ranks, servers, sandboxes, ...). Wheel zooms around the pointer,
+// Timeline: one canvas, one band per lane (trainer steps from the metrics, then each
+// component's lanes: ranks, servers, sandboxes, ...); events of a lane that overlap in time
+// (concurrent requests of a server) get a row each inside its band. Wheel zooms around the pointer,
 // drag pans, a click shows the event's fields. The server sends the window's events,
 // fetched again after each zoom or pan; a window with too many sends its longest events
 // and a density per lane and pixel-wide bucket (busy share as opacity, the colour of the
 // bucket's longest event), drawn under them; a click on a bucket shows its longest event.
 import { get, type Timeline, type TimelineEvent } from "../api";
-import { clear, debounce, duration, fmt, h, hashColor } from "../dom";
+import { clear, debounce, fmt, h } from "../dom";
 import type { Ctx, Page } from "../context";
+import { ERROR_COLOR, KindColors, assignRows, timeTicks } from "../timeline_layout";
 
 const LANE_H = 22;
 const LABEL_W = 170;
 const AXIS_H = 24;
+/** Height of one row of a lane whose events overlap (each overlapping event gets a row), and the most rows drawn. */
+const ROW_H = 6;
+const MAX_ROWS = 64;
+
+interface Layout { top: number[]; height: number[]; rows: Map<number, number>; total: number }
 
 export function timelinePage(ctx: Ctx): Page {
   const runId = ctx.primary!;
@@ -24,6 +31,8 @@ export function timelinePage(ctx: Ctx): Page {
   let userMoved = false;
   let drag: { x: number; start: number; end: number; moved: boolean } | null = null;
   let selected: number | null = null;
+  let layout: Layout = { top: [], height: [], rows: new Map(), total: 0 };
+  const colors = new KindColors();
   const el = h("div", { class: "page timeline" },
     h("div", { class: "toolbar" }, h("h1", null, "Timeline"),
       h("button", { onclick: () => { userMoved = false; view = fullRange; void load(); } }, "Reset zoom"), info),
@@ -33,11 +42,39 @@ export function timelinePage(ctx: Ctx): Page {
     return new Map((data?.lanes ?? []).map((lane, i) => [lane.id, i]));
   }
 
+  /** Each lane's band (top and height) and each drawn event's row in it (by seq). */
+  function computeLayout(): Layout {
+    const lanes = data?.lanes ?? [];
+    const index = laneIndex();
+    const byLane = new Map<number, TimelineEvent[]>();
+    for (const ev of data?.events ?? []) {
+      const row = index.get(ev.lane);
+      if (row === undefined) continue;
+      const list = byLane.get(row) ?? [];
+      list.push(ev);
+      byLane.set(row, list);
+    }
+    const rows = new Map<number, number>();
+    const top: number[] = [], height: number[] = [];
+    let y = AXIS_H;
+    lanes.forEach((_, i) => {
+      const events = byLane.get(i) ?? [];
+      const assigned = assignRows(events.map((ev) => ({ start: ev.start, end: ev.start + ev.duration })));
+      events.forEach((ev, k) => rows.set(ev.seq, Math.min(assigned[k], MAX_ROWS - 1)));
+      const count = Math.min(MAX_ROWS, assigned.length ? Math.max(...assigned) + 1 : 1);
+      top.push(y);
+      height.push(count > 1 ? Math.max(LANE_H, count * ROW_H + 4) : LANE_H);
+      y += height[i];
+    });
+    return { top, height, rows, total: y - AXIS_H };
+  }
+
   function draw(): void {
     const ratio = window.devicePixelRatio || 1;
     const width = canvas.parentElement?.clientWidth || 900;
     const lanes = data?.lanes ?? [];
-    const height = AXIS_H + Math.max(1, lanes.length) * LANE_H + 4;
+    layout = computeLayout();
+    const height = AXIS_H + Math.max(LANE_H, layout.total) + 4;
     canvas.width = width * ratio;
     canvas.height = height * ratio;
     canvas.style.width = `${width}px`;
@@ -54,21 +91,22 @@ export function timelinePage(ctx: Ctx): Page {
     const span = Math.max(1e-6, view.end - view.start);
     const plotW = width - LABEL_W;
     const xOf = (t: number) => LABEL_W + ((t - view!.start) / span) * plotW;
-    // axis
+    // axis: ticks at round offsets from the run's start, as precise as the zoom needs
     g.fillStyle = "#374151";
     g.font = "11px system-ui, sans-serif";
     const origin = fullRange?.start ?? view.start;
-    for (let i = 0; i <= 8; i++) {
-      const t = view.start + (span * i) / 8;
-      const x = xOf(t);
+    const ticks = timeTicks(view.start, view.end, origin, Math.max(2, Math.floor(plotW / 110)));
+    canvas.dataset.ticks = JSON.stringify(ticks.map((tick) => tick.label));
+    for (const tick of ticks) {
+      const x = xOf(tick.t);
       g.fillRect(x, AXIS_H - 6, 1, 6);
-      g.fillText(`+${duration(t - origin)}`, Math.min(x + 2, width - 50), 12);
+      g.fillText(tick.label, Math.min(x + 2, width - 60), 12);
     }
     // lanes
     lanes.forEach((lane, i) => {
-      const y = AXIS_H + i * LANE_H;
+      const y = layout.top[i];
       g.fillStyle = i % 2 ? "#f9fafb" : "#f3f4f6";
-      g.fillRect(0, y, width, LANE_H);
+      g.fillRect(0, y, width, layout.height[i]);
       g.fillStyle = "#111827";
       g.fillText(`${lane.component} · ${lane.lane}`.slice(0, 28), 6, y + 15);
     });
@@ -80,8 +118,8 @@ export function timelinePage(ctx: Ctx): Page {
     for (const s of data.steps) {
       const x0 = xOf(s.start), x1 = xOf(s.end);
       g.fillStyle = s.step % 2 ? "#60a5fa" : "#3b82f6";
-      g.fillRect(x0, AXIS_H + steps * LANE_H + 3, Math.max(1, x1 - x0), LANE_H - 6);
-      if (x1 - x0 > 30) { g.fillStyle = "#fff"; g.fillText(`step ${s.step}`, x0 + 3, AXIS_H + steps * LANE_H + 15); }
+      g.fillRect(x0, layout.top[steps] + 3, Math.max(1, x1 - x0), LANE_H - 6);
+      if (x1 - x0 > 30) { g.fillStyle = "#fff"; g.fillText(`step ${s.step}`, x0 + 3, layout.top[steps] + 15); }
     }
     const index = laneIndex();
     const bins = data.bins;
@@ -92,8 +130,8 @@ export function timelinePage(ctx: Ctx): Page {
         const t0 = bins.origin + bins.bucket[i] * bins.width;
         const x0 = xOf(t0), x1 = xOf(t0 + bins.width);
         g.globalAlpha = Math.min(1, Math.max(0.2, bins.busy[i] / bins.width));
-        g.fillStyle = bins.errors[i] ? "#dc2626" : hashColor(bins.kinds[bins.kind[i]] ?? "other");
-        g.fillRect(x0, AXIS_H + row * LANE_H + 6, Math.max(1, x1 - x0), LANE_H - 12);
+        g.fillStyle = bins.errors[i] ? ERROR_COLOR : colors.get(bins.kinds[bins.kind[i]] ?? "other");
+        g.fillRect(x0, layout.top[row] + 6, Math.max(1, x1 - x0), layout.height[row] - 12);
       }
       g.globalAlpha = 1;
     }
@@ -101,11 +139,18 @@ export function timelinePage(ctx: Ctx): Page {
       const row = index.get(ev.lane);
       if (row === undefined) continue;
       const x0 = xOf(ev.start), x1 = xOf(ev.start + ev.duration);
-      g.fillStyle = ev.error ? "#dc2626" : hashColor(ev.kind);
-      g.fillRect(x0, AXIS_H + row * LANE_H + 4, Math.max(2, x1 - x0), LANE_H - 8);
-      if (ev.seq === selected) { g.strokeStyle = "#111"; g.lineWidth = 2; g.strokeRect(x0, AXIS_H + row * LANE_H + 3, Math.max(2, x1 - x0), LANE_H - 6); }
+      const [top, barH] = eventBox(row, ev.seq);
+      g.fillStyle = ev.error ? ERROR_COLOR : colors.get(ev.kind);
+      g.fillRect(x0, top, Math.max(2, x1 - x0), barH);
+      if (ev.seq === selected) { g.strokeStyle = "#111"; g.lineWidth = 2; g.strokeRect(x0, top - 1, Math.max(2, x1 - x0), barH + 2); }
     }
     g.restore();
+  }
+
+  /** The top and height of an event's bar: the whole band (less a margin) or its row in it. */
+  function eventBox(lane: number, seq: number): [number, number] {
+    if (layout.height[lane] === LANE_H) return [layout.top[lane] + 4, LANE_H - 8];
+    return [layout.top[lane] + 2 + (layout.rows.get(seq) ?? 0) * ROW_H, ROW_H - 1];
   }
 
   function eventAt(px: number, py: number): TimelineEvent | { step: number; start: number; end: number } | null {
@@ -113,11 +158,12 @@ export function timelinePage(ctx: Ctx): Page {
     const width = canvas.clientWidth;
     const t = view.start + ((px - LABEL_W) / (width - LABEL_W)) * (view.end - view.start);
     const slack = (4 / (width - LABEL_W)) * (view.end - view.start);
-    const row = Math.floor((py - AXIS_H) / LANE_H);
+    const row = layout.top.findIndex((top, i) => top <= py && py < top + layout.height[i]);
     const lane = data.lanes[row];
     if (!lane) return null;
     if (lane.id === "trainer|steps") return data.steps.find((s) => s.start - slack <= t && t <= s.end + slack) ?? null;
-    const hit = data.events.find((ev) => ev.lane === lane.id && ev.start - slack <= t && t <= ev.start + ev.duration + slack);
+    const inRow = (ev: TimelineEvent) => { const [top, barH] = eventBox(row, ev.seq); return top - 1 <= py && py <= top + barH + 1; };
+    const hit = data.events.find((ev) => ev.lane === lane.id && inRow(ev) && ev.start - slack <= t && t <= ev.start + ev.duration + slack);
     if (hit || !data.bins) return hit ?? null;
     const bins = data.bins; // else the bucket under the pointer: its longest event
     const laneAt = data.lanes.indexOf(lane);
@@ -190,8 +236,9 @@ export function timelinePage(ctx: Ctx): Page {
 
   function renderLegend(): void {
     const kinds = [...new Set([...(data?.events ?? []).map((e) => e.kind), ...(data?.bins?.kinds ?? [])].filter((k): k is string => Boolean(k)))].sort();
+    colors.add(kinds);
     clear(legend);
-    for (const kind of kinds) legend.append(h("span", { class: "legend-item" }, h("span", { class: "swatch", style: `background:${hashColor(kind)}` }), kind));
+    for (const kind of kinds) legend.append(h("span", { class: "legend-item", "data-kind": kind }, h("span", { class: "swatch", style: `background:${colors.get(kind)}` }), kind));
   }
 
   async function load(): Promise<void> {

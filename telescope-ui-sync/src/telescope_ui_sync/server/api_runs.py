@@ -20,34 +20,80 @@ FILE_PREFIXES: tuple[str, ...] = ("logs/", "config.yaml", "config.json", "status
 MAX_FILE_BYTES = 2 * 1024 * 1024
 
 
-def progress(run: dict[str, Any], now: float | None = None) -> dict[str, Any]:
-    """Fraction done, runtime and ETA (from the mean time per step so far) of a run row."""
+#: Steps the ETA's time per step is taken over (the last ones).
+ETA_STEPS = 20
+
+
+def progress(run: dict[str, Any], now: float | None = None, step_seconds: float | None = None) -> dict[str, Any]:
+    """Fraction done, runtime and ETA of a run row.
+
+    The ETA is the steps left times ``step_seconds``, the time a recent step took
+    (:func:`step_times`): not the runtime over the steps done, which counts the warm-start,
+    the model loading and the evals before the first step as if every step took its share.
+    Without step times (a run that writes no ``timing_step_total`` nor step times), the
+    runtime over the steps done.
+    """
     now = time.time() if now is None else now
     step, total, start = run.get("step"), run.get("number_of_steps"), run.get("start_time")
     end = run.get("end_time")
     runtime = ((end or now) - start) if start else None
     fraction = min(step / total, 1.0) if step is not None and total else None
     eta = None
-    if run.get("status") not in FINAL and runtime and step and total and step < total:
-        eta = runtime / step * (total - step)
+    if run.get("status") not in FINAL and step and total and step < total:
+        if step_seconds is not None:
+            eta = step_seconds * (total - step)
+        elif runtime:
+            eta = runtime / step * (total - step)
     return {"step": step, "total": total, "fraction": fraction, "runtime_s": runtime, "eta_s": eta}
+
+
+def step_times(cur: duckdb.DuckDBPyConnection, run_id: str | None = None) -> dict[str, float]:
+    """Seconds per step of each run (or of ``run_id``) over its last :data:`ETA_STEPS` steps:
+    the mean ``timing_step_total``, else the mean spacing of the steps' times."""
+    where = "WHERE run_id = $run" if run_id is not None else ""
+    rows = cur.execute(
+        f"""
+        SELECT run_id, avg(duration), (max(time) - min(time)) / nullif(count(time) - 1, 0)
+        FROM (SELECT run_id, step, time, duration, row_number() OVER (PARTITION BY run_id ORDER BY step DESC) AS n
+              FROM steps {where})
+        WHERE n <= $last GROUP BY run_id
+        """,
+        {"last": ETA_STEPS, **({"run": run_id} if run_id is not None else {})},
+    ).fetchall()
+    out: dict[str, float] = {}
+    for rid, mean_duration, spacing in rows:
+        value = mean_duration if mean_duration is not None and mean_duration > 0 else spacing
+        if value is not None and value > 0:
+            out[rid] = float(value)
+    return out
 
 
 @router.get("/health")
 def health(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
     service = state(request).service
+    """The server answers; how many runs and sync passes; the last sync error; the blocks skipped as unreadable."""
     (count,) = cur.execute("SELECT count(*) FROM runs").fetchone() or (0,)
     return {
         "ok": True,
         "runs": count,
         "sync_passes": service.passes if service else None,
         "last_error": service.last_error if service else None,
+        "bad_blocks": [{"run_id": run_id, **block} for run_id, blocks in bad_blocks(cur).items() for block in blocks],
     }
+
+
+def bad_blocks(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
+    """The blocks the syncer skipped because they cannot be read, by run: stream, file and error."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    rows = cur.execute("SELECT run_id, stream, file, error FROM bad_blocks ORDER BY run_id, stream, file").fetchall()
+    for run_id, stream, file, error in rows:
+        out.setdefault(run_id, []).append({"stream": stream, "file": file, "error": error})
+    return out
 
 
 @router.get("/runs")
 def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
-    """Every run under the served folders, oldest first, with its progress."""
+    """Every run under the served folders, oldest first, with its progress and the blocks skipped as unreadable."""
     service = state(request).service
     roots = service.root_strings if service else None
     rows = cur.execute(
@@ -56,12 +102,15 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
     ).fetchall()
     names = ["run_id", "name", "path", "root", "source", "status", "step", "number_of_steps", "start_time",
              "end_time", "updated_time", "missing", "skipped_lines"]  # fmt: skip
+    bad = bad_blocks(cur)
+    per_step = step_times(cur)
     runs = []
     for row in rows:
         run = dict(zip(names, row, strict=True))
         if roots is not None and run["root"] not in roots:  # synced by a server that served other folders
             continue
-        run["progress"] = progress(run)
+        run["progress"] = progress(run, step_seconds=per_step.get(run["run_id"]))
+        run["bad_blocks"] = bad.get(run["run_id"], [])
         runs.append(run)
     return {"runs": runs, "roots": roots or [], "server_time": time.time()}
 
@@ -108,7 +157,7 @@ def run_summary(run_id: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -
     logs = [row[0] for row in cur.execute(
         "SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()]  # fmt: skip
     return {
-        "run": {**run, "progress": progress(run)},
+        "run": {**run, "progress": progress(run, step_seconds=step_times(cur, run_id).get(run_id))},
         "config": config,
         "config_yaml": config_yaml,
         "status": status,

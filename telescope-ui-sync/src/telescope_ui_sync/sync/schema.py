@@ -27,6 +27,8 @@ or eval needs no schema change:
   from them too.
 - ``evals`` (long: one row per eval metric), ``logs`` (one row per log line, with the
   level and time parsed when the line has the standard logging prefix).
+- ``bad_blocks``: the sealed blocks the syncer could not read and skipped, with the error
+  (see :mod:`.bad_blocks`).
 
 Limits: DuckDB allows one writing process per file (the server's syncer); the API reads
 through cursors of the same connection. Full-text search is a substring scan (``contains``) of
@@ -169,11 +171,22 @@ CREATE TABLE IF NOT EXISTS logs (
     logger VARCHAR,
     message VARCHAR
 );
+CREATE TABLE IF NOT EXISTS bad_blocks (
+    run_id VARCHAR NOT NULL,
+    stream VARCHAR NOT NULL,
+    file VARCHAR NOT NULL,
+    error VARCHAR NOT NULL,
+    size BIGINT,
+    mtime DOUBLE,
+    seen DOUBLE,
+    PRIMARY KEY (run_id, stream, file)
+);
 """
 
 #: The tables whose rows belong to one run (deleted together with it).
 RUN_TABLES: tuple[str, ...] = (
     "metrics", "steps", "rollouts", "events", "event_bins", "system_metrics", "evals", "logs", "sync_cursors",
+    "bad_blocks",
 )  # fmt: skip
 
 

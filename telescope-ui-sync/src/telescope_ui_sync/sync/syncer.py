@@ -4,10 +4,11 @@
 reads only what was appended since the last pass (see :mod:`.streams`), writes it with the
 stream's new position in one transaction (the volume through DuckDB itself, see
 :mod:`.ingest`), and refreshes the run's row (status, config, metadata) when status.json
-changed. A stream the run has not created yet gives nothing
-until it appears; a half-written last line waits for the next pass; a corrupt line is
-skipped and counted (``runs.skipped_lines``); a run directory that disappears marks the run
-``missing`` (its synced data stays viewable) and is synced again if it comes back.
+changed. A stream the run has not created yet gives nothing until it appears; a
+half-written last line waits for the next pass; a corrupt line is skipped and counted
+(``runs.skipped_lines``); a sealed block that cannot be read is skipped, named and read
+again only when its file changes (:mod:`.bad_blocks`); a run directory that disappears
+marks the run ``missing`` (its synced data stays viewable) and is synced again if it comes back.
 
 :class:`SyncService` discovers runs: each root is a run directory itself or a folder whose
 sub-directories are runs (checked again on every pass, so new runs appear while the server
@@ -47,6 +48,7 @@ from telescope.recording.run_liveness import run_state
 from telescope.recording.run_reader import Chunk, RunReader
 from telescope_ui_sync.sync import ingest, wandb_source
 from telescope_ui_sync.sync import records as rec
+from telescope_ui_sync.sync.bad_blocks import BadBlocks
 from telescope_ui_sync.sync.base import PassResult, Syncer
 from telescope_ui_sync.sync.streams import ChunkStream, JsonlStream, TextTail, open_stream
 
@@ -70,6 +72,8 @@ MAX_READS_PER_PASS = 100
 #: Sealed blocks read by one statement (one transaction): at most this many files, this many bytes.
 BATCH_FILES = 64
 BATCH_BYTES = 32 * 1024 * 1024
+#: What reading a block may raise when the file is bad (truncated, corrupt, unreadable).
+BLOCK_ERRORS = (OSError, pa.ArrowException, duckdb.Error)
 
 
 def _batches(chunks: Sequence[Chunk]) -> list[list[Chunk]]:
@@ -155,6 +159,8 @@ class RunSyncer(Syncer):
         self.next_eval_seq = 0
         self.log_tails: dict[str, TextTail] = {}
         self.log_times: dict[str, float | None] = {}
+        self.bad_blocks = BadBlocks(con, self.run_id, run_dir)
+        self._stream_errors: dict[str, str] = {}
         self._restore()
 
     # ----------------------------------------------------------------- state
@@ -251,11 +257,17 @@ class RunSyncer(Syncer):
         stream = self.streams[name]
         try:
             if isinstance(stream, ChunkStream):
-                return self._sync_blocks(name, stream)
-            return self._sync_jsonl(name, stream)
-        except (OSError, pa.ArrowException, duckdb.Error) as exc:  # one bad file must not stop the others
-            log.warning("reading %s of %s failed: %s", name, self.run_dir, exc)
+                added = self._sync_blocks(name, stream)
+            else:
+                added = self._sync_jsonl(name, stream)
+        except BLOCK_ERRORS as exc:  # one bad file must not stop the others; tried again next pass
+            message = str(exc)
+            if self._stream_errors.get(name) != message:  # logged once, not on every pass
+                log.warning("reading %s of %s failed: %s", name, self.run_dir, message)
+            self._stream_errors[name] = message
             return 0
+        self._stream_errors.pop(name, None)
+        return added
 
     def _sync_jsonl(self, name: str, stream: JsonlStream) -> int:
         """``metrics`` or ``evals``: bounded reads from the saved offset until nothing is new."""
@@ -282,8 +294,13 @@ class RunSyncer(Syncer):
                 return added
 
     def _sync_blocks(self, name: str, stream: ChunkStream) -> int:
-        """``rollouts`` or ``events``: DuckDB reads the new blocks (a batch of files per statement)."""
-        added = 0
+        """``rollouts`` or ``events``: DuckDB reads the new blocks (a batch of files per statement).
+
+        A batch that fails is read again block by block; a sealed block that cannot be read
+        alone is skipped and remembered (:mod:`.bad_blocks`), so the rest of the run shows
+        and the block is not read again until its file changes.
+        """
+        added = self._retry_bad_blocks(name, stream)
         for _ in range(MAX_READS_PER_PASS):
             chunks = stream.read()
             if stream.reset:
@@ -292,31 +309,78 @@ class RunSyncer(Syncer):
                     self._save_cursor(name, stream.position())
             if not chunks:
                 return added
-            insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
             for batch in _batches(chunks):
+                try:
+                    added += self._insert_batch(name, stream, batch)
+                except BLOCK_ERRORS:
+                    if batch[0].path is None:  # a tail (still being written): tried again next pass
+                        raise
+                    added += self._insert_one_by_one(name, stream, batch)
+        return added
+
+    def _insert(self, name: str, source: ingest.Source, first_seq: int) -> int:
+        insert = ingest.insert_rollouts if name == "rollouts" else ingest.insert_events
+        return insert(self.con, self.run_id, source, first_seq)
+
+    def _insert_batch(self, name: str, stream: ChunkStream, batch: list[Chunk]) -> int:
+        """Write one batch (sealed blocks, or one tail table) and move the cursor past it, in one transaction."""
+        with self._transaction():
+            first = batch[0]
+            if first.table is not None:
+                source = ingest.table_source(self.con, first.table)
+                try:
+                    records = self._insert(name, source, stream.next_seq)
+                finally:
+                    self.con.unregister(source.sql)
+            elif first.path is not None:
+                files = [(chunk.path, chunk.skip) for chunk in batch if chunk.path is not None]
+                records = self._insert(name, ingest.parquet_source(files), stream.next_seq)
+            else:  # only skipped lines: the cursor moves, nothing to write
+                records = 0
+            if name == "rollouts":  # rows of an attempt already abandoned when they were read
+                ingest.drop_abandoned_rollouts(self.con, self.run_id, self._superseded, stream.next_seq)
+            self._save_cursor(name, stream.advance(batch[-1].cursor, records))
+        return records
+
+    def _insert_one_by_one(self, name: str, stream: ChunkStream, batch: list[Chunk]) -> int:
+        """A failed batch of sealed blocks, block by block; a block that fails alone is skipped and remembered."""
+        added = 0
+        for chunk in batch:
+            try:
+                added += self._insert_batch(name, stream, [chunk])
+            except BLOCK_ERRORS as exc:
+                assert chunk.path is not None
                 with self._transaction():
-                    first = batch[0]
-                    if first.table is not None:
-                        source = ingest.table_source(self.con, first.table)
-                        try:
-                            records = insert(self.con, self.run_id, source, stream.next_seq)
-                        finally:
-                            self.con.unregister(source.sql)
-                    elif first.path is not None:
-                        files = [(chunk.path, chunk.skip) for chunk in batch if chunk.path is not None]
-                        records = insert(self.con, self.run_id, ingest.parquet_source(files), stream.next_seq)
-                    else:  # only skipped lines: the cursor moves, nothing to write
-                        records = 0
-                    if name == "rollouts":  # rows of an attempt already abandoned when they were read
+                    self.bad_blocks.add(name, chunk.path, exc)
+                    self._save_cursor(name, stream.advance(chunk.cursor, 0))
+        return added
+
+    def _retry_bad_blocks(self, name: str, stream: ChunkStream) -> int:
+        """Read again the bad blocks whose file changed; their rows are numbered after those synced."""
+        added = 0
+        for block in self.bad_blocks.changed(name):
+            try:
+                with self._transaction():
+                    records = self._insert(name, ingest.parquet_source([(block.path, 0)]), stream.next_seq)
+                    if name == "rollouts":
                         ingest.drop_abandoned_rollouts(self.con, self.run_id, self._superseded, stream.next_seq)
-                    self._save_cursor(name, stream.advance(batch[-1].cursor, records))
-                added += records
+                    self.bad_blocks.remove(name, block.path)
+                    stream.next_seq += records
+                    self._save_cursor(name, stream.position())
+            except BLOCK_ERRORS as exc:
+                with self._transaction():
+                    self.bad_blocks.add(name, block.path, exc)
+                continue
+            log.info("%s block %s of run %s is readable again: %d records synced", name, block.path, self.run_dir,
+                     records)  # fmt: skip
+            added += records
         return added
 
     def _delete(self, name: str) -> None:
         """Drop what a stream had written (it starts again from its beginning)."""
         for table in STREAM_TABLES[name]:
             self.con.execute(f"DELETE FROM {table} WHERE run_id = ?", [self.run_id])
+        self.bad_blocks.clear(name)
 
     def _sync_logs(self) -> int:
         logs_dir = self.run_dir / "logs"

@@ -66,7 +66,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -435,7 +435,9 @@ def create_app(engine: Engine, served_model_name: str | None = None, access_toke
 class ServerThread:
     """Serve an app with uvicorn in a background thread of this process (port 0 = any free port)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, lifespan: str = "off") -> None:
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "off"
+    ) -> None:
         import uvicorn
 
         self.host = host
