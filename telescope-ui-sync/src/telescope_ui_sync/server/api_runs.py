@@ -50,7 +50,9 @@ def health(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -
 
 @router.get("/runs")
 def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
-    """Every run under the served folders, oldest first, with its progress."""
+    """Every run under the served folders, oldest first, with its progress and ``data_time``: when
+    the sync last added rows to it (null: not since this server started), so that a page of a
+    finished run knows when to load again."""
     service = state(request).service
     roots = service.root_strings if service else None
     rows = cur.execute(
@@ -65,6 +67,7 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
         if roots is not None and run["root"] not in roots:  # synced by a server that served other folders
             continue
         run["progress"] = progress(run)
+        run["data_time"] = service.changed.get(run["run_id"]) if service else None
         runs.append(run)
     return {"runs": runs, "roots": roots or [], "server_time": time.time()}
 

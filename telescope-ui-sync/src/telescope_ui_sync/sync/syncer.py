@@ -326,6 +326,8 @@ class SyncService:
         self.syncers: dict[str, Syncer] = {}
         self.passes = 0
         self.last_error: str | None = None
+        #: Per run id, when a pass last added rows (this process's clock; what pages poll on).
+        self.changed: dict[str, float] = {}
         self._wandb = wandb_source.wandb_available()
         self._api_listed = -math.inf
         self._stop = threading.Event()
@@ -344,6 +346,8 @@ class SyncService:
             for syncer in list(self.syncers.values()):
                 try:
                     results[syncer.run_id] = syncer.sync_once()
+                    if results[syncer.run_id].total:
+                        self.changed[syncer.run_id] = time.time()
                 except Exception as exc:  # one broken run must not stop the others
                     self.last_error = f"{syncer.run_id}: {type(exc).__name__}: {exc}"
                     log.exception("syncing %s failed", syncer.run_id)
@@ -400,6 +404,7 @@ class SyncService:
             for key, syncer in list(self.syncers.items()):
                 if syncer.run_id == run_id:
                     del self.syncers[key]
+            self.changed.pop(run_id, None)
             delete_run(self.con, run_id)
 
     def start(self) -> None:
