@@ -155,11 +155,12 @@ async function refreshPage(): Promise<void> {
   if (!page || refreshing) return;
   refreshing = true;
   const key = dataKey();
+  const target = page; // a page mounted meanwhile has not been refreshed: its key stays ""
   try {
-    await page.refresh();
-    refreshedKey = key;
+    await target.refresh();
+    if (page === target) refreshedKey = key;
   } catch (error) {
-    refreshedKey = "";
+    if (page === target) refreshedKey = "";
     console.warn("refresh failed", error);
   } finally {
     refreshing = false;
