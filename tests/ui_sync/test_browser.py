@@ -376,29 +376,6 @@ def test_a_finished_run_is_not_polled(page, serve, tmp_path: Path) -> None:  # t
     store.close()
 
 
-def test_a_page_opened_while_another_loads_still_loads(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A finished run's page is loaded once: a page opened while the page before it still
-    loads must get that load, not count as loaded by the load it waited on."""
-    run = write_run(tmp_path / "runs" / "done", steps=1)
-    served = serve([tmp_path / "runs"])
-    select(page, served.url, [run_id_for(run)])
-    held: list[object] = []
-
-    def hold(route: object) -> None:  # the Overview's summary waits
-        held.append(route)
-
-    page.route("**/api/runs/*", hold)
-    page.goto(f"{served.url}/#/overview")
-    page.reload()
-    while not held:
-        page.wait_for_timeout(20)
-    page.evaluate("location.hash = '#/logs'")  # opened while the Overview's load is in flight
-    page.locator(".page.logs").wait_for()
-    page.unroute("**/api/runs/*", hold)
-    held[0].continue_()  # type: ignore[attr-defined]
-    page.locator(".log-line").first.wait_for(timeout=5000)
-
-
 def test_a_huge_completion_is_cut_with_a_way_to_see_all(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run = write_run(tmp_path / "runs" / "long", steps=1, completion="word " * 60_000 + "THE-END")
     served = serve([tmp_path / "runs"])
