@@ -218,7 +218,7 @@ def main() -> None:
         print(f"database: {figures['db_mib']:.0f} MiB")
 
         con = connect(db)  # what a restarted server opens
-        api = TestClient(create_app(con))
+        api = TestClient(create_app(con), base_url="http://localhost")
         rid = run_id_for(run_dir)
         figures["pages_ms"], figures["pages_cpu_ms"] = {}, {}
         print(f"  {'page API (first call, cold)':28s} {'wall ms':>8s} {'CPU ms':>7s}   {'2nd call':>8s}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +17,7 @@ from tests.ui_sync.conftest import REPO, write_blocks, write_run
 
 from telescope_ui_sync import build
 from telescope_ui_sync.server.app import create_app
+from telescope_ui_sync.server.guards import allowed_hosts
 from telescope_ui_sync.sync.schema import connect
 from telescope_ui_sync.sync.syncer import SyncService, run_id_for
 
@@ -26,7 +29,7 @@ def client(tmp_path: Path) -> tuple[TestClient, str, Path]:
     con = connect(":memory:")
     service = SyncService(con.cursor(), [tmp_path / "runs"])
     service.sync_all()
-    return TestClient(create_app(con, service)), run_id_for(run), run
+    return TestClient(create_app(con, service), base_url="http://localhost"), run_id_for(run), run
 
 
 def test_runs_and_summary(client: tuple[TestClient, str, Path]) -> None:
@@ -66,7 +69,7 @@ def test_a_copied_block_stored_run_is_a_second_run_with_its_own_series(tmp_path:
     copy = Path(shutil.copytree(run, tmp_path / "runs" / "a-2"))
     con = connect(":memory:")
     SyncService(con, [tmp_path / "runs"]).sync_all()
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     ids = [run_id_for(run), run_id_for(copy)]
     assert [r["run_id"] for r in api.get("/api/runs").json()["runs"]] == sorted(ids)
     for rid in ids:
@@ -87,7 +90,7 @@ def test_long_series_are_downsampled_keeping_extremes(tmp_path: Path) -> None:
     store.close()
     con = connect(":memory:")
     SyncService(con, [tmp_path / "long"]).sync_all()
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     rid = run_id_for(tmp_path / "long")
     series = api.get("/api/metrics/series", params={"runs": rid, "names": "grad_norm", "max_points": 200}).json()
     [one] = series["series"]
@@ -154,7 +157,7 @@ def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) 
     service.sync_all()
     by_width = con.execute("SELECT width, sum(events), count(*) FROM event_bins GROUP BY 1 ORDER BY 1").fetchall()
     assert by_width == [(10.0, 3000, 600), (100.0, 3000, 60), (1000.0, 3000, 6)]  # 2 lanes x 300, 30 and 3 bins
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     rid = run_id_for(tmp_path / "busy")
     for buckets in (
         2,
@@ -205,7 +208,7 @@ def test_metrics_filtered_by_environment_and_tag_come_from_the_rollouts(tmp_path
     run = write_two_environment_run(tmp_path / "runs" / "envs")
     con = connect(":memory:")
     SyncService(con, [tmp_path / "runs"]).sync_all()
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     rid = run_id_for(run)
     assert api.get("/api/metrics/filters", params={"runs": rid}).json() == {
         "environments": ["a", "b"], "tags": ["level=easy", "level=hard"],
@@ -243,7 +246,9 @@ def test_declared_ranges_come_from_the_config_and_the_run_metadata(tmp_path: Pat
     ]}))  # fmt: skip
     con = connect(":memory:")
     SyncService(con, [tmp_path / "runs"]).sync_all()
-    ranges = TestClient(create_app(con)).get(f"/api/runs/{run_id_for(run)}").json()["ranges"]
+    ranges = (
+        TestClient(create_app(con), base_url="http://localhost").get(f"/api/runs/{run_id_for(run)}").json()["ranges"]
+    )
     assert ranges == {"reward": {"countdown": [0.0, 2.0]}, "metrics": {"correct": [0, 1]}}
 
 
@@ -259,7 +264,7 @@ def test_code_snapshot_files_text_and_diff_between_runs(tmp_path: Path) -> None:
     (tmp_path / "secret.txt").write_text("not for the dashboard")
     con = connect(":memory:")
     SyncService(con, [tmp_path / "runs"]).sync_all()
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     ra, rb = run_id_for(a), run_id_for(b)
     listing = api.get(f"/api/code/{ra}").json()
     assert listing["files"] == ["README.md", "old.py", "pkg/train.py"]
@@ -309,6 +314,55 @@ def test_pages_are_served_with_a_strict_content_security_policy(client: tuple[Te
     assert page.status_code == 200 and "/assets/app.js" in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
     assert api.get("/assets/app.js").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [("localhost:8005", 200), ("127.0.0.1", 200), ("[::1]:8005", 200), ("dash.example", 200),
+     ("evil.example", 400), ("evil.example:8005", 400), ("localhost:port", 400), ("", 400)],
+)  # fmt: skip
+def test_requests_naming_another_host_are_refused(tmp_path: Path, host: str, status: int) -> None:
+    """DNS rebinding: a page of evil.example whose name resolves to 127.0.0.1 still sends its own name."""
+    app = create_app(connect(":memory:"), hosts=allowed_hosts("127.0.0.1", ["dash.example"]))
+    answer = TestClient(app, base_url="http://localhost").get("/api/runs", headers={"host": host})
+    assert answer.status_code == status, answer.text
+    if status == 400:
+        assert "--allow-host" in answer.text
+    assert allowed_hosts("0.0.0.0") >= {"localhost", "::1", socket.gethostname().lower()}
+    assert "0.0.0.0" not in allowed_hosts("0.0.0.0") and "10.1.2.3" in allowed_hosts("10.1.2.3")
+
+
+def test_every_get_route_and_the_static_files_answer_head(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, _ = client
+    paths = api.get("/api/openapi.json").json()["paths"]
+    gets = [path for path, methods in paths.items() if "get" in methods]
+    assert len(gets) > 10
+    for path in gets:
+        answer = api.head(re.sub(r"\{\w+\}", rid, path))
+        assert answer.status_code != 405, path  # 404 or 422 (query parameters missing) come from the route
+    for path in ("/", "/assets/app.js", f"/api/runs/{rid}", f"/api/logs?run={rid}"):
+        head, get = api.head(path), api.get(path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-length"] == get.headers["content-length"] == str(len(get.content))
+
+
+def test_a_run_whose_directory_was_deleted_can_be_removed(client: tuple[TestClient, str, Path]) -> None:
+    api, rid, run = client
+    service = api.app.state.telescope.service  # type: ignore[attr-defined]
+    refused = api.delete(f"/api/runs/{rid}")
+    assert refused.status_code == 409 and "still there" in refused.json()["detail"]
+    shutil.rmtree(run)
+    service.sync_all()
+    assert api.delete(f"/api/runs/{rid}").json() == {"removed": rid}
+    service.sync_all()
+    assert [r["name"] for r in api.get("/api/runs").json()["runs"]] == ["b"]
+    assert api.get(f"/api/runs/{rid}").status_code == 404
+    con = api.app.state.telescope.con  # type: ignore[attr-defined]
+    assert con.execute("SELECT count(*) FROM metrics WHERE run_id = ?", [rid]).fetchone() == (0,)
+    assert api.delete(f"/api/runs/{rid}").status_code == 404
+    write_run(run, steps=1)  # the directory comes back: a run again, synced from its beginning
+    service.sync_all()
+    assert api.get(f"/api/runs/{rid}").json()["counts"]["steps"] == 1
 
 
 def test_built_assets_are_up_to_date_and_load_nothing_from_the_network() -> None:
@@ -411,6 +465,8 @@ def test_telescope_ui_serves_and_warns_off_loopback(tmp_path: Path) -> None:
                 pass
             time.sleep(0.3)
         assert runs and runs[0]["name"] == "a"
+        rebound = httpx.get(f"http://127.0.0.1:{port}/api/runs", headers={"Host": "evil.example"}, timeout=5)
+        assert rebound.status_code == 400 and "--allow-host" in rebound.text
     finally:
         process.terminate()
         _, err = process.communicate(timeout=30)

@@ -432,3 +432,115 @@ def test_a_bad_block_is_named_on_the_page(page, serve, tmp_path: Path) -> None: 
     page.locator(".sample-dot").first.wait_for()  # the other blocks' rollouts show
     shot(page, "bad-block")
     assert page.errors == []
+
+
+def dot_colours(page) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The sidebar's colour of each run, by run id."""
+    script = (
+        "[...document.querySelectorAll('.run-item')]"
+        ".map(e => [e.dataset.run, e.querySelector('.dot').style.background])"
+    )
+    return dict(page.evaluate(script))
+
+
+def test_a_page_of_one_run_names_it(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ids = [run_id_for(write_run(tmp_path / "runs" / name, steps=1)) for name in ("alpha", "beta")]
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [ids[1], ids[0]])
+    for name in ("logs", "rollouts", "overview"):
+        page.goto(f"{served.url}/#/{name}")
+        label = page.locator(f".page-run[data-run='{ids[1]}']")
+        label.filter(has_text="beta").filter(has_text="first of 2 compared").wait_for()
+    page.goto(f"{served.url}/#/metrics")  # compares both: no single run to name
+    page.locator(".page.metrics").wait_for()
+    assert page.locator(".page-run").count() == 0
+
+
+def test_run_colours_stay_when_a_run_is_added(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ids = [run_id_for(write_run(tmp_path / "runs" / name, steps=1)) for name in ("b", "c")]
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, ids)
+    page.locator(f".run-item[data-run='{ids[1]}']").wait_for()
+    before = dot_colours(page)
+    early = write_run(tmp_path / "runs" / "a", steps=1)
+    status = json.loads((early / "status.json").read_text())
+    (early / "status.json").write_text(json.dumps({**status, "start_time": 1.0}))  # listed first
+    page.locator(f".run-item[data-run='{run_id_for(early)}']").wait_for(timeout=5000)
+    after = dot_colours(page)
+    assert next(iter(after)) == run_id_for(early)
+    assert {rid: after[rid] for rid in ids} == before
+    assert len(set(after.values())) == 3
+    page.reload()  # kept across reloads
+    page.locator(f".run-item[data-run='{run_id_for(early)}']").wait_for()
+    assert dot_colours(page) == after
+
+
+def test_a_deleted_run_can_be_removed_from_the_sidebar(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    kept = run_id_for(write_run(tmp_path / "runs" / "kept", steps=1))
+    doomed = write_run(tmp_path / "runs" / "doomed", steps=1)
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(doomed)])
+    item = page.locator(f".run-item[data-run='{run_id_for(doomed)}']")
+    item.wait_for()
+    assert item.locator(".run-remove").count() == 0  # only a run whose directory is gone
+    shutil.rmtree(doomed)
+    page.on("dialog", lambda dialog: dialog.accept())
+    item.locator(".run-remove").click(timeout=5000)
+    item.wait_for(state="detached", timeout=5000)
+    assert [run["run_id"] for run in httpx.get(f"{served.url}/api/runs").json()["runs"]] == [kept]
+    page.locator(f".run-item.selected[data-run='{kept}']").wait_for()  # the newest left is shown
+    assert page.errors == []
+
+
+def test_logs_page_back_past_their_last_500_lines(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = write_run(tmp_path / "runs" / "chatty", steps=1)  # 2 lines in orchestrator.log
+    with (run / "logs" / "worker.log").open("w") as log:
+        log.writelines(f"2026-01-02 03:04:05,678 INFO telescope.worker: line {i}\n" for i in range(1100))
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/logs")
+    lines = page.locator(".log-line")
+    page.locator(".log-earlier").filter(has_text="602 not shown").wait_for()
+    assert lines.count() == 500 and "line 1099" in lines.last.inner_text()
+    page.locator(".log-earlier").click()
+    page.locator(".log-earlier").filter(has_text="Show 102 earlier").wait_for()
+    assert lines.count() == 1000
+    page.locator(".log-earlier").click()
+    page.locator(".log-earlier").wait_for(state="detached")
+    assert lines.count() == 1102 and "step 0 done" in lines.first.inner_text()
+    assert page.errors == []
+
+
+def test_a_finished_run_is_not_polled(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An open Metrics tab of a finished run asks for nothing but the run list, until the run gets new data."""
+    run = write_run(tmp_path / "runs" / "done", steps=3)
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/metrics")
+    page.locator("[data-metric='grad_norm'] canvas").wait_for()
+    page.wait_for_timeout(1500)  # the first loads settle
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url.split("?")[0].removeprefix(served.url)))
+    page.wait_for_timeout(5000)
+    assert asked.count("/api/runs") >= 3  # the run list is still polled (new runs appear)...
+    assert [path for path in asked if path != "/api/runs"] == []  # ...the finished run's page is not
+    store = RunStore(run)
+    with page.expect_request("**/api/metrics/series**", timeout=5000):  # new data: the page loads again
+        store.log_metrics(3, {"grad_norm": 9.0})
+    store.close()
+
+
+def test_a_huge_completion_is_cut_with_a_way_to_see_all(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = write_run(tmp_path / "runs" / "long", steps=1, completion="word " * 60_000 + "THE-END")
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/rollouts?step=0")
+    completion = page.locator(".completion")
+    completion.locator(".show-all").filter(has_text="300,007").wait_for()
+    assert len(completion.inner_text()) < 25_000 and "THE-END" not in completion.inner_text()
+    completion.locator(".show-all").click()
+    completion.filter(has_text="THE-END").wait_for()
+    assert completion.locator(".show-all").count() == 0
+    assert page.errors == []

@@ -104,7 +104,7 @@ def test_an_offline_run_of_the_wandb_logger_is_a_dashboard_run(tmp_path: Path, m
     results = SyncService(con, [run_dir / "wandb"]).sync_all()
     [(rid, result)] = results.items()
     assert result.rows["metrics"] == 3 and result.rows["rollouts"] == 6 and result.rows["events"] == 3
-    api = TestClient(create_app(con))
+    api = TestClient(create_app(con), base_url="http://localhost")
     [run] = api.get("/api/runs").json()["runs"]
     assert (run["run_id"], run["source"], run["status"], run["number_of_steps"]) == (rid, "wandb", "completed", 3)
     series = api.get("/api/metrics/series", params={"runs": rid, "names": "reward/mean,eval/countdown/reward_mean"})
@@ -153,7 +153,7 @@ def test_runs_of_the_wandb_api_are_dashboard_runs() -> None:
     [(rid, result)] = service.sync_all().items()
     assert api.listed == [("team/telescope", {"tags": {"$in": ["telescope"]}})]
     assert result.rows["metrics"] == 2
-    client = TestClient(create_app(con, service))
+    client = TestClient(create_app(con, service), base_url="http://localhost")
     [listed] = client.get("/api/runs").json()["runs"]
     assert (listed["name"], listed["source"], listed["status"], listed["path"]) == (
         "api-run", "wandb", "running", "wandb:team/telescope/abc123",

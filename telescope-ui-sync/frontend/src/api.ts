@@ -4,7 +4,7 @@ export interface Progress { step: number | null; total: number | null; fraction:
 export interface Run {
   run_id: string; name: string; path: string; status: string | null; step: number | null;
   number_of_steps: number | null; start_time: number | null; end_time: number | null; missing: boolean;
-  skipped_lines: number; progress: Progress;
+  skipped_lines: number; progress: Progress; updated_time: number | null; data_time: number | null;
   /** Sealed blocks the syncer could not read and skipped (absent in a run summary). */
   bad_blocks?: BadBlock[];
 }
@@ -66,4 +66,13 @@ export async function getText(path: string, params: Record<string, string>): Pro
   const response = await fetch(`${path}?${new URLSearchParams(params)}`);
   if (!response.ok) throw new ApiError(response.status, await response.text());
   return response.text();
+}
+
+export async function remove(path: string): Promise<void> {
+  const response = await fetch(path, { method: "DELETE", headers: { Accept: "application/json" } });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail ?? detail; } catch { /* not JSON */ }
+    throw new ApiError(response.status, String(detail));
+  }
 }

@@ -1,10 +1,15 @@
 // The shell: sidebar (runs to compare, pages), hash routing, the live refresh loop, and
 // the banners (a run whose directory was deleted, a block of a run that cannot be read, a
-// server that stopped answering). The pure helpers are on ``window.telescopeUi`` too (the
-// browser tests call them).
+// server that stopped answering). A page of one run names it above the page. Run colours
+// are palette slots kept per run id in localStorage (the least used slot when a run is
+// first listed), so adding or removing runs never recolours the others. The run list is
+// polled every second; the page is refreshed every second only while one of its runs is
+// live: a finished or deleted run's page loads again only when the sync brings that run
+// something new. The pure helpers are on ``window.telescopeUi`` too (the browser tests
+// call them).
 import "./style.css";
-import { get, type Run } from "./api";
-import { PALETTE, clear, fmt, h, save, store } from "./dom";
+import { get, remove, type Run } from "./api";
+import { PALETTE, clear, fmt, h, hashColor, save, store } from "./dom";
 import type { Ctx, Page, PageFactory } from "./context";
 import { overviewPage } from "./pages/overview";
 import { metricsPage } from "./pages/metrics";
@@ -31,6 +36,8 @@ const PAGES: [string, string, PageFactory][] = [
   ["sandboxes", "Sandboxes", sandboxesPage],
   ["logs", "Logs", logsPage],
 ];
+const COMPARING_PAGES = new Set(["metrics"]); // the others show one run: the first picked
+const FINAL = new Set(["completed", "failed", "interrupted"]);
 const MAX_SELECTED = 20;
 const REFRESH_MS = 1000;
 
@@ -42,7 +49,9 @@ let chosen: string[] = store<string[]>("selected", []);
 let page: Page | null = null;
 let pageKey = "";
 let refreshing = false;
+let refreshedKey = ""; // dataKey() when the page last refreshed without error
 let serverDown = false;
+let slots: Record<string, number> = store<Record<string, number>>("colors", {});
 
 const runList = h("div", { class: "run-list" });
 const runFilter = h("input", { class: "run-filter", placeholder: "Search runs…", type: "search" });
@@ -57,8 +66,39 @@ function route(): { name: string; params: URLSearchParams } {
 }
 
 function color(runId: string): string {
-  const index = runs.findIndex((run) => run.run_id === runId);
-  return PALETTE[(index < 0 ? 0 : index) % PALETTE.length];
+  const slot = slots[runId];
+  return slot === undefined ? hashColor(runId) : PALETTE[slot % PALETTE.length];
+}
+
+/** Gives each listed run without a colour the palette slot least used by the listed runs. */
+function assignColors(): void {
+  slots = store<Record<string, number>>("colors", {}); // another tab may have assigned some
+  const fresh = runs.filter((run) => slots[run.run_id] === undefined);
+  if (!fresh.length) return;
+  const uses = PALETTE.map(() => 0);
+  for (const run of runs) if (slots[run.run_id] !== undefined) uses[slots[run.run_id] % PALETTE.length]++;
+  for (const run of fresh) {
+    const slot = uses.indexOf(Math.min(...uses));
+    slots[run.run_id] = slot;
+    uses[slot]++;
+  }
+  save("colors", slots);
+}
+
+/** What changes when a shown run gets new data (status, step, synced rows, its directory going). */
+function dataKey(): string {
+  return JSON.stringify(shownRuns().map((id) => {
+    const run = runs.find((r) => r.run_id === id);
+    return run ? [id, run.status, run.step, run.updated_time, run.data_time, run.missing] : [id];
+  }));
+}
+
+/** Whether a shown run may still change by itself: it is not finished and its directory is there. */
+function live(): boolean {
+  return shownRuns().some((id) => {
+    const run = runs.find((r) => r.run_id === id);
+    return run !== undefined && !run.missing && !FINAL.has(run.status ?? "");
+  });
 }
 
 /** The runs shown: those picked that exist, else the newest run. */
@@ -106,21 +146,47 @@ function mountPage(force = false): void {
     content.append(h("div", { class: "empty-page" }, runs.length ? "Pick a run in the sidebar." : "No runs yet: waiting for run directories to appear…"));
     return;
   }
+  if (!COMPARING_PAGES.has(name)) {
+    const others = ctx.selected.length - 1;
+    content.append(h("div", { class: "page-run", "data-run": ctx.primary },
+      h("span", { class: "dot", style: `background:${color(ctx.primary)}` }), " Run ", h("strong", null, ctx.runName(ctx.primary)),
+      others > 0 ? h("span", { class: "muted" }, ` (the first of ${others + 1} compared; click a run's name in the sidebar to show it here)`) : null));
+  }
   page = factory(ctx);
   content.append(page.el);
+  refreshedKey = "";
   void refreshPage();
 }
 
 async function refreshPage(): Promise<void> {
   if (!page || refreshing) return;
   refreshing = true;
+  const key = dataKey();
+  const target = page; // a page mounted meanwhile has not been refreshed: its key stays ""
   try {
-    await page.refresh();
+    await target.refresh();
+    if (page === target) refreshedKey = key;
   } catch (error) {
+    if (page === target) refreshedKey = "";
     console.warn("refresh failed", error);
   } finally {
     refreshing = false;
   }
+}
+
+async function removeRun(run: Run): Promise<void> {
+  if (!window.confirm(`Remove run ${run.name} from the dashboard? Its directory is gone; what was synced of it is deleted too.`)) return;
+  try {
+    await remove(`/api/runs/${encodeURIComponent(run.run_id)}`);
+  } catch (error) {
+    window.alert(`Could not remove run ${run.name}: ${error instanceof Error ? error.message : String(error)}`);
+    return;
+  }
+  if (chosen.includes(run.run_id)) {
+    chosen = chosen.filter((id) => id !== run.run_id);
+    save("selected", chosen);
+  }
+  await pollRuns();
 }
 
 function toggleRun(runId: string, only: boolean): void {
@@ -147,7 +213,8 @@ function renderRuns(): void {
         h("input", { type: "checkbox", checked: isSelected, title: "Compare this run", onchange: () => toggleRun(run.run_id, false) }),
         h("span", { class: "dot", style: `background:${color(run.run_id)}` }),
         h("button", { class: "run-name", title: run.path, onclick: () => toggleRun(run.run_id, true) }, run.name),
-        h("span", { class: `status status-${status}` }, status),
+        h("span", { class: `status status-${status}` }, status,
+          run.missing ? h("button", { class: "icon run-remove", title: "Remove this deleted run from the dashboard", onclick: () => void removeRun(run) }, "×") : null),
         h("div", { class: "mini-progress" }, h("div", { style: `width:${Math.round(fraction * 100)}%` })),
       ),
     );
@@ -179,6 +246,7 @@ async function pollRuns(): Promise<void> {
     serverDown = false;
     const before = JSON.stringify(runs);
     runs = data.runs;
+    assignColors();
     if (JSON.stringify(runs) !== before) {
       renderRuns();
       mountPage(); // a picked run that appears (or goes) changes what is shown
@@ -192,7 +260,7 @@ async function pollRuns(): Promise<void> {
 
 async function tick(): Promise<void> {
   await pollRuns();
-  await refreshPage();
+  if (live() || dataKey() !== refreshedKey) await refreshPage();
   window.setTimeout(tick, REFRESH_MS);
 }
 

@@ -8,7 +8,9 @@ file lock, so give it its own ``--db``.
 
 The server binds 127.0.0.1 unless ``--host`` says otherwise; any other address is served
 with a warning, since the API has no authentication and shows model outputs, configs and
-logs to whoever can reach it.
+logs to whoever can reach it. Requests that name another host than the bound address or a
+loopback name are refused (against DNS rebinding); ``--allow-host NAME`` (repeatable) adds a
+name the dashboard is reached by (a reverse proxy's, a tunnel's).
 
 W&B runs (see :mod:`telescope_ui_sync.sync.wandb_source`) come in when wandb is installed:
 W&B run folders under PATHS (offline runs, no key needed), and with ``--wandb-project
@@ -58,6 +60,13 @@ def default_db_path() -> Path:
     metavar="ENTITY/PROJECT",
     help="Also show this W&B project's runs tagged 'telescope' (needs wandb and a W&B key). Repeatable.",
 )
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests for this host name (besides the bound address and loopback). Repeatable.",
+)
 def ui_command(
     paths: tuple[Path, ...],
     port: int,
@@ -66,6 +75,7 @@ def ui_command(
     poll_interval: float,
     open_browser: bool,
     wandb_projects: tuple[str, ...],
+    allow_hosts: tuple[str, ...],
 ) -> None:
     """Serve the dashboard of the runs under PATHS (run directories or folders of runs; default ./runs)."""
     from telescope_ui_sync.server.serve import serve
@@ -83,7 +93,8 @@ def ui_command(
     db = (db_path or default_db_path()).expanduser()
     wandb_api = _wandb_api() if wandb_projects else None
     serve(roots, db_path=db, host=host, port=port, poll_interval=poll_interval, open_browser=open_browser,
-          wandb_api=wandb_api, wandb_projects=wandb_projects if wandb_api is not None else ())  # fmt: skip
+          wandb_api=wandb_api, wandb_projects=wandb_projects if wandb_api is not None else (),
+          allow_hosts=allow_hosts)  # fmt: skip
 
 
 def _wandb_api() -> object | None:

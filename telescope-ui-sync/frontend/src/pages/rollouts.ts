@@ -6,6 +6,7 @@ import { get, type RunSummary, type Sample, type SearchResult, type Series } fro
 import { clear, debounce, fmt, h, save, scaleColor, store } from "../dom";
 import type { Ctx, Page } from "../context";
 import { renderText, type RenderMode } from "../render";
+import { clipped } from "../clip";
 import { LineChart } from "../charts";
 
 type ColorBy = "reward" | "advantage" | "length";
@@ -150,7 +151,7 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
         })),
       h("h4", null, "Prompt"), renderPrompt(record.prompt),
     );
-    pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, renderText(String(record.completion ?? ""), mode)));
+    pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, clipped(String(record.completion ?? ""), (text) => renderText(text, mode))));
     const turns = messages.filter((m) => m.role !== "user" && m.role !== "system");
     if (turns.length > 1 || turns.some((m) => m.tool_calls || m.role === "tool")) {
       pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
@@ -162,13 +163,13 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
 
   function renderPrompt(prompt: unknown): HTMLElement {
     if (Array.isArray(prompt)) return h("div", null, ...prompt.map((m) => renderMessage(m as Record<string, unknown>)));
-    return h("div", { class: "prompt" }, renderText(String(prompt ?? ""), mode));
+    return h("div", { class: "prompt" }, clipped(String(prompt ?? ""), (text) => renderText(text, mode)));
   }
 
   function renderMessage(message: Record<string, unknown>): HTMLElement {
     const role = String(message.role ?? "?");
     const content = typeof message.content === "string" ? message.content : JSON.stringify(message.content ?? "");
-    const box = h("div", { class: `message role-${role.replace(/[^a-z]/g, "")}` }, h("div", { class: "role" }, role), renderText(content, role === "tool" ? "raw" : mode));
+    const box = h("div", { class: `message role-${role.replace(/[^a-z]/g, "")}` }, h("div", { class: "role" }, role), clipped(content, (text) => renderText(text, role === "tool" ? "raw" : mode)));
     const calls = Array.isArray(message.tool_calls) ? (message.tool_calls as Record<string, unknown>[]) : [];
     for (const call of calls) {
       const fn = (call.function ?? call) as Record<string, unknown>;

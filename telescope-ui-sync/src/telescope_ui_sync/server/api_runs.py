@@ -1,4 +1,5 @@
-"""Routes about runs: the list with progress, one run's summary, config diff, files, health."""
+"""Routes about runs: the list with progress, one run's summary, removing a deleted run, config diff, files,
+health."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 
 from telescope_ui_sync.server.deps import cursor, inside, loads, run_row, state
+from telescope_ui_sync.sync.schema import delete_run
+from telescope_ui_sync.sync.syncer import RunStillPresent
 
 router = APIRouter(prefix="/api")
 
@@ -93,7 +96,9 @@ def bad_blocks(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]
 
 @router.get("/runs")
 def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
-    """Every run under the served folders, oldest first, with its progress and the blocks skipped as unreadable."""
+    """Every run under the served folders, oldest first, with its progress, the blocks skipped as
+    unreadable, and ``data_time``: when the sync last added rows to it (null: not since this
+    server started), so that a page of a finished run knows when to load again."""
     service = state(request).service
     roots = service.root_strings if service else None
     rows = cur.execute(
@@ -111,6 +116,7 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
             continue
         run["progress"] = progress(run, step_seconds=per_step.get(run["run_id"]))
         run["bad_blocks"] = bad.get(run["run_id"], [])
+        run["data_time"] = service.changed.get(run["run_id"]) if service else None
         runs.append(run)
     return {"runs": runs, "roots": roots or [], "server_time": time.time()}
 
@@ -139,6 +145,24 @@ def environment_ranges(config: dict[str, Any] | None, metadata: dict[str, Any] |
         if isinstance(bounds, dict):
             metrics[str(metric)] = [bounds.get("min"), bounds.get("max")]
     return {"reward": reward, "metrics": metrics}
+
+
+@router.delete("/runs/{run_id}")
+def forget_run(run_id: str, request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[str, Any]:
+    """Remove a run whose directory was deleted from the dashboard (its synced data goes too);
+    409 while the directory is still there (the next sync pass would bring the run back)."""
+    run = run_row(cur, run_id)
+    service = state(request).service
+    try:
+        if service is not None:
+            service.forget(run_id)
+        elif run["missing"]:
+            delete_run(cur, run_id)
+        else:
+            raise RunStillPresent(f"the run's directory {run['path']} is still there; delete it first")
+    except RunStillPresent as exc:
+        raise HTTPException(409, f"{exc}: only a run whose directory was deleted can be removed") from None
+    return {"removed": run_id}
 
 
 @router.get("/runs/{run_id}")

@@ -5,11 +5,14 @@
 synced themselves. The front end is a single page (hash routing) served from the
 package's ``static/`` folder with a strict Content-Security-Policy: scripts only from
 this origin, no inline script, no network access beyond this origin, so even a model
-output that slipped through unescaped could not run or phone home.
+output that slipped through unescaped could not run or phone home. Around it all,
+:mod:`.guards`: requests naming another host than ``hosts`` (loopback by default) are
+refused, against DNS rebinding, and every GET route answers ``HEAD``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -20,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from telescope_ui_sync import __version__
 from telescope_ui_sync.server import api_code, api_metrics, api_misc, api_rollouts, api_runs, api_timeline
 from telescope_ui_sync.server.deps import AppState
+from telescope_ui_sync.server.guards import HeadAsGet, HostCheck, allowed_hosts
 from telescope_ui_sync.sync.syncer import SyncService
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
@@ -40,9 +44,13 @@ or <code>python -m telescope_ui_sync.build</code> (needs Node.js and npm).</p></
 
 
 def create_app(
-    con: duckdb.DuckDBPyConnection, service: SyncService | None = None, static_dir: Path = STATIC_DIR
+    con: duckdb.DuckDBPyConnection,
+    service: SyncService | None = None,
+    static_dir: Path = STATIC_DIR,
+    hosts: Iterable[str] | None = None,
 ) -> FastAPI:
-    """The dashboard app over ``con`` (routes read through a cursor each)."""
+    """The dashboard app over ``con`` (routes read through a cursor each), answering requests
+    whose ``Host`` is one of ``hosts`` (default: the loopback names; see :func:`.guards.allowed_hosts`)."""
     app = FastAPI(title="telescope ui", version=__version__, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.telescope = AppState(con=con, service=service)
     for module in (api_runs, api_metrics, api_rollouts, api_timeline, api_misc, api_code):
@@ -64,4 +72,6 @@ def create_app(
             return FileResponse(index, headers={"Cache-Control": "no-cache"})
         return HTMLResponse(NOT_BUILT)
 
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(HostCheck, hosts=allowed_hosts("127.0.0.1") if hosts is None else hosts)
     return app

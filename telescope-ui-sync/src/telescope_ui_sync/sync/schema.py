@@ -190,6 +190,18 @@ RUN_TABLES: tuple[str, ...] = (
 )  # fmt: skip
 
 
+def delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Remove every row of run ``run_id`` (its data, its sync positions and its ``runs`` row), in one transaction."""
+    con.begin()
+    try:
+        for table in (*RUN_TABLES, "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+
+
 class SchemaVersionError(RuntimeError):
     """The database file was written by a newer telescope-ui-sync."""
 

@@ -50,9 +50,15 @@ from telescope_ui_sync.sync import ingest, wandb_source
 from telescope_ui_sync.sync import records as rec
 from telescope_ui_sync.sync.bad_blocks import BadBlocks
 from telescope_ui_sync.sync.base import PassResult, Syncer
+from telescope_ui_sync.sync.schema import delete_run
 from telescope_ui_sync.sync.streams import ChunkStream, JsonlStream, TextTail, open_stream
 
 log = logging.getLogger(__name__)
+
+
+class RunStillPresent(RuntimeError):
+    """A run asked to be forgotten still has its directory (it would be synced again)."""
+
 
 STREAMS: tuple[str, ...] = ("metrics", "rollouts", "events", "evals")
 #: What a stream's rows are deleted from when the stream starts again from its beginning.
@@ -434,6 +440,8 @@ class SyncService:
         self.syncers: dict[str, Syncer] = {}
         self.passes = 0
         self.last_error: str | None = None
+        #: Per run id, when a pass last added rows (this process's clock; what pages poll on).
+        self.changed: dict[str, float] = {}
         self._wandb = wandb_source.wandb_available()
         self._api_listed = -math.inf
         self._stop = threading.Event()
@@ -452,6 +460,8 @@ class SyncService:
             for syncer in list(self.syncers.values()):
                 try:
                     results[syncer.run_id] = syncer.sync_once()
+                    if results[syncer.run_id].total:
+                        self.changed[syncer.run_id] = time.time()
                 except Exception as exc:  # one broken run must not stop the others
                     self.last_error = f"{syncer.run_id}: {type(exc).__name__}: {exc}"
                     log.exception("syncing %s failed", syncer.run_id)
@@ -490,6 +500,26 @@ class SyncService:
             gone = not Path(path).is_dir()
             if gone != missing and (str(Path(path).parent) in roots or path in roots):
                 self.con.execute("UPDATE runs SET missing = ? WHERE run_id = ?", [gone, run_id])
+
+    def forget(self, run_id: str) -> None:
+        """Remove run ``run_id``, whose directory has gone, from the database and stop syncing it.
+
+        Raises :class:`RunStillPresent` when the run's directory (or W&B run) is still there: it
+        would be synced again on the next pass. A directory that comes back later is a new run
+        to the syncer and is synced from its beginning.
+        """
+        with self._lock:
+            row = self.con.execute("SELECT path, missing FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if row is None:
+                raise KeyError(run_id)
+            path, missing = row
+            if not missing:
+                raise RunStillPresent(f"the run's directory {path} is still there; delete it first")
+            for key, syncer in list(self.syncers.items()):
+                if syncer.run_id == run_id:
+                    del self.syncers[key]
+            self.changed.pop(run_id, None)
+            delete_run(self.con, run_id)
 
     def start(self) -> None:
         """Sync in a background thread until :meth:`stop`."""
