@@ -496,7 +496,7 @@ def test_a_bad_block_is_named_in_health_and_in_the_run_list(tmp_path: Path) -> N
     con = connect(":memory:")
     service = SyncService(con.cursor(), [tmp_path / "runs"])
     service.sync_all()
-    api = TestClient(create_app(con, service))
+    api = TestClient(create_app(con, service), base_url="http://localhost")
     health = api.get("/api/health").json()
     assert [(b["run_id"], b["stream"], b["file"]) for b in health["bad_blocks"]] == [
         (run_id_for(run), "rollouts", "rollouts/block-000001.parquet")
@@ -519,7 +519,7 @@ def test_the_eta_counts_the_time_of_recent_steps_not_the_warm_start(tmp_path: Pa
     con = connect(":memory:")
     service = SyncService(con.cursor(), [tmp_path / "runs"])
     service.sync_all()
-    api = TestClient(create_app(con, service))
+    api = TestClient(create_app(con, service), base_url="http://localhost")
     (listed,) = api.get("/api/runs").json()["runs"]
     assert listed["progress"]["eta_s"] == pytest.approx(2.0)
     assert listed["progress"]["runtime_s"] >= 600
