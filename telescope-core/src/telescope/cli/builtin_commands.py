@@ -10,10 +10,11 @@ from telescope.hookspecs import hookimpl
 @hookimpl
 def telescope_add_commands(cli: click.Group) -> None:
     from telescope.cli.commands_config import config_group
+    from telescope.cli.commands_convert import convert_checkpoint_command
     from telescope.cli.commands_eval import eval_command
     from telescope.cli.commands_plugins import plugins_command
     from telescope.cli.commands_run import run_command
-    from telescope.trainer.convert import convert_checkpoint_command
+    from telescope.cli.commands_runs import runs_command
 
-    for command in (run_command, eval_command, config_group, plugins_command, convert_checkpoint_command):
+    for command in (run_command, runs_command, eval_command, config_group, plugins_command, convert_checkpoint_command):
         cli.add_command(command)
