@@ -101,7 +101,7 @@ def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root to create a network namespace and a veth pair (run the tests as root, as CI does)"
     if shutil.which("ip") is None:
-        return "needs iproute2's `ip` (apt-get install iproute2; ./dev setup installs it as root)"
+        return "needs iproute2's `ip` (apt-get install iproute2; ./dev setup --all installs it as root)"
     if _ray_executable() is None:
         return "needs the `ray` command of this environment"
     return None

@@ -30,7 +30,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = os.environ.get("TELESCOPE_CHROMIUM", "/usr/bin/chromium")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Chromium (./dev setup installs Debian's)"),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Chromium (./dev setup --all installs Debian's)"),
 ]
 #: How long a test waits for an element before it fails naming it (tests/ui_sync/conftest.py's
 #: report hook adds the page's state): generous for a busy machine, far below pytest's timeout.

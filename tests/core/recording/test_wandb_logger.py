@@ -7,6 +7,7 @@ import logging
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,101 @@ def test_wandb_errors_disable_the_logger_once(
     assert calls == [1]
     assert logger.failure == "W&B log failed: OSError: disk full"
     assert len([r for r in caplog.records if r.name == "telescope.loggers.wandb"]) == 1
+
+
+WANDB_IDENTITY_VARIABLES = (
+    "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE",
+    "WANDB_RUN_ID", "WANDB_RESUME",
+)  # fmt: skip
+
+
+@pytest.fixture
+def fresh_wandb(wandb_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B offline, with none of the identity variables, read anew: W&B's process-wide
+    settings keep the environment of its first start until ``wandb.teardown()``."""
+    wandb = pytest.importorskip("wandb")  # the telescope-core[wandb] extra
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for variable in WANDB_IDENTITY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def offline_run_records(run_dir: Path) -> list[Any]:
+    """The ``run`` record of each offline run folder under ``run_dir/wandb``, oldest first."""
+    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
+    return [
+        next(r.run for r in read_wandb_records(next(f.glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run")
+        for f in folders
+    ]
+
+
+def start_and_close(config: TelescopeConfig, run_dir: Path, steps: range) -> None:
+    logger = make_logger(config, run_dir)
+    assert logger.active, logger.failure
+    for step in steps:
+        logger.log_step(step, {"reward/mean": float(step)})
+    logger.close()
+    assert logger.failure is None
+
+
+def test_wandb_variables_fill_what_the_config_leaves_at_its_defaults(
+    tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_PROJECT", "env-project")
+    monkeypatch.setenv("WANDB_NAME", "env-name")
+    monkeypatch.setenv("WANDB_TAGS", "from-env, second")
+    monkeypatch.setenv("WANDB_ENTITY", "env-team")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "env-group")
+    monkeypatch.setenv("WANDB_RUN_ID", "envrunid1")
+    unset = config_from_dict({"environments": [{"name": "countdown"}], "run_dir": str(tmp_path / "a"),
+                              "wandb_upload_code": False})  # fmt: skip
+    start_and_close(unset, tmp_path / "a", range(1))
+    [record] = offline_run_records(tmp_path / "a")
+    assert (record.project, record.display_name, list(record.tags)) == (
+        "env-project",
+        "env-name",
+        ["from-env", "second"],
+    )
+    assert (record.entity, record.run_group, record.run_id) == ("env-team", "env-group", "envrunid1")
+
+    # the config's own values win over the environment
+    monkeypatch.delenv("WANDB_RUN_ID")
+    start_and_close(make_config(tmp_path / "b", wandb_upload_code=False), tmp_path / "b", range(1))
+    [record] = offline_run_records(tmp_path / "b")
+    assert (record.project, record.display_name, list(record.tags)) == ("telescope-test", "unit", ["test"])
+    assert (record.entity, record.run_group) == ("env-team", "env-group")
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(
+    tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    config = make_config(run_dir, wandb_upload_code=False)
+    start_and_close(config, run_dir, range(2))  # the first start, then a resume in the same directory
+    start_and_close(config, run_dir, range(2, 4))
+    first, resumed = offline_run_records(run_dir)
+    assert first.run_id and resumed.run_id == first.run_id
+    assert json.loads((run_dir / "wandb_run.json").read_text())["id"] == first.run_id
+    folders = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert [name.rsplit("-", 1)[1] for name in folders] == [first.run_id, first.run_id]
+    assert resumed.resumed or resumed.resume  # the resume record W&B keeps for its server
+
+    # another run (its own directory) gets its own W&B run
+    start_and_close(make_config(tmp_path / "other", wandb_upload_code=False), tmp_path / "other", range(1))
+    [other] = offline_run_records(tmp_path / "other")
+    assert other.run_id != first.run_id
+
+
+@pytest.mark.requires_dist("telescope-envs")
+def test_the_logger_context_names_the_fields_the_config_file_and_command_line_set(tmp_path: Path) -> None:
+    from telescope.config.loader import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("environments: [{name: countdown}]\nwandb_run_name: mine\n")
+    loaded = load_config(path, ["--wandb_tags", "[a]"])
+    explicit = set(LoggerContext.from_config(loaded.config.model_copy(deep=True), str(tmp_path)).explicit_fields)
+    assert {"environments", "wandb_run_name", "wandb_tags"} <= explicit and "wandb_project" not in explicit

@@ -135,10 +135,10 @@ def test_convert_checkpoint_loads_with_identical_logits(tiny_model: Path, tmp_pa
         backend.close()
     result = CliRunner().invoke(build_cli(), ["convert-checkpoint", str(tmp_path / "ckpts"), str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
-    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / "step_00000001", dtype=torch.float32)
     expected = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     expected.load_state_dict(weights, strict=False)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, expected(ids).logits)
-    assert AutoTokenizer.from_pretrained(tmp_path / "hf").eos_token == "<|im_end|>"
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf" / "step_00000001").eos_token == "<|im_end|>"

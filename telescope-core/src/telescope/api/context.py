@@ -175,6 +175,9 @@ class LoggerContext(_Context):
     #: the code snapshot's selection (the run directory's ``code/`` is made with it)
     code_max_file_size_mb: float = 2.0
     code_exclude_patterns: tuple[str, ...] = ()
+    #: the config fields its file or command line set (the others hold defaults the
+    #: environment may fill, see :mod:`telescope.recording.wandb_identity`)
+    explicit_fields: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: TelescopeConfig, run_dir: str) -> LoggerContext:
@@ -182,6 +185,7 @@ class LoggerContext(_Context):
             run_dir=run_dir,
             run_name=config.wandb_run_name,
             resolved_config=config.model_dump(mode="json"),
+            explicit_fields=tuple(sorted(config.model_fields_set)),
             system_metrics_interval_s=config.system_metrics_collection_interval_seconds,
             code_max_file_size_mb=config.wandb_code_max_file_size_mb,
             code_exclude_patterns=tuple(config.wandb_code_exclude_patterns),

@@ -391,7 +391,10 @@ class TelescopeConfig(BaseModel):
     )
 
     # ------------------------------------------------------------------ logging
-    wandb_run_name: str = Field("telescope_run", description="W&B run name (also names the local run directory)")
+    wandb_run_name: str = Field(
+        "telescope_run",
+        description="W&B run name, also the run directory's (unset in the config: WANDB_NAME names the W&B run)",
+    )
     system_metrics_collection_interval_seconds: float = Field(
         1.0, gt=0, description="Seconds between system metric samples (CPU, memory, disk, network, GPUs) of each node"
     )

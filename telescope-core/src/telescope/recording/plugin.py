@@ -20,8 +20,13 @@ class WandbSettings(PluginSettings):
     section = "logging"
 
     use_wandb: bool = Field(True, description="Enable Weights & Biases logging")
-    wandb_project: str = Field("telescope", description="W&B project name")
-    wandb_tags: list[str] = Field(default_factory=lambda: ["telescope"], description="W&B tags")
+    wandb_project: str = Field(
+        "telescope", description="W&B project name (when the config does not set it: WANDB_PROJECT if set)"
+    )
+    wandb_tags: list[str] = Field(
+        default_factory=lambda: ["telescope"],
+        description="W&B tags (when the config does not set them: WANDB_TAGS, comma-separated, if set)",
+    )
     wandb_upload_code: bool = Field(True, description="Upload source code to W&B")
     wandb_upload_logs: bool = Field(True, description="Upload trainer/inference logs to W&B")
     wandb_upload_logs_detailed: bool = Field(False, description="Include detailed logs in W&B upload")

@@ -6,7 +6,11 @@ mirrors it to W&B:
 - ``wandb.init(project=wandb_project, name=wandb_run_name, tags=wandb_tags,
   config=<resolved config>, dir=<run dir>)``; W&B writes its own files under
   ``<run dir>/wandb/``. System metrics are sampled every
-  ``system_metrics_collection_interval_seconds``.
+  ``system_metrics_collection_interval_seconds``. ``WANDB_PROJECT``, ``WANDB_NAME`` and
+  ``WANDB_TAGS`` fill the fields the config leaves at their defaults, ``WANDB_ENTITY``,
+  ``WANDB_RUN_GROUP`` and ``WANDB_JOB_TYPE`` pass through, and the W&B run id is
+  recorded in ``<run dir>/wandb_run.json``: a resumed run continues the same W&B run
+  (``WANDB_RUN_ID`` chooses another); see :mod:`telescope.recording.wandb_identity`.
 - Mode: the ``WANDB_MODE`` environment variable when set (``online``, ``offline``,
   ``disabled``); otherwise ``online`` when an API key is configured (``WANDB_API_KEY`` or a
   netrc entry for the W&B host, what ``wandb login`` writes) and ``offline`` when not, so a
@@ -43,10 +47,10 @@ command) or any exception from W&B is reported once (a warning on the
 ``telescope.loggers.wandb`` logger, kept in :attr:`WandbLogger.failure`) and the logger
 disables itself; later calls do nothing. ``wandb`` is imported only when the logger starts.
 
-Limits: W&B drops a ``log`` whose step is lower than one already logged (a resumed run
-starts a new W&B run); two results of the same eval that land in one history row keep
-the later one (the run store keeps both). A hung W&B service can still block
-``wandb.init`` or ``finish`` up to W&B's own timeouts.
+Limits: W&B drops a ``log`` whose step is lower than one already logged (the steps a
+resumed run trains again keep their first values there); two results of the same eval
+that land in one history row keep the later one (the run store keeps both). A hung W&B
+service can still block ``wandb.init`` or ``finish`` up to W&B's own timeouts.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from telescope.api.logger import Logger
 from telescope.api.settings import PluginSettings
 from telescope.recording.plugin import WandbSettings
 from telescope.recording.run_metadata import CODE_DIR, METADATA_FILE, code_files
+from telescope.recording.wandb_identity import record_run, resolve_identity
 
 if TYPE_CHECKING:
     from telescope.api.context import LoggerContext
@@ -214,10 +219,15 @@ class WandbLogger(Logger):
         self._wandb = wandb
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._run = wandb.init(
+            identity = resolve_identity(
                 project=self.wandb_settings.wandb_project,
                 name=self.context.run_name,
-                tags=list(self.wandb_settings.wandb_tags),
+                tags=self.wandb_settings.wandb_tags,
+                explicit=self.context.explicit_fields,
+                run_dir=self.run_dir,
+            )
+            self._run = wandb.init(
+                **identity.init_kwargs(),
                 config=dict(self.context.resolved_config),
                 dir=str(self.run_dir),
                 mode=wandb_mode(),  # type: ignore[arg-type]
@@ -229,6 +239,7 @@ class WandbLogger(Logger):
         except Exception as exc:
             self._fail(f"could not start a W&B run: {type(exc).__name__}: {exc}")
             return
+        self._guard("run id record", lambda: record_run(self.run_dir, self._run))
         if self.wandb_settings.wandb_upload_code:
             self._guard("code upload", self._upload_code)
         if (self.run_dir / METADATA_FILE).exists():

@@ -1,7 +1,8 @@
-"""``telescope convert-checkpoint CHECKPOINT OUT``: a trainer checkpoint to a Hugging Face model folder.
+"""A trainer checkpoint to a Hugging Face model folder (what ``telescope convert-checkpoint`` runs).
 
-CHECKPOINT is a checkpoint folder (``step_XXXXXXXX``) or a checkpoint root (its
-``latest`` is used). OUT receives safetensors weights, ``config.json``,
+:func:`convert_checkpoint` takes a checkpoint folder (``step_XXXXXXXX``) or a checkpoint
+root (its ``latest`` is used); :mod:`telescope.cli.commands_convert` picks the folders of
+a run. The output folder receives safetensors weights, ``config.json``,
 ``generation_config.json`` when present, and the tokenizer, written by
 ``save_pretrained`` so that ``AutoModelForCausalLM.from_pretrained(OUT)`` gives the
 trained model (tied weights are re-tied; large models are sharded). The
@@ -52,14 +53,3 @@ def convert_checkpoint(checkpoint: Path, out: Path, dtype: str | None = None) ->
     except (OSError, ValueError):
         click.echo(f"note: {folder} holds no tokenizer; copy one into {out}", err=True)
     return out
-
-
-@click.command(name="convert-checkpoint")
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
-              help="Weight dtype of the output (default: the run's model_dtype).")  # fmt: skip
-def convert_checkpoint_command(checkpoint: Path, out: Path, dtype: str | None) -> None:
-    """Convert a trainer checkpoint (or a checkpoint root's latest) to a Hugging Face model folder."""
-    written = convert_checkpoint(checkpoint, out, dtype)
-    click.echo(f"wrote {written}")
