@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import sys
 import time
@@ -380,7 +381,9 @@ def test_a_resumed_run_continues_the_same_wandb_run(
     assert first.run_id and resumed.run_id == first.run_id
     assert json.loads((run_dir / "wandb_run.json").read_text())["id"] == first.run_id
     folders = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
-    assert [name.rsplit("-", 1)[1] for name in folders] == [first.run_id, first.run_id]
+    # offline-run-<date>_<time>-<id>, with "-1" appended when both started within the same second
+    ids = [re.fullmatch(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)(?:-\d+)?", name) for name in folders]
+    assert [m.group(1) if m else None for m in ids] == [first.run_id, first.run_id], folders
     assert resumed.resumed or resumed.resume  # the resume record W&B keeps for its server
 
     # another run (its own directory) gets its own W&B run
