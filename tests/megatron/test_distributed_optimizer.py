@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from tests.megatron.test_training import LENGTHS, assert_same_step, make_backend, supervised
+from tests.megatron.test_training import (
+    LENGTHS,
+    assert_same_step,
+    make_backend,
+    record_applied_gradients,
+    supervised,
+)
 
 from telescope.testing.trainer import spawn_ranks, synthetic_batch, weights_snapshot
 
@@ -46,14 +52,16 @@ def shard_of(backend: Any) -> dict[str, Any]:
 
 def train(model: str, backend_name: str, rank: int = 0, world_size: int = 1, *, steps: int = 2,
           save: Path | None = None, **overrides: Any) -> dict[str, Any]:  # fmt: skip
-    """``steps`` trainer steps from the HF weights: per step the metrics and the weights before and after."""
+    """``steps`` trainer steps from the HF weights: per step the metrics, the weights before and after, and the
+    gradients applied."""
     backend = make_backend(model, backend_name, **overrides)
     backend.setup(rank, world_size, "cpu")
     runs, weights = [], weights_snapshot(backend)
+    applied = record_applied_gradients(backend)
     for step in range(steps):
         metrics = backend.train_step(batch(step))
         after = weights_snapshot(backend)
-        runs.append({"metrics": metrics, "before": weights, "after": after})
+        runs.append({"metrics": metrics, "before": weights, "after": after, "gradients": dict(applied)})
         weights = after
     shard = shard_of(backend) if backend_name == "megatron" else None
     if save is not None:

@@ -70,6 +70,21 @@ def one_step(
     backend = make_backend(model, backend_name, **overrides)
     backend.setup(rank, world_size, "cpu")
     before = weights_snapshot(backend)
+    applied = record_applied_gradients(backend, corrupt)
+    metrics = backend.train_step(synthetic_batch(completion_lengths=LENGTHS, num_groups=GROUPS))
+    after = weights_snapshot(backend)
+    backend.close()
+    return {"metrics": metrics, "before": before, "after": after, "gradients": applied}
+
+
+def record_applied_gradients(
+    backend: TrainerBackend, corrupt: Callable[[TrainerBackend], None] | None = None
+) -> dict[str, torch.Tensor]:
+    """A dict that holds, after each optimizer step, the full gradients that step applied (Hugging Face names).
+
+    Gathered just before the optimizer steps, after the reduction over ranks and the
+    clipping; ``corrupt`` may change the backend's gradients first.
+    """
     applied: dict[str, torch.Tensor] = {}
     optimizer = backend.optimizer  # type: ignore[attr-defined]
     step = optimizer.step
@@ -81,10 +96,7 @@ def one_step(
         return step(*args, **kwargs)
 
     optimizer.step = recording_step
-    metrics = backend.train_step(synthetic_batch(completion_lengths=LENGTHS, num_groups=GROUPS))
-    after = weights_snapshot(backend)
-    backend.close()
-    return {"metrics": metrics, "before": before, "after": after, "gradients": applied}
+    return applied
 
 
 def assert_same_gradients(got: dict[str, Any], want: dict[str, Any]) -> None:
