@@ -31,8 +31,8 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_orchestrator
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.deadlines import OperationTimeout, running_calls, timeout_kind
-from telescope.orchestrator.errored_groups import AllRolloutsErrored
 from telescope.orchestrator.group_records import NoLearningSignal
+from telescope.orchestrator.group_streaks import AllRolloutsErrored
 from telescope.orchestrator.orchestrator import TrainerLost
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
 from telescope.orchestrator.services import SamplingSettings, ServerPool, TrainerFailure

@@ -11,7 +11,7 @@
   errored (``rollout.error``, a zero reward, counted in the metrics) instead of
   stopping the run. The error names the exception, the call, the sample and where
   the exception was raised (:func:`raised_at`), so a run that stops because every
-  rollout errors (:mod:`telescope.orchestrator.errored_groups`) can say why. A
+  rollout errors (:mod:`telescope.orchestrator.group_streaks`) can say why. A
   reward or an environment step that runs past its limit
   (``RolloutLimits.reward_timeout_s`` / ``environment_step_timeout_s``) is abandoned
   the same way, its error starting with ``timeout/<kind>:``

@@ -52,8 +52,9 @@ the algorithm sees them (scaled, penalty included) are all equal are discarded a
 batch can ever be formed and :meth:`RolloutScheduler.next_batch` raises
 :class:`NoLearningSignal` (the run fails and says why). Likewise when every rollout of
 ``max_consecutive_errored_batches`` batches' worth of groups in a row errored: it raises
-:class:`~telescope.orchestrator.errored_groups.AllRolloutsErrored`, quoting the
-environment's error and where it was raised.
+:class:`~telescope.orchestrator.group_streaks.AllRolloutsErrored`, quoting the
+environment's error and where it was raised (both streaks:
+:mod:`telescope.orchestrator.group_streaks`).
 
 Servers that fail. A group whose server cannot serve (a rollout raised
 :class:`~telescope.orchestrator.rollouts.ServerUnavailable`: the server died or is
@@ -98,15 +99,14 @@ from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.batching import training_rewards
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.errored_groups import ErroredGroupStreak
 from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.group_records import (
-    NoLearningSignal,
     ReadyGroup,
     ScheduledGroup,
     SchedulerStats,
     request_seed,
 )
+from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
 from telescope.recording import events
@@ -178,8 +178,9 @@ class RolloutScheduler:
         self.available = available if available is not None else (lambda server: True)
         self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
         self._servers_down: set[int] = set()  # servers whose failure was logged (once per outage)
-        self._consecutive_zero_advantage = 0
-        self._zero_advantage_limit = config.max_consecutive_zero_advantage_batches * self.batch_size
+        self._zero_advantage_streak = ZeroAdvantageStreak(
+            config.max_consecutive_zero_advantage_batches, self.batch_size
+        )
         self._errored_streak = ErroredGroupStreak(config.max_consecutive_errored_batches, self.batch_size)
 
     # ------------------------------------------------------------- lifecycle
@@ -457,15 +458,12 @@ class RolloutScheduler:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
                 reason = "zero_advantage"
-                self._consecutive_zero_advantage += 1
-                limit = self._zero_advantage_limit
-                if limit and self._consecutive_zero_advantage >= limit and self._failure is None:
-                    self._failure = NoLearningSignal(self._no_signal_message())
-            if all_errored is not None and self._failure is None:
-                self._failure = all_errored
+                no_signal = self._zero_advantage_streak.discarded(self.stats.discards.zero_advantage_groups[-50:])
+                self._failure = self._failure or no_signal
+            self._failure = self._failure or all_errored
             rewards = [r.reward.total_reward if r.reward is not None else None for r in group.rollouts]
             if reason is None:
-                self._consecutive_zero_advantage = 0
+                self._zero_advantage_streak.reset()
                 scheduled.emit("group_completed", rollouts=len(group.rollouts), errored=len(errored), rewards=rewards)
                 ready = ReadyGroup(
                     group, slot.index, scheduled.target_step, scheduled.dispatch_version, scheduled.item, scheduled
@@ -484,20 +482,6 @@ class RolloutScheduler:
         """A discarded, failed or cancelled group gives its place back (first_finished counts groups instead)."""
         if not self.first_finished:
             self._quota[target_step] -= 1
-
-    def _no_signal_message(self) -> str:
-        rewards = sorted({r.reward.total_reward for g in self.stats.discards.zero_advantage_groups[-50:]
-                          for r in g.rollouts if r.reward is not None})  # fmt: skip
-        shown = ", ".join(f"{r:g}" for r in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
-        return (
-            f"no batch can be formed: the last {self._consecutive_zero_advantage} groups "
-            f"({self.config.max_consecutive_zero_advantage_batches} batches of "
-            f"{self.batch_size}) were all discarded as zero-advantage (every sample of a group got the same "
-            f"reward{': ' + shown if shown else ''}), so there is no learning signal. The task may be too hard or "
-            "too easy for the model, or the reward function may be broken. Raise "
-            "max_consecutive_zero_advantage_batches (0 = wait forever), or set "
-            "discard_group_zero_advantage: false to train on such groups"
-        )
 
     @property
     def next_group_id(self) -> int:

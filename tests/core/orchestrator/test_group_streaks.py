@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from telescope.api.records import Rollout, Sample
-from telescope.orchestrator.errored_groups import AllRolloutsErrored, ErroredGroupStreak
+from telescope.orchestrator.group_streaks import AllRolloutsErrored, ErroredGroupStreak
 
 
 def group(*errors: str | None) -> list[Rollout]:
