@@ -212,7 +212,7 @@ def test_a_run_configs_server_binds_loopback_and_asks_for_the_token_it_got_priva
     import psutil
 
     from telescope.plugins.facade import get_plugins
-    from telescope.runtime.access import RUN_TOKEN_ENV, authorization_header, new_run_token
+    from telescope.system.access import RUN_TOKEN_ENV, authorization_header, new_run_token
 
     token = new_run_token()
     config = _embedded_config(tiny_model_path).model_copy(update={"inference_host": "auto"})

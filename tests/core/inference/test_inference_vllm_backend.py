@@ -191,7 +191,7 @@ def test_vllm_asks_for_the_run_token_on_every_route_and_never_sees_it_on_its_com
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from telescope.runtime.access import RUN_TOKEN_ENV, authorization_header
+    from telescope.system.access import RUN_TOKEN_ENV, authorization_header
 
     token = "vllm-run-token"
     context, settings = _traced()

@@ -15,7 +15,7 @@ from telescope.inference import weight_updates
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
 from telescope.inference.embedded.server import ServerThread, create_app
-from telescope.runtime.access import authorization_header
+from telescope.system.access import authorization_header
 from telescope.transports.memory import MemoryTransport
 
 TOKEN = "the-run-token"

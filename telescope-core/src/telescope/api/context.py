@@ -96,7 +96,7 @@ class InferenceContext(_Context):
     #: None: not scheduled (``telescope eval``, tests), so worker ``i`` takes its share of the visible devices
     #: (:func:`telescope.runtime.devices.worker_visible_devices`).
     gpu_ids: tuple[str, ...] | None = None
-    #: The run token (:mod:`telescope.runtime.access`) the servers must ask for on every route but ``/health``
+    #: The run token (:mod:`telescope.system.access`) the servers must ask for on every route but ``/health``
     #: (hand it to the server process in its environment, ``TELESCOPE_RUN_TOKEN``, never on its command
     #: line); set by the run. None: the servers run open (a context built by hand, tests).
     access_token: str | None = field(default=None, repr=False)

@@ -44,7 +44,7 @@ plus the server-side phases ``inference.queue``, ``inference.prefill`` and
 phases come from its OTLP spans). The caller's ids (``group_id``, ``sample_id``,
 ``turn``) come from :func:`telescope.recording.events.context`.
 
-Access: ``access_token`` (the run token, :mod:`telescope.runtime.access`) goes in
+Access: ``access_token`` (the run token, :mod:`telescope.system.access`) goes in
 ``Authorization: Bearer`` on every request, health and metrics included; a server
 that asks for it answers 401 without it, which is raised at once, not retried.
 
@@ -73,7 +73,7 @@ from telescope.inference.http_transport import JSON_HEADERS, AiohttpTransport, S
 from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
 from telescope.inference.request_batching import BatchLineError, BatchRouteMissing, RequestBatcher
 from telescope.recording.events import emit
-from telescope.runtime.access import authorization_header
+from telescope.system.access import authorization_header
 
 #: The embedded server's route for several completions in one POST (:mod:`telescope.inference.request_batching`).
 BATCH_PATH = "/v1/completions/batch"

@@ -32,7 +32,7 @@ The server (:func:`serve_command`)
       (``/sleep``, ``/wake_up``, ...).
 
     Access: with the run's token (``InferenceContext.access_token``), ``--middleware``
-    :data:`TOKEN_MIDDLEWARE` (:class:`~telescope.runtime.access.RunTokenMiddleware`)
+    :data:`TOKEN_MIDDLEWARE` (:class:`~telescope.system.access.RunTokenMiddleware`)
     asks for it on every route but ``/health``, and the process gets the token in its
     environment (:func:`serve_env`: ``TELESCOPE_RUN_TOKEN``), not on its command line,
     which ``ps`` shows. vLLM's own ``--api-key`` (here its environment twin,
@@ -100,9 +100,9 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
 from telescope.inference import weight_updates
-from telescope.runtime.access import RunTokenMiddleware, with_run_token
 from telescope.runtime.devices import worker_visible_devices
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
+from telescope.system.access import RunTokenMiddleware, with_run_token
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext

@@ -36,7 +36,7 @@ front end's few milliseconds of tokenisation and IPC; a phase is never placed
 before the span's start.
 
 Access: given the run token (``access_token``), the receiver answers 401 to an
-export without it (:class:`~telescope.runtime.access.RunTokenMiddleware`); the run
+export without it (:class:`~telescope.system.access.RunTokenMiddleware`); the run
 has vLLM send it (``OTEL_EXPORTER_OTLP_TRACES_HEADERS``). The run binds it on
 loopback, or on its node's address when the run has several nodes.
 
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request  # at module level: FastAPI resolves the route's annotations here
 
 from telescope.recording.infra_monitor import Event, publish
-from telescope.runtime.access import RunTokenMiddleware
+from telescope.system.access import RunTokenMiddleware
 
 if TYPE_CHECKING:
     import uvicorn

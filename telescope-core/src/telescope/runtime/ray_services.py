@@ -14,7 +14,7 @@ cluster or starts a private one. :class:`RayServices` then
   rank 0's node address). Each worker takes the address and the GPUs Ray gives it
   on its node (:mod:`telescope.runtime.workers`): a server binds loopback on the
   orchestrator's node and its node's address on another (``inference_host: auto``),
-  and asks for the run token (:mod:`telescope.runtime.access`) made here for the
+  and asks for the run token (:mod:`telescope.system.access`) made here for the
   servers and their clients; each placement is recorded as a ``worker.placed`` event
   (``component``, ``server`` or ``rank``, ``node``, ``url``, ``gpu_ids``), its
   start-up as a ``worker.startup`` event (the process's start to its readiness). A server
@@ -90,12 +90,12 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
-from telescope.runtime.access import new_run_token
 from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.ray_recovery import PING_TIMEOUT_S, WorkerRecovery
 from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
+from telescope.system.access import new_run_token
 from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class RayServices(WorkerRecovery):
         self.generation = ServerPool([], config.vllm_scheduling_policy)
         #: names this run's placement groups in a shared cluster (``telescope-<run id>-<role>``)
         self.run_id = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
-        #: the run token every server asks for (:mod:`telescope.runtime.access`); in memory only
+        #: the run token every server asks for (:mod:`telescope.system.access`); in memory only
         self.access_token = new_run_token()
         #: where each worker runs (``placement()`` of each server and rank)
         self.server_placements: list[dict[str, Any]] = []

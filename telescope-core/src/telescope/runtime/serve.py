@@ -8,7 +8,7 @@ at a checkpoint after.
 
 How (:func:`serve`): the backend (``embedded`` by default, ``vllm`` when asked) starts
 its server as a child process on a free loopback port, exactly as a run starts one, with
-a token of its own that only the gateway holds (:mod:`telescope.runtime.access`); the
+a token of its own that only the gateway holds (:mod:`telescope.system.access`); the
 gateway (:mod:`telescope.inference.gateway`) then serves on ``host:port`` in this process
 and talks to that server through the orchestrator's client. SIGTERM or Ctrl-C
 stops the gateway (requests in flight finish), then the backend's process; the command
@@ -122,7 +122,7 @@ def serve(options: ServeOptions, announce: Callable[[str], None] = print) -> Non
     from telescope.inference.gateway.app import create_gateway_app
     from telescope.inference.gateway.service import Gateway
     from telescope.models.tiny import resolve_model_path
-    from telescope.runtime.access import new_run_token
+    from telescope.system.access import new_run_token
 
     model = model_folder(options.source)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))

@@ -19,7 +19,7 @@ on each, and the servers are sized to it (the server batch, vLLM's ``--max-num-s
 is that bound when ``max_num_seqs`` is null). The ``ray_*`` fields of an eval config are
 accepted (they are run fields) and unused here: the servers are local processes, on
 loopback unless ``inference_host`` names another address, and ask for a token made
-for the eval (:mod:`telescope.runtime.access`).
+for the eval (:mod:`telescope.system.access`).
 
 Limits: the servers restart for every checkpoint (a fresh load each; a weight update
 in place would save the start-up, at the cost of one more path to keep right); the
@@ -52,7 +52,7 @@ class EvalServers:
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
         from telescope.inference.client import InferenceClient
         from telescope.plugins.facade import get_plugins
-        from telescope.runtime.access import new_run_token
+        from telescope.system.access import new_run_token
 
         name = config.inference_backend
         if name == "auto":

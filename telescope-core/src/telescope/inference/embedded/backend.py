@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
-from telescope.runtime.access import with_run_token
 from telescope.runtime.devices import embedded_device
 from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
+from telescope.system.access import with_run_token
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext

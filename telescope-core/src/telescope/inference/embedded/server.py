@@ -36,7 +36,7 @@ Routes (vLLM-compatible unless marked):
 
 Access: with a run token (the process reads it from ``TELESCOPE_RUN_TOKEN``, never
 from its command line) every route but ``/health`` answers 401 without
-``Authorization: Bearer <token>`` (:mod:`telescope.runtime.access`); ``/health``
+``Authorization: Bearer <token>`` (:mod:`telescope.system.access`); ``/health``
 answers an empty 200 or 503 to anyone. Without one the server is open, and says so
 in its log when it listens beyond loopback.
 
@@ -91,10 +91,10 @@ from telescope.inference.protocol import (
     UsageInfo,
     new_request_id,
 )
-from telescope.runtime.access import RUN_TOKEN_ENV, RunTokenMiddleware, token_from_env
 from telescope.runtime.addressing import is_loopback
 from telescope.runtime.devices import embedded_device
 from telescope.runtime.garbage_collection import freeze_startup_objects
+from telescope.system.access import RUN_TOKEN_ENV, RunTokenMiddleware, token_from_env
 
 if TYPE_CHECKING:
     import uvicorn
@@ -277,7 +277,7 @@ def create_app(engine: Engine, served_model_name: str | None = None, access_toke
     """A FastAPI app serving ``engine`` (which must be started).
 
     ``access_token``: the run token every route but ``/health`` asks for
-    (:class:`~telescope.runtime.access.RunTokenMiddleware`); None serves without one
+    (:class:`~telescope.system.access.RunTokenMiddleware`); None serves without one
     (an engine served by hand on loopback, tests).
     """
     from prometheus_client import CollectorRegistry, generate_latest

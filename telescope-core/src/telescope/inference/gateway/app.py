@@ -26,7 +26,7 @@ from telescope.inference.gateway.errors import install_error_handlers
 from telescope.inference.gateway.responses import ChatAnswer, TextAnswer
 from telescope.inference.gateway.schema import ChatCompletionRequest, TextCompletionRequest
 from telescope.inference.gateway.service import Gateway, SamplingOptions
-from telescope.runtime.access import RunTokenMiddleware
+from telescope.system.access import RunTokenMiddleware
 
 
 def _options(body: ChatCompletionRequest | TextCompletionRequest, max_tokens: int, top: int) -> SamplingOptions:
@@ -45,7 +45,7 @@ def create_gateway_app(gateway: Gateway | Callable[[], Awaitable[Gateway]], *, a
     """The ASGI app serving ``gateway``, or the one ``gateway()`` makes at start-up (in the server's loop).
 
     With ``api_key``, every route but ``/health`` asks for ``Authorization: Bearer <api_key>``
-    (the run token's check, :class:`~telescope.runtime.access.RunTokenMiddleware`: 401 in
+    (the run token's check, :class:`~telescope.system.access.RunTokenMiddleware`: 401 in
     OpenAI's error shape otherwise).
 
     Pass a factory when the gateway's client must be made in the event loop that serves the

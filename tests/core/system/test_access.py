@@ -9,7 +9,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from telescope.runtime.access import (
+from telescope.system.access import (
     RUN_TOKEN_ENV,
     RunTokenMiddleware,
     authorization_header,
