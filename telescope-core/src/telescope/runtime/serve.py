@@ -27,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from telescope.config.schema import Dtype
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext
@@ -49,7 +51,7 @@ class ServeOptions:
     port: int = 8000
     #: None: the model's own (:func:`model_context_length`)
     max_model_len: int | None = None
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    dtype: Dtype = "float32"
     seed: int = 0
     max_concurrent_requests: int = 64
     api_key: str | None = None
