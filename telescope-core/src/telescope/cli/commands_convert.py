@@ -18,9 +18,6 @@ import click
 
 from telescope.cli.main import UserError
 
-#: What a checkpoint folder holds once complete (``telescope.trainer.checkpoint.META``).
-CHECKPOINT_META = "meta.json"
-
 
 def checkpoint_root_of(path: Path) -> Path:
     """A run directory's checkpoint root (its config's ``checkpoint_dir``, else ``checkpoints/``), else ``path``."""
@@ -84,15 +81,14 @@ def select_steps(spec: str | None, available: list[int]) -> list[int]:
 )
 def convert_checkpoint_command(checkpoint: Path, out: Path, steps: str | None, dtype: str | None) -> None:
     """Convert a checkpoint, or a run's checkpoints (each to OUT/step_XXXXXXXX), to Hugging Face folders."""
-    if (checkpoint / CHECKPOINT_META).exists():
+    from telescope.trainer.checkpoint import META, list_checkpoints
+    from telescope.trainer.convert import convert_checkpoint
+
+    if (checkpoint / META).exists():
         if steps is not None:
             raise UserError(f"{checkpoint} is one checkpoint; --steps selects among a run's or a checkpoint root's")
-        from telescope.trainer.convert import convert_checkpoint
-
         click.echo(f"wrote {convert_checkpoint(checkpoint, out, dtype)}")
         return
-    from telescope.trainer.checkpoint import list_checkpoints
-
     root = checkpoint_root_of(checkpoint)
     found = dict(list_checkpoints(root))
     if not found:
@@ -100,7 +96,5 @@ def convert_checkpoint_command(checkpoint: Path, out: Path, steps: str | None, d
             f"no checkpoint in {root}: give a step_XXXXXXXX folder, a checkpoint root, or a run directory "
             "whose run saved checkpoints (checkpoint_every > 0)"
         )
-    from telescope.trainer.convert import convert_checkpoint
-
     for step in select_steps(steps, sorted(found)):
         click.echo(f"wrote {convert_checkpoint(found[step], out / found[step].name, dtype)}")
