@@ -61,21 +61,6 @@ class Collector:
     timeout_s: float = 30.0
 
 
-#: Ray's errors for a call to an actor that died. Why a worker died is the run's to say
-#: (:mod:`telescope.runtime.worker_deaths` tells a signal from an out-of-memory kill); Ray's
-#: own text guesses at memory, so the monitor does not repeat it.
-DEAD_WORKER_ERRORS = frozenset({"ActorDiedError", "RayActorError", "ActorUnavailableError"})
-
-
-def failure_reason(exc: BaseException) -> str:
-    """A collection's failure in a few words: a timeout, a dead worker, or the exception."""
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if any(cls.__name__ in DEAD_WORKER_ERRORS for cls in type(exc).__mro__):
-        return "the worker it reads from died"
-    return f"{type(exc).__name__}: {exc}"
-
-
 class InfraMonitor:
     """Runs the collectors (see the module docstring). Start and stop it inside the event loop."""
 
@@ -151,7 +136,7 @@ class InfraMonitor:
 
     def _failed(self, collector: Collector, exc: BaseException, quiet: bool) -> None:
         self.failures[collector.name] = self.failures.get(collector.name, 0) + 1
-        reason = failure_reason(exc)
+        reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         if collector.name in self._failing or quiet:
             log.debug("infra monitor: %s failed again: %s", collector.name, reason)
             return

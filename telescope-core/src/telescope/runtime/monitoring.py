@@ -135,6 +135,10 @@ def _without_time(sample: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sample.items() if k != "time"}
 
 
+class WorkerGone(ConnectionError):
+    """A sampled worker (its Ray actor) died; the infra monitor logs this instead of Ray's error text."""
+
+
 def _drain_collector(name: str, interval_s: float, actors: Sequence[Any], method: str, to_events: Any) -> Collector:
     async def collect() -> list[Event]:
         out: list[Event] = []
@@ -144,6 +148,10 @@ def _drain_collector(name: str, interval_s: float, actors: Sequence[Any], method
                 call = getattr(actor, method)
                 # an actor's method (an awaitable Ray call), or a NodeSampler of this process (answers at once)
                 out.extend(to_events(await call.remote() if hasattr(call, "remote") else call()))
+            except ray.exceptions.RayActorError:
+                # why the worker died is the run's to say (runtime.worker_deaths tells a signal from an
+                # out-of-memory kill); Ray's own text guesses at memory, so it is not repeated here
+                errors.append(WorkerGone("the worker it reads from died"))
             except Exception as exc:
                 errors.append(exc)
         if errors and not out:
