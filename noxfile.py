@@ -80,9 +80,13 @@ def typecheck(session: nox.Session) -> None:
     """mypy over the three packages."""
     install_workspace(session)
     session.run(
-        "mypy", "telescope-core/src", "telescope-envs/src", "telescope-sandbox/src", "telescope-ui-sync/src",
+        "mypy",
+        "telescope-core/src",
+        "telescope-envs/src",
+        "telescope-sandbox/src",
+        "telescope-ui-sync/src",
         "telescope-megatron/src",
-    )  # fmt: skip
+    )
 
 
 @nox.session
@@ -103,8 +107,13 @@ def sandbox_sdk(session: nox.Session, provider: str) -> None:
     """
     session.install(TORCH_SPEC)
     session.install("-e", CORE, "-e", f"./telescope-sandbox[{provider}]")
-    session.run("pytest", "tests/sandbox/test_remote_providers.py", "tests/sandbox/test_remote_prime.py",
-                *session.posargs, env=ENV)  # fmt: skip
+    session.run(
+        "pytest",
+        "tests/sandbox/test_remote_providers.py",
+        "tests/sandbox/test_remote_prime.py",
+        *session.posargs,
+        env=ENV,
+    )
 
 
 @nox.session

@@ -88,12 +88,20 @@ def run_mode(mode: str, seed: int, args: argparse.Namespace, root: Path) -> Outc
     Registrar(registry, PluginKind.ALGORITHM, "bench", "bench", "0")("grpo", "telescope.algorithms.grpo:GRPO")
     plugins = Plugins(TelescopePluginManager(builtins=(), load_entry_points=False), registry)
     values = {
-        "environments": [{"name": "parity"}], "group_size": args.group_size,
-        "prompts_batch_size_for_trainer": args.batch, "max_tokens": args.max_tokens, "max_model_len": 4096,
-        "seq_len": 4096, "max_concurrent_prompts_per_server": 256, "inference_num_workers": 2,
-        "discard_group_zero_advantage": False, "use_wandb": False, "run_dir": str(root / f"{mode}-{seed}"),
-        "seed": seed, "batch_assembly": mode,
-    }  # fmt: skip
+        "environments": [{"name": "parity"}],
+        "group_size": args.group_size,
+        "prompts_batch_size_for_trainer": args.batch,
+        "max_tokens": args.max_tokens,
+        "max_model_len": 4096,
+        "seq_len": 4096,
+        "max_concurrent_prompts_per_server": 256,
+        "inference_num_workers": 2,
+        "discard_group_zero_advantage": False,
+        "use_wandb": False,
+        "run_dir": str(root / f"{mode}-{seed}"),
+        "seed": seed,
+        "batch_assembly": mode,
+    }
     config = load_config(None, values, check_plugins=False).config
     renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
     prompts = build_prompt_source(config, build_slots(config, plugins), renderer)

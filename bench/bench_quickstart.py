@@ -32,9 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(seed: int, workdir: Path, extra: list[str]) -> dict[str, float]:
     run_dir = workdir / f"seed{seed}"
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--seed", str(seed),
-               "--run_dir", str(run_dir), *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(REPO / "configs" / "examples" / "countdown_tiny.yaml"),
+        "--seed",
+        str(seed),
+        "--run_dir",
+        str(run_dir),
+        *extra,
+    ]
     start = time.perf_counter()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -55,9 +64,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
-        "--keep-below", dest="keep_below", type=float, default=15.0,
+        "--keep-below",
+        dest="keep_below",
+        type=float,
+        default=15.0,
         help="keep the run directory of a run whose correct rate gains fewer points than this",
-    )  # fmt: skip
+    )
     args, extra = parser.parse_known_args()
     print(report("before"), flush=True)
     results = []
@@ -65,8 +77,11 @@ def main() -> None:
         for seed in args.seeds:
             results.append(run(seed, Path(tmp), extra))
             r = results[-1]
-            print(f"seed {seed}: wall {r['wall_s']:.0f} s | reward {r['reward_before']:.3f} -> {r['reward_after']:.3f}"
-                  f" | correct {r['correct_before']:.3f} -> {r['correct_after']:.3f}", flush=True)  # fmt: skip
+            print(
+                f"seed {seed}: wall {r['wall_s']:.0f} s | reward {r['reward_before']:.3f} -> {r['reward_after']:.3f}"
+                f" | correct {r['correct_before']:.3f} -> {r['correct_after']:.3f}",
+                flush=True,
+            )
             gain = 100 * (r["correct_after"] - r["correct_before"])
             if gain < args.keep_below:
                 kept = REPO / "runs" / "bench_quickstart" / f"seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -95,17 +95,32 @@ def rollout_pool(n: int, seed: int = 0) -> list[dict[str, Any]]:
     for i in range(n):
         prompt = text(rng, rng.randint(300, 700))
         completion = text(rng, rng.randint(800, 1600))
-        pool.append({
-            "group_index": i // 8, "rollout_index": i % 8, "sample_id": f"sample-{i}", "environment": "countdown",
-            "prompt": prompt, "completion": completion,
-            "messages": [{"role": "system", "content": "Solve it."}, {"role": "user", "content": prompt},
-                         {"role": "assistant", "content": completion}],
-            "reward": rng.random(), "advantage": rng.gauss(0, 1),
-            "sample_metrics": {"correct": float(rng.random() > 0.5), "format": 1.0, "length_penalty": rng.random()},
-            "policy_version": 3, "policy_versions": [3], "stop_reason": "stop", "num_turns": 1,
-            "prompt_tokens": len(prompt) // 4, "completion_tokens": len(completion) // 4,
-            "total_tokens": (len(prompt) + len(completion)) // 4, "error": None,
-        })  # fmt: skip
+        pool.append(
+            {
+                "group_index": i // 8,
+                "rollout_index": i % 8,
+                "sample_id": f"sample-{i}",
+                "environment": "countdown",
+                "prompt": prompt,
+                "completion": completion,
+                "messages": [
+                    {"role": "system", "content": "Solve it."},
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": completion},
+                ],
+                "reward": rng.random(),
+                "advantage": rng.gauss(0, 1),
+                "sample_metrics": {"correct": float(rng.random() > 0.5), "format": 1.0, "length_penalty": rng.random()},
+                "policy_version": 3,
+                "policy_versions": [3],
+                "stop_reason": "stop",
+                "num_turns": 1,
+                "prompt_tokens": len(prompt) // 4,
+                "completion_tokens": len(completion) // 4,
+                "total_tokens": (len(prompt) + len(completion)) // 4,
+                "error": None,
+            }
+        )
     return pool
 
 
@@ -146,15 +161,27 @@ class Emitters:
                 choice = n % 10
                 if choice < 6:
                     events.emit(
-                        "inference.request", start=now - 0.8, duration_s=0.8, component="orchestrator",
-                        server=n % 8, request_id=f"{thread}-{n}", sample_id=f"sample-{n % 5000}", group_id=n // 64,
-                        prompt_tokens=rng.randint(100, 400), completion_tokens=rng.randint(100, 1000),
-                    )  # fmt: skip
+                        "inference.request",
+                        start=now - 0.8,
+                        duration_s=0.8,
+                        component="orchestrator",
+                        server=n % 8,
+                        request_id=f"{thread}-{n}",
+                        sample_id=f"sample-{n % 5000}",
+                        group_id=n // 64,
+                        prompt_tokens=rng.randint(100, 400),
+                        completion_tokens=rng.randint(100, 1000),
+                    )
                 elif choice < 8:
                     events.emit(
-                        "sandbox.execute", start=now - 0.2, duration_s=0.2, component="sandbox",
-                        command="python solution.py", exit_code=0, sandbox_id=f"sb-{n % 64}",
-                    )  # fmt: skip
+                        "sandbox.execute",
+                        start=now - 0.2,
+                        duration_s=0.2,
+                        component="sandbox",
+                        command="python solution.py",
+                        exit_code=0,
+                        sandbox_id=f"sb-{n % 64}",
+                    )
                 else:
                     events.emit("reward.score", start=now, duration_s=0.001, sample_id=f"sample-{n % 5000}", reward=0.5)
             next_time += burst / self.rate_per_thread  # (the main thread adjusts the rate)
@@ -208,9 +235,11 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory() if args.dir is None else None
     run_dir = Path(tmp.name) if tmp else args.dir
     store = RunStore(
-        run_dir, event_block_duration_seconds=args.block_seconds, event_upload_interval_seconds=args.flush_seconds,
+        run_dir,
+        event_block_duration_seconds=args.block_seconds,
+        event_upload_interval_seconds=args.flush_seconds,
         rollout_block_size=args.rollout_block,
-    )  # fmt: skip
+    )
     writer_time = {"s": 0.0}
     for stream in (store._events, store._rollouts):  # time the writer's flushes (throughput)
         _time_flushes(stream, writer_time)
@@ -286,19 +315,30 @@ def main() -> None:
         ("writer thread busy", f"{writer_time['s']:.1f} s of {run_seconds:.0f} s"),
         ("writer throughput", f"{(n_events + n_rollouts) / max(writer_time['s'], 1e-9):,.0f} records/s busy"),
         ("close (seal last blocks)", f"{close_ms:.0f} ms"),
-        ("events on disk: Parquet / JSONL", f"{parquet_events / 1e6:.1f} MB / {jsonl_events / 1e6:.1f} MB "
-         f"({jsonl_events / max(parquet_events, 1):.1f}x)"),
-        ("rollouts on disk: Parquet / JSONL", f"{parquet_rollouts / 1e6:.1f} MB / {jsonl_rollouts / 1e6:.1f} MB "
-         f"({jsonl_rollouts / max(parquet_rollouts, 1):.1f}x)"),
-        ("event blocks / rollout blocks", f"{len(list((run_dir / 'events').glob('block-*')))} / "
-         f"{len(list((run_dir / 'rollouts').glob('block-*')))}"),
-    ]  # fmt: skip
+        (
+            "events on disk: Parquet / JSONL",
+            f"{parquet_events / 1e6:.1f} MB / {jsonl_events / 1e6:.1f} MB "
+            f"({jsonl_events / max(parquet_events, 1):.1f}x)",
+        ),
+        (
+            "rollouts on disk: Parquet / JSONL",
+            f"{parquet_rollouts / 1e6:.1f} MB / {jsonl_rollouts / 1e6:.1f} MB "
+            f"({jsonl_rollouts / max(parquet_rollouts, 1):.1f}x)",
+        ),
+        (
+            "event blocks / rollout blocks",
+            f"{len(list((run_dir / 'events').glob('block-*')))} / {len(list((run_dir / 'rollouts').glob('block-*')))}",
+        ),
+    ]
     counts = {
-        "event tail, 60 s (live, from the open block)": len(tail), "events: full scan to dicts": n_events,
-        "events: kind filter 'sandbox'": len(sandbox), "events: time range, last 60 s": len(recent),
-        "rollouts: full scan to dicts": n_rollouts, "rollouts: one step": len(one_step),
+        "event tail, 60 s (live, from the open block)": len(tail),
+        "events: full scan to dicts": n_events,
+        "events: kind filter 'sandbox'": len(sandbox),
+        "events: time range, last 60 s": len(recent),
+        "rollouts: full scan to dicts": n_rollouts,
+        "rollouts: one step": len(one_step),
         "cursor poll, nothing new (live)": 0,
-    }  # fmt: skip
+    }
     rows += [(f"read {name}", f"{ms:,.1f} ms ({counts[name]:,} records)") for name, ms in {**live, **reads}.items()]
     width = max(len(name) for name, _ in rows)
     print(f"run store benchmark ({sys.platform}, {os.cpu_count()} cpus, run dir {run_dir})")

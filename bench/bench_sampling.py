@@ -49,8 +49,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.rows
     print(f"{rows} rows, device {args.device}, torch threads {torch.get_num_threads()}; ms per decode step (median)")
-    print(f"{'vocabulary':>10} | {'engine, seeded':>14} | {'engine, unseeded':>16} | {'multinomial':>11} | "
-          f"{'exp. race per row':>17}")  # fmt: skip
+    print(
+        f"{'vocabulary':>10} | {'engine, seeded':>14} | {'engine, unseeded':>16} | {'multinomial':>11} | "
+        f"{'exp. race per row':>17}"
+    )
     for vocab in (384, 151_936):
         figures = measure(vocab, rows, args.device, args.repeats)
         cells = " | ".join(f"{f * 1000:>{w}.2f}" for f, w in zip(figures, (14, 16, 11, 17), strict=True))

@@ -45,8 +45,14 @@ from pathlib import Path
 from cores_check import report
 
 REPO = Path(__file__).resolve().parents[1]
-ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
-              "prompt_style": "compact"}  # fmt: skip
+ENV_KWARGS = {
+    "dataset_name": "generated",
+    "num_samples": 2000,
+    "num_numbers": 2,
+    "max_number": 9,
+    "seed": 0,
+    "prompt_style": "compact",
+}
 
 
 def process_role(command: str) -> str:
@@ -65,8 +71,11 @@ def process_role(command: str) -> str:
 
 def startup_phases(events: list[dict]) -> list[tuple[str, dict]]:
     """The run's start-up events (see telescope.runtime.launch), labelled, in the order they began."""
-    labels = {"run.ray_start": "Ray started (ray.init)", "run.workers_start": "workers placed, started and set up",
-              "run.servers_start": "  the servers' half (generation may begin)"}  # fmt: skip
+    labels = {
+        "run.ray_start": "Ray started (ray.init)",
+        "run.workers_start": "workers placed, started and set up",
+        "run.servers_start": "  the servers' half (generation may begin)",
+    }
     phases = [(labels[e["kind"]], e) for e in events if e["kind"] in labels]
     first = min((e for e in events if e["kind"] == "inference.request"), key=lambda e: e["start"], default=None)
     if first is not None:
@@ -120,14 +129,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [
-            sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-            "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
-            "--model", f"tiny:{args.model}",
-            "--environments", json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}]),
-            "--evals", "[]", "--warm_start_steps", "0", "--number_of_steps", str(args.steps),
-            "--max_tokens", str(args.max_tokens), "--discard_group_zero_advantage", "false",
-            "--prompts_batch_size_for_trainer", str(args.prompts),
-        ]  # fmt: skip
+            sys.executable,
+            "-c",
+            "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "run",
+            str(REPO / "configs" / "examples" / "countdown_tiny.yaml"),
+            "--run_dir",
+            str(run_dir),
+            "--model",
+            f"tiny:{args.model}",
+            "--environments",
+            json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}]),
+            "--evals",
+            "[]",
+            "--warm_start_steps",
+            "0",
+            "--number_of_steps",
+            str(args.steps),
+            "--max_tokens",
+            str(args.max_tokens),
+            "--discard_group_zero_advantage",
+            "false",
+            "--prompts_batch_size_for_trainer",
+            str(args.prompts),
+        ]
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
         started, launched = time.perf_counter(), time.time()
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -166,19 +191,23 @@ def main() -> None:
         ("    optimizer", median("timing_optimizer_total")),
         ("  waiting for rollouts", waiting),
         ("  weight sync (trainer -> server, memory transport)", sync),
-        ("  rest: Ray call, batch assembly, metrics, recording",
-         statistics.median(rest(m) for m in metrics)),
-    ]  # fmt: skip
+        ("  rest: Ray call, batch assembly, metrics, recording", statistics.median(rest(m) for m in metrics)),
+    ]
     server_side: dict[str, float] = defaultdict(float)
     for e in events:
         if e["kind"] in ("inference.queue", "inference.prefill", "inference.decode"):
             server_side[e["request_id"]] += float(e["duration_s"])
-    overheads = [float(e["duration_s"]) - server_side[e["request_id"]] for e in events
-                 if e["kind"] == "inference.request" and e["request_id"] in server_side]  # fmt: skip
+    overheads = [
+        float(e["duration_s"]) - server_side[e["request_id"]]
+        for e in events
+        if e["kind"] == "inference.request" and e["request_id"] in server_side
+    ]
     rewards = [float(e["duration_s"]) for e in events if e["kind"] == "reward.compute"]
-    print(f"tiny:{args.model}, {args.steps} steps, max_tokens {args.max_tokens}; wall {wall:.1f} s, "
-          f"first training step ended {first_step_from_launch:.1f} s after the command's launch "
-          f"({first_step:.1f} s after the run's start_time)")  # fmt: skip
+    print(
+        f"tiny:{args.model}, {args.steps} steps, max_tokens {args.max_tokens}; wall {wall:.1f} s, "
+        f"first training step ended {first_step_from_launch:.1f} s after the command's launch "
+        f"({first_step:.1f} s after the run's start_time)"
+    )
     print(f"{before}\n{report('after')}")
     print("\nper step (median, ms)")
     for name, value in rows:

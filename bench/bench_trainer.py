@@ -58,10 +58,16 @@ def build_model(folder: Path, size: str) -> Path:
     assert vocab is not None
     path = build_tiny_model(folder / "tok", TinyModelSpec())  # a tokenizer for the folder (ids < vocab)
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=32768,
-        tie_word_embeddings=True, dtype="bfloat16",
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     out = folder / size
     model.save_pretrained(out)
@@ -126,19 +132,26 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument(
-        "--entropy-chunk-size", type=int, default=1024,
+        "--entropy-chunk-size",
+        type=int,
+        default=1024,
         help="positions per entropy chunk (the config's default; the test config's 16 launches 64x the kernels)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--precision", choices=["auto", "fp32", "bf16"], default="auto",
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
         help="bf16: bfloat16 weights and compute on CUDA, float32 weights with bfloat16 mixed precision on the "
         "CPU; auto: bf16 on CUDA, fp32 on the CPU",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument(
-        "--profile", type=int, default=0, metavar="N",
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
         help="after the timed steps, profile one more step with torch.profiler and print its top N ops",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
 
     import torch
@@ -151,12 +164,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_model(Path(tmp), args.size)
         config = tiny_trainer_config(
-            model_path, seq_len=seq_len, max_model_len=seq_len, max_tokens=args.max_completion,
-            pad_to_multiple_of=64, model_dtype="bfloat16" if bf16 and args.device == "cuda" else "float32",
+            model_path,
+            seq_len=seq_len,
+            max_model_len=seq_len,
+            max_tokens=args.max_completion,
+            pad_to_multiple_of=64,
+            model_dtype="bfloat16" if bf16 and args.device == "cuda" else "float32",
             mixed_precision_dtype="bfloat16" if bf16 else None,
-            gradient_checkpointing=args.gradient_checkpointing, learning_rate=1e-6,
+            gradient_checkpointing=args.gradient_checkpointing,
+            learning_rate=1e-6,
             entropy_chunk_size=args.entropy_chunk_size,
-        )  # fmt: skip
+        )
         backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
         backend.setup(device=args.device)
         params = sum(p.numel() for p in backend.model.parameters())
@@ -165,10 +183,14 @@ def main() -> None:
         rows = []
         for step in range(args.warmup + args.steps):
             batch = synthetic_batch(
-                num_groups=args.groups, group_size=args.group_size, vocab_size=min(vocab, 380),
-                prompt_length=args.prompt, completion_lengths=(args.min_completion, args.max_completion),
-                step=step, seed=step,
-            )  # fmt: skip
+                num_groups=args.groups,
+                group_size=args.group_size,
+                vocab_size=min(vocab, 380),
+                prompt_length=args.prompt,
+                completion_lengths=(args.min_completion, args.max_completion),
+                step=step,
+                seed=step,
+            )
             metrics = backend.train_step(batch)
             if step >= args.warmup:
                 rows.append((metrics, batch.num_tokens))

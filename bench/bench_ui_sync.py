@@ -176,8 +176,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-ui-"))
     source = (args.keep or work / "source") / f"big-{args.scale:g}"
     run_dir = work / "runs" / "big"
-    figures: dict[str, Any] = {"scale": args.scale, "steps": steps, "metrics": metrics, "rollouts": rollouts,
-                               "events": events}  # fmt: skip
+    figures: dict[str, Any] = {
+        "scale": args.scale,
+        "steps": steps,
+        "metrics": metrics,
+        "rollouts": rollouts,
+        "events": events,
+    }
     try:
         if not (source / "status.json").exists():
             started = time.perf_counter()

@@ -55,8 +55,14 @@ from typing import Any
 from cores_check import report
 
 REPO = Path(__file__).resolve().parents[1]
-ENV_KWARGS = {"dataset_name": "generated", "num_samples": 2000, "num_numbers": 2, "max_number": 9, "seed": 0,
-              "prompt_style": "compact"}  # fmt: skip
+ENV_KWARGS = {
+    "dataset_name": "generated",
+    "num_samples": 2000,
+    "num_numbers": 2,
+    "max_number": 9,
+    "seed": 0,
+    "prompt_style": "compact",
+}
 
 
 def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
@@ -65,17 +71,39 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     run_dir = workdir / "telescope"
     env_entry = json.dumps([{"name": "countdown", "kwargs": ENV_KWARGS}])
     command = [
-        sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-        "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
-        "--model", f"tiny:{args.model}",
-        "--environments", env_entry, "--evals", "[]", "--warm_start_steps", "0",
-        "--number_of_steps", str(args.steps), "--group_size", str(args.group_size),
-        "--prompts_batch_size_for_trainer", str(args.prompts), "--max_tokens", str(args.max_tokens),
-        "--learning_rate", str(args.learning_rate), "--discard_group_zero_advantage", "false",
-        "--max_async_rollout", str(args.max_async_rollout),
-        "--mixed_precision_dtype", "bfloat16" if args.precision == "bf16" else "null",
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(REPO / "configs" / "examples" / "countdown_tiny.yaml"),
+        "--run_dir",
+        str(run_dir),
+        "--model",
+        f"tiny:{args.model}",
+        "--environments",
+        env_entry,
+        "--evals",
+        "[]",
+        "--warm_start_steps",
+        "0",
+        "--number_of_steps",
+        str(args.steps),
+        "--group_size",
+        str(args.group_size),
+        "--prompts_batch_size_for_trainer",
+        str(args.prompts),
+        "--max_tokens",
+        str(args.max_tokens),
+        "--learning_rate",
+        str(args.learning_rate),
+        "--discard_group_zero_advantage",
+        "false",
+        "--max_async_rollout",
+        str(args.max_async_rollout),
+        "--mixed_precision_dtype",
+        "bfloat16" if args.precision == "bf16" else "null",
         *shlex.split(args.telescope_args),
-    ]  # fmt: skip
+    ]
     start = time.perf_counter()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "off"}
     if args.trl_keep_freed_memory:  # set for TRL only: Telescope's workers get them from their own setting
@@ -89,8 +117,14 @@ def run_telescope(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     steps = [m["timing_step_total"] for m in metrics]
     tokens = sum(r["total_tokens"] for r in rollouts)
     later = statistics.median(steps[1:]) if len(steps) > 1 else float("nan")
-    return {"samples": len(rollouts), "tokens": tokens, "train_s": sum(steps), "wall_s": wall,
-            "first_step_s": steps[0], "later_step_s": later}  # fmt: skip
+    return {
+        "samples": len(rollouts),
+        "tokens": tokens,
+        "train_s": sum(steps),
+        "wall_s": wall,
+        "first_step_s": steps[0],
+        "later_step_s": later,
+    }
 
 
 def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
@@ -137,11 +171,22 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                 counted["tokens"] += int(completions * (logs["completions/mean_length"] + prompt_tokens))
 
     config = GRPOConfig(
-        output_dir=str(workdir / "trl"), num_generations=args.group_size,
-        per_device_train_batch_size=args.prompts * args.group_size, max_completion_length=args.max_tokens,
-        learning_rate=args.learning_rate, max_steps=args.steps, use_cpu=True, logging_steps=1, report_to="none",
-        temperature=1.0, bf16=args.precision == "bf16", save_strategy="no", beta=0.0, loss_type="grpo", seed=0,
-    )  # fmt: skip
+        output_dir=str(workdir / "trl"),
+        num_generations=args.group_size,
+        per_device_train_batch_size=args.prompts * args.group_size,
+        max_completion_length=args.max_tokens,
+        learning_rate=args.learning_rate,
+        max_steps=args.steps,
+        use_cpu=True,
+        logging_steps=1,
+        report_to="none",
+        temperature=1.0,
+        bf16=args.precision == "bf16",
+        save_strategy="no",
+        beta=0.0,
+        loss_type="grpo",
+        seed=0,
+    )
     generation = {"s": 0.0, "calls": 0}
 
     class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
@@ -155,11 +200,21 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
                 generation["s"] += time.perf_counter() - start
                 generation["calls"] += 1
 
-    trainer = TimedGRPOTrainer(model=model_path, reward_funcs=reward, args=config, train_dataset=dataset,
-                               processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
+    trainer = TimedGRPOTrainer(
+        model=model_path,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
     trainer.train()
-    result = {"samples": counted["samples"], "tokens": counted["tokens"], "train_s": timing["train_s"],
-              "wall_s": time.perf_counter() - start_wall}  # fmt: skip
+    result = {
+        "samples": counted["samples"],
+        "tokens": counted["tokens"],
+        "train_s": timing["train_s"],
+        "wall_s": time.perf_counter() - start_wall,
+    }
     if generation["calls"]:  # a TRL version without the method never calls it: no split
         result["generation_s"] = generation["s"] / args.steps
         result["training_s"] = (timing["train_s"] - generation["s"]) / args.steps
@@ -176,15 +231,19 @@ def main() -> None:
     parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=2e-4)
     parser.add_argument("--max-async-rollout", dest="max_async_rollout", type=int, default=1)
     parser.add_argument(
-        "--precision", choices=["fp32", "bf16"], default="fp32",
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
         help="fp32 everywhere, or bf16 mixed precision in both trainers (float32 weights, bfloat16 compute: "
         "Telescope's mixed_precision_dtype, TRL's bf16=True). Telescope's engine still generates in float32 "
         "(model_dtype); accelerate wraps TRL's model forward in autocast, so its generation runs in bfloat16",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--trl-keep-freed-memory", dest="trl_keep_freed_memory", action="store_true",
+        "--trl-keep-freed-memory",
+        dest="trl_keep_freed_memory",
+        action="store_true",
         help="run TRL (in this process) with the glibc settings Telescope gives its workers",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--telescope-args", dest="telescope_args", default="", help="options appended to Telescope's command"
     )
@@ -214,13 +273,17 @@ def main() -> None:
     t, trl = rates["telescope"], rates["trl GRPOTrainer"]
     print(f"{'ratio':<18}{t[0] / trl[0]:>10.2f}{t[1] / trl[1]:>10.2f}   (telescope / trl, training steps only)")
     ours, theirs = results["telescope"], results["trl GRPOTrainer"]
-    print(f"telescope: first step {ours['first_step_s']:.3f} s (waits for the first batch), "
-          f"later steps median {ours['later_step_s']:.3f} s")  # fmt: skip
+    print(
+        f"telescope: first step {ours['first_step_s']:.3f} s (waits for the first batch), "
+        f"later steps median {ours['later_step_s']:.3f} s"
+    )
     if "generation_s" in theirs:
         both = theirs["generation_s"] + theirs["training_s"]
-        print(f"trl per step: generation and scoring {theirs['generation_s']:.3f} s, "
-              f"training {theirs['training_s']:.3f} s; overlap bound "
-              f"(trl step / telescope later step) {both / ours['later_step_s']:.2f}x")  # fmt: skip
+        print(
+            f"trl per step: generation and scoring {theirs['generation_s']:.3f} s, "
+            f"training {theirs['training_s']:.3f} s; overlap bound "
+            f"(trl step / telescope later step) {both / ours['later_step_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -97,10 +97,12 @@ def main() -> None:
     parser.add_argument("--sync-mb", type=int, default=256, help="state size in MB (float32, 16 tensors)")
     parser.add_argument("--versions", type=int, default=8, help="versions sent; the first is reported apart")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch threads for every copy, the bound's included (a run gives each side its Ray CPUs: the CPU "
         "quick start 1 for the trainer, 1 for the server; two sides of 2 threads each oversubscribe 2 cores)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.versions < 2:

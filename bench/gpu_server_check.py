@@ -30,9 +30,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="telescope-gpu-server-"))
     model = build_tiny_model(root / "model", PRESETS["small"])
     config = TelescopeConfig.model_validate(
-        {"environments": [{"name": "countdown"}], "model": str(model), "max_model_len": 256, "max_tokens": 32,
-         "seq_len": 256, "inference_host": "127.0.0.1"}
-    )  # fmt: skip
+        {
+            "environments": [{"name": "countdown"}],
+            "model": str(model),
+            "max_model_len": 256,
+            "max_tokens": 32,
+            "seq_len": 256,
+            "inference_host": "127.0.0.1",
+        }
+    )
     backend = EmbeddedBackend(InferenceContext.from_config(config))
     print(f"the backend's device: {backend._device()}; this process sees {torch.cuda.device_count()} GPU(s)")
     start = time.perf_counter()
@@ -49,8 +55,11 @@ def main() -> None:
         print("engine settings' device:", json.loads((logs / "inference_0_engine.json").read_text())["device"])
         print(*(line for line in (logs / "inference_0.log").read_text().splitlines() if "serving" in line))
         if torch.cuda.is_available():
-            held = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                                  capture_output=True, text=True).stdout.strip()  # fmt: skip
+            held = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             print(f"server pid {server.process.pid}; GPU processes (pid, memory): {held}")  # type: ignore[attr-defined]
     finally:
         server.stop()

@@ -206,10 +206,21 @@ def run_project_tests(project: Project, *pytest_args: str, timeout: float = 300)
     env.pop("TELESCOPE_DISABLE_PLUGINS", None)
     (project.root / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # not the repository's settings
     command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning",
-        "--rootdir", str(project.root), "-c", str(project.root / "pytest.ini"), str(project.root / "tests"),
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestUnknownMarkWarning",
+        "--rootdir",
+        str(project.root),
+        "-c",
+        str(project.root / "pytest.ini"),
+        str(project.root / "tests"),
         *pytest_args,
-    ]  # fmt: skip
+    ]
     return subprocess.run(command, cwd=project.root, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -27,12 +27,39 @@ from telescope.recording.infra_monitor import InfraMonitor
 
 #: A small, fast run over the fake workers (tokens 30..119 exist in the tiny tokenizer).
 RUN_ARGS: list[str] = [
-    "--model", "tiny:test", "--environments", "[{name: length_parity}]", "--algorithm", "grpo",
-    "--number_of_steps", "2", "--group_size", "2", "--prompts_batch_size_for_trainer", "2",
-    "--max_tokens", "8", "--max_model_len", "128", "--seq_len", "128", "--pad_to_multiple_of", "16",
-    "--inference_num_workers", "1", "--max_async_rollout", "0", "--discard_group_zero_advantage", "false",
-    "--eval_before_training", "false", "--eval_after_training", "false", "--use_wandb", "false",
-]  # fmt: skip
+    "--model",
+    "tiny:test",
+    "--environments",
+    "[{name: length_parity}]",
+    "--algorithm",
+    "grpo",
+    "--number_of_steps",
+    "2",
+    "--group_size",
+    "2",
+    "--prompts_batch_size_for_trainer",
+    "2",
+    "--max_tokens",
+    "8",
+    "--max_model_len",
+    "128",
+    "--seq_len",
+    "128",
+    "--pad_to_multiple_of",
+    "16",
+    "--inference_num_workers",
+    "1",
+    "--max_async_rollout",
+    "0",
+    "--discard_group_zero_advantage",
+    "false",
+    "--eval_before_training",
+    "false",
+    "--eval_after_training",
+    "false",
+    "--use_wandb",
+    "false",
+]
 
 
 class LengthParity(BaseEnvironment):
@@ -86,9 +113,15 @@ class FakeWorkers:
         pass
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         rng = random.Random(seed)
         tokens = [rng.randrange(30, 120) for _ in range(rng.randint(1, max(1, max_tokens - 1)))]
         return Generation(tokens, [-1.0] * len(tokens), "stop", self.version, self.version)

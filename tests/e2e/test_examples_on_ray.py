@@ -49,8 +49,17 @@ def telescope(*args: str, timeout: float = 840) -> subprocess.CompletedProcess[s
 
 def run_example(name: str, run_dir: Path, port: int, *args: str) -> RunReader:
     """Train ``cpu/<name>.yaml`` on a Ray cluster of its own; returns the completed run's reader."""
-    result = telescope("run", str(CPU / f"{name}.yaml"), "--run_dir", str(run_dir), "--ray_address", "local",
-                       "--inference_base_port", str(port), *args)  # fmt: skip
+    result = telescope(
+        "run",
+        str(CPU / f"{name}.yaml"),
+        "--run_dir",
+        str(run_dir),
+        "--ray_address",
+        "local",
+        "--inference_base_port",
+        str(port),
+        *args,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"
@@ -121,8 +130,10 @@ def check_hendrycks_math_with_eval(reader: RunReader) -> None:
     assert [m["step"] for m in reader.metrics()] == [0, 1, 2, 3]
     evals = reader.evals()
     assert [(e["phase"], e["step"]) for e in evals if e["name"] == "math500"] == [
-        ("before", 0), ("periodic", 2), ("after", 4)
-    ]  # fmt: skip
+        ("before", 0),
+        ("periodic", 2),
+        ("after", 4),
+    ]
     assert {"eval/math500/correct_rate", "eval/hendrycks_math/reward_mean"} <= {k for e in evals for k in e["metrics"]}
     events = reader.events()
     runs = [e for e in events if e["kind"] == "eval.run"]
@@ -131,8 +142,11 @@ def check_hendrycks_math_with_eval(reader: RunReader) -> None:
     eval_requests = [e for e in requests if "eval_step" in e]
     assert {e["eval_step"] for e in eval_requests} == {0, 2, 4}
     # one set of weights per eval: every request of the eval at step s ran on step s's weights
-    wrong = [(e["eval_step"], e["policy_version_start"], e["policy_version_end"]) for e in eval_requests
-             if not e["eval_step"] == e["policy_version_start"] == e["policy_version_end"]]  # fmt: skip
+    wrong = [
+        (e["eval_step"], e["policy_version_start"], e["policy_version_end"])
+        for e in eval_requests
+        if not e["eval_step"] == e["policy_version_start"] == e["policy_version_end"]
+    ]
     assert wrong == []
     assert {e["server"] for e in eval_requests if e["eval_phase"] == "periodic"} == {1}
     assert {e["server"] for e in requests if "group_id" in e} == {0}  # training never used the eval server
@@ -169,8 +183,9 @@ def check_i3_code(reader: RunReader) -> None:
     assert len(rollouts) == 3 * 4 * 4
     graded = [r for r in rollouts if r["sample_metrics"]["has_code"]]
     assert graded, "the warm start should teach the ```python block format"
-    assert all(r["sample_metrics"]["sandbox_commands"] >= 1 and not r["sample_metrics"]["sandbox_error"]
-               for r in graded)  # fmt: skip
+    assert all(
+        r["sample_metrics"]["sandbox_commands"] >= 1 and not r["sample_metrics"]["sandbox_error"] for r in graded
+    )
     events = reader.events()
     sandbox = [e for e in events if e["kind"].startswith("sandbox.")]
     kinds = {e["kind"] for e in sandbox}

@@ -44,9 +44,17 @@ QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
 #: flushed in blocks, and 50-200 steps of this config finished within a block once the loop got faster.
 LONGER_THAN_THE_TEST = "5000"
 FAST = [
-    "--warm_start_steps", "0", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
-    "--discard_group_zero_advantage", "false", "--evals", "[]",
-]  # fmt: skip
+    "--warm_start_steps",
+    "0",
+    "--group_size",
+    "4",
+    "--prompts_batch_size_for_trainer",
+    "4",
+    "--discard_group_zero_advantage",
+    "false",
+    "--evals",
+    "[]",
+]
 
 #: An installed plugin (entry point): countdown whose reward hangs for completions of an odd length.
 HANGING_REWARD_PLUGIN = """
@@ -102,8 +110,17 @@ def install_plugin(tmp_path: Path, module: str, source: str) -> dict[str, str]:
 def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`telescope run` of the quick start in its own process group (a session), as a scheduler starts it."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines", **(env or {})}
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(QUICK_START),
+        "--run_dir",
+        str(run_dir),
+        *FAST,
+        *args,
+    ]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
@@ -211,8 +228,11 @@ def test_a_killed_inference_server_is_restarted_with_the_current_weights(tmp_pat
     assert max(int(e["version"]) for e in loads) == 6
     # its groups ran again elsewhere (here: on it, once back); no prompt lost or trained twice
     dispatched = {e["group_id"] for e in events if e["kind"] == "orchestrator.group_dispatched"}
-    ends = [e["group_id"] for e in events if e["kind"] in (
-        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    ends = [
+        e["group_id"]
+        for e in events
+        if e["kind"] in ("orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")
+    ]
     assert sorted(ends) == sorted(dispatched)
     trained = [r["sample_id"] for r in reader.rollouts()]
     assert len(trained) == 6 * 4 * 4 and len(set(trained)) == 6 * 4
@@ -318,9 +338,17 @@ def test_a_reward_that_hangs_is_timed_out_and_the_run_completes(tmp_path: Path) 
     run_dir = tmp_path / "run"
     environments = PLUGIN_ENVIRONMENT.format(name="hanging_countdown")
     process = telescope(
-        run_dir, "--number_of_steps", "3", "--environments", environments, "--reward_timeout_s", "1",
-        "--inference_base_port", "8259", env=env,
-    )  # fmt: skip
+        run_dir,
+        "--number_of_steps",
+        "3",
+        "--environments",
+        environments,
+        "--reward_timeout_s",
+        "1",
+        "--inference_base_port",
+        "8259",
+        env=env,
+    )
     err = finish(process)
     assert process.returncode == 0, err[-3000:]
     metrics = RunReader(run_dir).metrics()
@@ -333,10 +361,21 @@ def test_a_reward_that_always_raises_fails_the_run_with_its_error(tmp_path: Path
     env = install_plugin(tmp_path, "raising_reward_plugin", RAISING_REWARD_PLUGIN)
     run_dir = tmp_path / "run"
     process = telescope(
-        run_dir, "--number_of_steps", "3", "--environments", PLUGIN_ENVIRONMENT.format(name="raising_countdown"),
-        "--eval_before_training", "false", "--eval_after_training", "false", "--max_consecutive_errored_batches", "1",
-        "--inference_base_port", "8263", env=env,
-    )  # fmt: skip
+        run_dir,
+        "--number_of_steps",
+        "3",
+        "--environments",
+        PLUGIN_ENVIRONMENT.format(name="raising_countdown"),
+        "--eval_before_training",
+        "false",
+        "--eval_after_training",
+        "false",
+        "--max_consecutive_errored_batches",
+        "1",
+        "--inference_base_port",
+        "8263",
+        env=env,
+    )
     err = finish(process)
     assert process.returncode == 1, err[-3000:]
     plugin = tmp_path / "site" / "raising_reward_plugin.py"

@@ -71,8 +71,18 @@ QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
 #: training prompts, so their number changes the run; this keeps the measured run.
 # The quick start's warm start (steps and learning rate), RL steps, prompts a step and group discarding when
 # these figures were measured.
-STEPS_AS_MEASURED = ("--warm_start_steps", "400", "--warm_start_learning_rate", "3.0e-3", "--number_of_steps", "60",
-                     "--discard_group_zero_advantage", "true", "--prompts_batch_size_for_trainer", "8")  # fmt: skip
+STEPS_AS_MEASURED = (
+    "--warm_start_steps",
+    "400",
+    "--warm_start_learning_rate",
+    "3.0e-3",
+    "--number_of_steps",
+    "60",
+    "--discard_group_zero_advantage",
+    "true",
+    "--prompts_batch_size_for_trainer",
+    "8",
+)
 EVALS_AS_MEASURED = (
     "[{name: countdown, num_samples: 64, separate_eval_samples: true, kwargs: {dataset_name: generated, "
     "num_samples: 2000, num_numbers: 2, max_number: 9, seed: 0, prompt_style: compact}}]"
@@ -145,8 +155,9 @@ def _wait_for_nodes(ray: str, address: str, env: dict[str, str], timeout: float 
     deadline = time.monotonic() + timeout
     status = ""
     while time.monotonic() < deadline:
-        result = subprocess.run([ray, "status", "--address", address], capture_output=True, text=True, env=env,
-                                timeout=60)  # fmt: skip
+        result = subprocess.run(
+            [ray, "status", "--address", address], capture_output=True, text=True, env=env, timeout=60
+        )
         status = result.stdout
         if "node_a" in status and "node_b" in status:
             return
@@ -175,8 +186,12 @@ def two_node_cluster(tmp_path: Path) -> Iterator[Cluster]:
     temp_dir = tempfile.mkdtemp(prefix="tsray-", dir="/tmp")
     # No drain on SIGTERM: Ray's `ray start --block` would otherwise ask the GCS to drain its node for up to
     # 30 s, and the GCS gets the same SIGTERM (the whole process group), so every teardown waited the full 30 s.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
     env.pop("RAY_ADDRESS", None)
     subnet = _subnet()
     head_ip, worker_ip = f"{subnet}.1", f"{subnet}.2"
@@ -200,13 +215,35 @@ def two_node_cluster(tmp_path: Path) -> Iterator[Cluster]:
         head_log = files.enter_context(open(logs / "head.log", "w"))  # noqa: SIM115  # closed by the stack
         worker_log = files.enter_context(open(logs / "worker.log", "w"))  # noqa: SIM115
         head = subprocess.Popen(
-            [ray, "start", "--block", "--head", "--node-ip-address", head_ip, "--port", str(port),
-             "--num-cpus", "1", "--resources", json.dumps({"node_a": 1}), "--include-dashboard", "false",
-             "--ray-client-server-port", str(_free_port(head_ip)),
-             "--dashboard-agent-listen-port", str(_free_port("")), "--temp-dir", temp_dir,
-             "--disable-usage-stats"],
-            stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
-        )  # fmt: skip
+            [
+                ray,
+                "start",
+                "--block",
+                "--head",
+                "--node-ip-address",
+                head_ip,
+                "--port",
+                str(port),
+                "--num-cpus",
+                "1",
+                "--resources",
+                json.dumps({"node_a": 1}),
+                "--include-dashboard",
+                "false",
+                "--ray-client-server-port",
+                str(_free_port(head_ip)),
+                "--dashboard-agent-listen-port",
+                str(_free_port("")),
+                "--temp-dir",
+                temp_dir,
+                "--disable-usage-stats",
+            ],
+            stdout=head_log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            text=True,
+        )
         address = f"{head_ip}:{port}"
         deadline = time.monotonic() + 120
         while True:  # the worker node joins once the head's GCS answers
@@ -216,11 +253,30 @@ def two_node_cluster(tmp_path: Path) -> Iterator[Cluster]:
             assert time.monotonic() < deadline, "the head node did not start"
             time.sleep(1)
         worker = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, ray, "start", "--block", "--address", address,
-             "--node-ip-address", worker_ip, "--num-cpus", "1", "--resources", json.dumps({"node_b": 1}),
-             "--disable-usage-stats"],
-            stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                namespace,
+                ray,
+                "start",
+                "--block",
+                "--address",
+                address,
+                "--node-ip-address",
+                worker_ip,
+                "--num-cpus",
+                "1",
+                "--resources",
+                json.dumps({"node_b": 1}),
+                "--disable-usage-stats",
+            ],
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            text=True,
+        )
         _wait_for_nodes(ray, address, env)
         yield Cluster(address, head_ip, worker_ip, env)
     finally:
@@ -247,14 +303,33 @@ def test_a_run_across_two_nodes_completes_and_learns(two_node_cluster: Cluster, 
     cluster = two_node_cluster
     address, env, head_ip, worker_ip = cluster.address, cluster.env, cluster.head_ip, cluster.worker_ip
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "run", str(QUICK_START), "--run_dir", str(run_dir), "--ray_address", address,
-               "--ray_trainer_resources_per_worker", "{node_a: 1}",
-               "--ray_inference_resources_per_worker", "{node_b: 1}", "--weight_transport", "auto",
-               "--checkpoint_every", "30", "--inference_base_port", "8251", "--evals", EVALS_AS_MEASURED,
-               *STEPS_AS_MEASURED]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1500,
-                            env={**env, "TELESCOPE_PROGRESS": "lines"})  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(QUICK_START),
+        "--run_dir",
+        str(run_dir),
+        "--ray_address",
+        address,
+        "--ray_trainer_resources_per_worker",
+        "{node_a: 1}",
+        "--ray_inference_resources_per_worker",
+        "{node_b: 1}",
+        "--weight_transport",
+        "auto",
+        "--checkpoint_every",
+        "30",
+        "--inference_base_port",
+        "8251",
+        "--evals",
+        EVALS_AS_MEASURED,
+        *STEPS_AS_MEASURED,
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=1500, env={**env, "TELESCOPE_PROGRESS": "lines"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"

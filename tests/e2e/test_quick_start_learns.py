@@ -63,9 +63,19 @@ def test_quick_start_reward_rises(tmp_path: Path, backend: str) -> None:
     """The quick start as it ships, and with ``--train_backend megatron`` (TP 1, no recomputation as the FSDP run)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "run", str(REPO / "configs" / "examples" / "countdown_tiny.yaml"), "--run_dir", str(run_dir),
-               "--inference_base_port", "8241", "--train_backend", backend]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(REPO / "configs" / "examples" / "countdown_tiny.yaml"),
+        "--run_dir",
+        str(run_dir),
+        "--inference_base_port",
+        "8241",
+        "--train_backend",
+        backend,
+    ]
     if backend == "megatron":
         command += ["--megatron_gradient_checkpointing", "false"]  # the quick start sets gradient_checkpointing: false
     result = subprocess.run(

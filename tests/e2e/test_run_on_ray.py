@@ -23,12 +23,21 @@ from telescope.testing.processes import leftovers_after
 REPO = Path(__file__).resolve().parents[2]
 QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
 FAST = [
-    "--warm_start_steps", "60", "--group_size", "4", "--prompts_batch_size_for_trainer", "4",
-    "--discard_group_zero_advantage", "false", "--inference_base_port", "8231",
-    "--evals", '[{name: countdown, num_samples: 8, separate_eval_samples: true, pass_k: {k: [1, 2], n: 2},'
-    ' kwargs: {dataset_name: generated, num_samples: 2000, num_numbers: 2, max_number: 9, seed: 0,'
-    ' prompt_style: compact}}]',
-]  # fmt: skip
+    "--warm_start_steps",
+    "60",
+    "--group_size",
+    "4",
+    "--prompts_batch_size_for_trainer",
+    "4",
+    "--discard_group_zero_advantage",
+    "false",
+    "--inference_base_port",
+    "8231",
+    "--evals",
+    "[{name: countdown, num_samples: 8, separate_eval_samples: true, pass_k: {k: [1, 2], n: 2},"
+    " kwargs: {dataset_name: generated, num_samples: 2000, num_numbers: 2, max_number: 9, seed: 0,"
+    " prompt_style: compact}}]",
+]
 
 
 #: A plugin, published by entry point, that appends each lifecycle call to the file $LIFECYCLE_LOG.
@@ -92,8 +101,17 @@ def _default_sigint() -> None:
 
 def telescope(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines", **(env or {})}
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "run", str(QUICK_START), "--run_dir", str(run_dir), *FAST, *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "run",
+        str(QUICK_START),
+        "--run_dir",
+        str(run_dir),
+        *FAST,
+        *args,
+    ]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint
     )
@@ -125,14 +143,34 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
         ["run_end", str(run_dir), "completed", True],
     ]
     required = [
-        "loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate",
-        "reward/mean", "reward/std", "reward/min", "reward/max", "reward/gini_mean",
-        "advantage/mean", "sample_metrics/correct/mean", "sample_metrics/correct/gini_mean",
-        "tokens/prompt/mean", "tokens/completion/max", "tokens/total/std", "stop_reason_length_pct",
-        "group_length_gini_mean", "group_length_max_median_ratio_mean", "discarded/zero_advantage/count",
-        "discarded/canceled/count", "discarded/max_async/count", "timing_step_total", "timing_step_active",
-        "timing_waiting_for_data", "timing_weight_sync_trainer_total", "timing_weight_sync_inference_total",
-    ]  # fmt: skip
+        "loss",
+        "entropy",
+        "kl_divergence_inference",
+        "grad_norm",
+        "learning_rate",
+        "reward/mean",
+        "reward/std",
+        "reward/min",
+        "reward/max",
+        "reward/gini_mean",
+        "advantage/mean",
+        "sample_metrics/correct/mean",
+        "sample_metrics/correct/gini_mean",
+        "tokens/prompt/mean",
+        "tokens/completion/max",
+        "tokens/total/std",
+        "stop_reason_length_pct",
+        "group_length_gini_mean",
+        "group_length_max_median_ratio_mean",
+        "discarded/zero_advantage/count",
+        "discarded/canceled/count",
+        "discarded/max_async/count",
+        "timing_step_total",
+        "timing_step_active",
+        "timing_waiting_for_data",
+        "timing_weight_sync_trainer_total",
+        "timing_weight_sync_inference_total",
+    ]
     for key in required:
         assert key in metrics[-1], key
     # the trainer saw the inference engine's log-probabilities of the same weights (step 0 is on-policy)
@@ -159,8 +197,17 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
     # `telescope eval` scores the saved checkpoint with the same evals, without a trainer
     assert (run_dir / "checkpoints" / "step_00000003" / "model.safetensors").exists()
     output = tmp_path / "standalone"
-    command = [sys.executable, "-c", "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-               "eval", str(QUICK_START), str(run_dir), "--output", str(output), *FAST]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
+        "eval",
+        str(QUICK_START),
+        str(run_dir),
+        "--output",
+        str(output),
+        *FAST,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, **plugin_env})
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(lifecycle_log.read_text(encoding="utf-8").splitlines()) == len(lifecycle)  # eval calls no run hook
@@ -174,13 +221,33 @@ def test_a_short_run_records_every_metric(tmp_path: Path) -> None:
 #: Event kinds every run of the quick start records (issue 10: inference, trainer, weights, orchestrator,
 #: reward and eval categories; the quick start uses no tools or sandboxes).
 EXPECTED_KINDS = {
-    "inference.request", "inference.queue", "inference.prefill", "inference.decode",
-    "trainer.step", "trainer.data_to_device", "trainer.forward", "trainer.loss_computation", "trainer.backward",
-    "trainer.optimizer", "trainer.prewarm", "weights.send", "weights.load", "weights.sync",
-    "orchestrator.group_dispatched", "orchestrator.group_completed", "orchestrator.batch_assembled",
-    "orchestrator.step", "orchestrator.checkpoint", "reward.compute", "eval.run",
-    "run.ray_start", "run.servers_start", "run.workers_start", "worker.startup", "worker.placed",
-}  # fmt: skip
+    "inference.request",
+    "inference.queue",
+    "inference.prefill",
+    "inference.decode",
+    "trainer.step",
+    "trainer.data_to_device",
+    "trainer.forward",
+    "trainer.loss_computation",
+    "trainer.backward",
+    "trainer.optimizer",
+    "trainer.prewarm",
+    "weights.send",
+    "weights.load",
+    "weights.sync",
+    "orchestrator.group_dispatched",
+    "orchestrator.group_completed",
+    "orchestrator.batch_assembled",
+    "orchestrator.step",
+    "orchestrator.checkpoint",
+    "reward.compute",
+    "eval.run",
+    "run.ray_start",
+    "run.servers_start",
+    "run.workers_start",
+    "worker.startup",
+    "worker.placed",
+}
 
 
 def assert_startup_phases(events: list[dict]) -> None:
@@ -259,8 +326,9 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_workers_that_cannot_be_placed_fail_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    process = telescope(run_dir, "--ray_trainer_cpus_per_worker", "64", "--ray_placement_timeout_s", "5",
-                        "--warm_start_steps", "0")  # fmt: skip
+    process = telescope(
+        run_dir, "--ray_trainer_cpus_per_worker", "64", "--ray_placement_timeout_s", "5", "--warm_start_steps", "0"
+    )
     _, err = process.communicate(timeout=300)
     assert process.returncode == 2, err[-3000:]
     assert "could not place 1 trainer workers" in err and "ray_trainer_cpus_per_worker" in err

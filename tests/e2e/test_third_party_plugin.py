@@ -147,8 +147,13 @@ def fresh_environment(tmp_path: Path) -> Path:
 
 def telescope(python: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     probe = "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    env = {"PATH": f"{python.parent}:/usr/bin:/bin", "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines",
-           "WANDB_MODE": "disabled", "HOME": str(Path.home())}  # fmt: skip
+    env = {
+        "PATH": f"{python.parent}:/usr/bin:/bin",
+        "RAY_AUTH_MODE": "disabled",
+        "TELESCOPE_PROGRESS": "lines",
+        "WANDB_MODE": "disabled",
+        "HOME": str(Path.home()),
+    }
     return subprocess.run([str(python), "-c", probe, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -160,8 +165,12 @@ def test_a_wheel_in_a_fresh_environment_lists_configures_trains_and_uninstalls(t
     config.write_text(CONFIG, encoding="utf-8")
 
     assert "demo_parity" not in telescope(python, "plugins").stdout
-    install = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--quiet", str(wheel)],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--quiet", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr
     assert subprocess.run([sys.executable, "-c", "import demo_thirdparty"], capture_output=True).returncode != 0
 
@@ -179,8 +188,9 @@ def test_a_wheel_in_a_fresh_environment_lists_configures_trains_and_uninstalls(t
     assert "demo_advantage_scale: 1.0" in defaults and DIST in defaults
 
     run_dir = tmp_path / "run"
-    trained = telescope(python, "run", str(config), "--run_dir", str(run_dir), "--demo_advantage_scale", "3",
-                        timeout=900)  # fmt: skip
+    trained = telescope(
+        python, "run", str(config), "--run_dir", str(run_dir), "--demo_advantage_scale", "3", timeout=900
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     reader = RunReader(run_dir)
     assert reader.status()["status"] == "completed"  # type: ignore[index]
@@ -188,8 +198,9 @@ def test_a_wheel_in_a_fresh_environment_lists_configures_trains_and_uninstalls(t
     advantages = {round(abs(r["advantage"]), 6) for r in reader.rollouts()}
     assert advantages <= {0.0, 3.0} and 3.0 in advantages, f"the algorithm did not read the CLI value: {advantages}"
 
-    removed = subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", DIST],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    removed = subprocess.run(
+        [str(python), "-m", "pip", "uninstall", "--yes", "--quiet", DIST], capture_output=True, text=True, timeout=300
+    )
     assert removed.returncode == 0, removed.stderr
     gone = telescope(python, "config", "validate", str(config))
     assert gone.returncode == 2 and "unknown key 'demo_advantage_scale'" in gone.stderr  # its field left with it

@@ -162,9 +162,15 @@ def test_search_backend_failure_is_counted_and_errors_the_sample(
     monkeypatch.setenv("TEST_SERPER_KEY", "k")
     judge = CountingJudge()
     env = DeepDiveEnvironment(
-        dataset_name="builtin", dataset_test_size=0.0, search_backend="serper", serper_api_key_var="TEST_SERPER_KEY",
-        search_url=f"{fake_http.base_url}/search", max_retries=0, page_backend="local", judge_backend=judge,
-    )  # fmt: skip
+        dataset_name="builtin",
+        dataset_test_size=0.0,
+        search_backend="serper",
+        serper_api_key_var="TEST_SERPER_KEY",
+        search_url=f"{fake_http.base_url}/search",
+        max_retries=0,
+        page_backend="local",
+        judge_backend=judge,
+    )
     sample = env.load_dataset()[0]
     messages, state = play(env, sample, [call("search_web", queries=["x"]), call("finish", final_answer="Port Amsel")])
     assert messages[-2]["content"].startswith("Error: search_web failed: search API error 500")
@@ -203,12 +209,23 @@ def test_upstream_keyword_arguments_are_accepted(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SERPER_API_KEY", "k")
     monkeypatch.setenv("OPENAI_API_KEY", "sk")
     env = DeepDiveEnvironment(
-        max_turns=32, serper_api_key_var="SERPER_API_KEY", judge_api_key_var="OPENAI_API_KEY",
-        judge_model="gpt-4.1-mini", judge_base_url=None, max_search_results=10, max_response_chars=20_000,
-        serper_timeout=15.0, dataset_name="zai-org/DeepDive", dataset_split="qa_rl", dataset_test_size=0.1,
-        dataset_seed=2025, redundancy_penalty_weight=0.0, finish_with_tool=True, strip_think_tags=True,
+        max_turns=32,
+        serper_api_key_var="SERPER_API_KEY",
+        judge_api_key_var="OPENAI_API_KEY",
+        judge_model="gpt-4.1-mini",
+        judge_base_url=None,
+        max_search_results=10,
+        max_response_chars=20_000,
+        serper_timeout=15.0,
+        dataset_name="zai-org/DeepDive",
+        dataset_split="qa_rl",
+        dataset_test_size=0.1,
+        dataset_seed=2025,
+        redundancy_penalty_weight=0.0,
+        finish_with_tool=True,
+        strip_think_tags=True,
         tool_call_format="xml",
-    )  # fmt: skip
+    )
     assert isinstance(env.judge, ModelJudge) and env.judge.base_url == "https://api.openai.com/v1"
     assert env.judge.model == "gpt-4.1-mini" and env.judge.api == "chat"
 
@@ -268,9 +285,16 @@ def engine_server() -> Iterator[tuple[str, str]]:
 
 def judged_env(base_url: str, **kwargs: Any) -> DeepDiveEnvironment:
     return DeepDiveEnvironment(
-        **LOCAL, judge_backend="model", judge_base_url=f"{base_url}/v1", judge_api="completions",
-        judge_model=None, judge_api_key_var=None, judge_max_tokens=4, max_retries=0, **kwargs,
-    )  # fmt: skip
+        **LOCAL,
+        judge_backend="model",
+        judge_base_url=f"{base_url}/v1",
+        judge_api="completions",
+        judge_model=None,
+        judge_api_key_var=None,
+        judge_max_tokens=4,
+        max_retries=0,
+        **kwargs,
+    )
 
 
 @pytest.mark.slow
@@ -302,10 +326,16 @@ def test_agent_loop_on_cpu_with_the_embedded_engine_as_judge(engine_server: tupl
     messages = env.format_prompt(sample)
     rollout = asyncio.run(
         run_rollout(
-            env, sample, messages, renderer.prompt_ids(messages), renderer=renderer, generate=generate,
-            policy_version=lambda: 0, limits=RolloutLimits(max_tokens=256, max_model_len=100_000),
+            env,
+            sample,
+            messages,
+            renderer.prompt_ids(messages),
+            renderer=renderer,
+            generate=generate,
+            policy_version=lambda: 0,
+            limits=RolloutLimits(max_tokens=256, max_model_len=100_000),
         )
-    )  # fmt: skip
+    )
     assert [t.output_text for t in rollout.turns] == replies
     tool_texts = [m["content"] for m in rollout.messages if m["role"] == "tool"]
     assert "URL: corpus://kessa-bridge" in tool_texts[0] and "L2: The bridge is 610 metres long." in tool_texts[1]
@@ -348,10 +378,16 @@ def test_engine_as_agent_and_judge(engine_server: tuple[str, str]) -> None:
                 messages = env.format_prompt(sample)
                 out.append(
                     await run_rollout(
-                        env, sample, messages, renderer.prompt_ids(messages), renderer=renderer, generate=generate,
-                        policy_version=lambda: 0, limits=RolloutLimits(max_tokens=16, max_model_len=1024),
+                        env,
+                        sample,
+                        messages,
+                        renderer.prompt_ids(messages),
+                        renderer=renderer,
+                        generate=generate,
+                        policy_version=lambda: 0,
+                        limits=RolloutLimits(max_tokens=16, max_model_len=1024),
                     )
-                )  # fmt: skip
+                )
             return out
 
     for rollout in asyncio.run(rollouts()):
@@ -364,9 +400,14 @@ def test_engine_as_agent_and_judge(engine_server: tuple[str, str]) -> None:
 def test_a_judge_the_engine_refuses_errors_the_sample_and_the_next_goes_on(engine_server: tuple[str, str]) -> None:
     base_url, _ = engine_server
     broken = DeepDiveEnvironment(
-        **LOCAL, judge_backend="model", judge_base_url=f"{base_url}/v1", judge_api="completions",
-        judge_model="no-such-model", judge_api_key_var=None, max_retries=0,
-    )  # fmt: skip
+        **LOCAL,
+        judge_backend="model",
+        judge_base_url=f"{base_url}/v1",
+        judge_api="completions",
+        judge_model="no-such-model",
+        judge_api_key_var=None,
+        max_retries=0,
+    )
     working = judged_env(base_url)
     sample = broken.load_dataset()[0]
     replies = [call("finish", final_answer="Port Amsel")]

@@ -53,8 +53,9 @@ def test_dapo_rows_lose_the_answer_line_wrapper_and_duplicates() -> None:
     assert "Answer:" not in first and "\\boxed{}" in first
     assert str(samples[2].prompt).startswith("What is the remainder")  # an unwrapped row stays as it is
     assert len({s.sample_id for s in samples}) == 4 and all(s.environment == "dapo_math" for s in samples)
-    kept = DapoMathEnvironment(dataset_name=str(DATA / "dapo_math.jsonl"), deduplicate=False,
-                               strip_dataset_instructions=False).load_dataset()  # fmt: skip
+    kept = DapoMathEnvironment(
+        dataset_name=str(DATA / "dapo_math.jsonl"), deduplicate=False, strip_dataset_instructions=False
+    ).load_dataset()
     assert [s.answer for s in kept] == ["54", "9", "54", "2", "21"]
     assert "Answer: $Answer" in str(kept[0].prompt)
     assert kept[0].sample_id != kept[2].sample_id  # identical rows get distinct, stable ids
@@ -113,11 +114,14 @@ def test_deepscaler_answer_column_with_the_solution_as_fallback() -> None:
 @pytest.mark.parametrize(
     ("env_class", "hub_name", "row"),
     [
-        (DapoMathEnvironment, DAPO_MATH_DATASET,
-         {"prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": "4"}}),
+        (
+            DapoMathEnvironment,
+            DAPO_MATH_DATASET,
+            {"prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": "4"}},
+        ),
         (DeepScalerEnvironment, DEEPSCALER_DATASET, {"problem": "What is 2+2?", "answer": "4", "solution": ""}),
     ],
-)  # fmt: skip
+)
 def test_the_hub_dataset_is_the_upstream_one(
     monkeypatch: pytest.MonkeyPatch, env_class: Any, hub_name: str, row: dict[str, Any]
 ) -> None:

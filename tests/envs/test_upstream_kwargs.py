@@ -65,11 +65,15 @@ def test_wordle_max_turns_is_the_number_of_guesses() -> None:
 
 
 def test_i3_code_takes_the_upstream_sandbox_names() -> None:
-    env = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"), provider="daytona", pool_size=10,
-                            memory_mb=512, disk_size_gb=1)  # fmt: skip
+    env = I3CodeEnvironment(
+        dataset_name=str(DATA / "i3_code.jsonl"), provider="daytona", pool_size=10, memory_mb=512, disk_size_gb=1
+    )
     assert (env.sandbox_provider, env.sandbox_pool_size, env.sandbox_memory_mb, env.sandbox_disk_mb) == (
-        "daytona", 10, 512, 1024,
-    )  # fmt: skip
+        "daytona",
+        10,
+        512,
+        1024,
+    )
     default = I3CodeEnvironment(dataset_name=str(DATA / "i3_code.jsonl"))
     assert (default.sandbox_provider, default.sandbox_pool_size, default.sandbox_disk_mb) == (
         None,

@@ -50,8 +50,16 @@ def shard_of(backend: Any) -> dict[str, Any]:
     }
 
 
-def train(model: str, backend_name: str, rank: int = 0, world_size: int = 1, *, steps: int = 2,
-          save: Path | None = None, **overrides: Any) -> dict[str, Any]:  # fmt: skip
+def train(
+    model: str,
+    backend_name: str,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    steps: int = 2,
+    save: Path | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
     """``steps`` trainer steps from the HF weights: per step the metrics, the weights before and after, and the
     gradients applied."""
     backend = make_backend(model, backend_name, **overrides)

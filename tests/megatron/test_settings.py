@@ -25,8 +25,13 @@ def test_the_package_registers_the_backend_and_its_fields() -> None:
 def test_settings_reach_the_backend(tiny_model: Path) -> None:
     from telescope.plugins.facade import get_plugins
 
-    config = tiny_trainer_config(tiny_model, train_backend="megatron", megatron_tensor_parallel_size=2,
-                                 trainer_num_workers=4, megatron_grad_reduce_in_fp32=False)  # fmt: skip
+    config = tiny_trainer_config(
+        tiny_model,
+        train_backend="megatron",
+        megatron_tensor_parallel_size=2,
+        trainer_num_workers=4,
+        megatron_grad_reduce_in_fp32=False,
+    )
     plugins = get_plugins()
     backend = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
     assert backend.megatron.megatron_tensor_parallel_size == 2  # type: ignore[attr-defined]

@@ -169,8 +169,15 @@ def test_two_minibatches_and_warmup_follow_fsdp(tiny_model: Path) -> None:
 
 
 def tp2_worker(rank: int, world_size: int, model: str, out: str) -> None:
-    result = one_step(model, "megatron", rank, world_size, megatron_tensor_parallel_size=2, trainer_num_workers=2,
-                      megatron_gradient_checkpointing=True)  # fmt: skip
+    result = one_step(
+        model,
+        "megatron",
+        rank,
+        world_size,
+        megatron_tensor_parallel_size=2,
+        trainer_num_workers=2,
+        megatron_gradient_checkpointing=True,
+    )
     if rank == 0:
         torch.save(result, out)
 
@@ -271,8 +278,10 @@ def four_ranks_worker(rank: int, world_size: int, model: str, out: str) -> None:
     from telescope.trainer.distributed import destroy_process_group, init_process_group
 
     init_process_group(rank, world_size, torch.device("cpu"))
-    runs = [{"megatron_pipeline_parallel_size": 2, "megatron_tensor_parallel_size": 2},  # TP inside each stage
-            {"megatron_pipeline_parallel_size": 2}]  # two pipelines, data parallel  # fmt: skip
+    runs = [
+        {"megatron_pipeline_parallel_size": 2, "megatron_tensor_parallel_size": 2},  # TP inside each stage
+        {"megatron_pipeline_parallel_size": 2},
+    ]  # two pipelines, data parallel
     steps = [one_step(model, "megatron", rank, world_size, trainer_num_workers=4, **run) for run in runs]
     if rank == 0:
         torch.save(steps, out)
@@ -329,8 +338,9 @@ def cp_combined_worker(rank: int, world_size: int, model: str, out: str) -> None
     from telescope.trainer.distributed import destroy_process_group, init_process_group
 
     init_process_group(rank, world_size, torch.device("cpu"))
-    steps = [one_step(model, "megatron", rank, world_size, trainer_num_workers=world_size, **run)
-             for run in CP_COMBINED_RUNS]  # fmt: skip
+    steps = [
+        one_step(model, "megatron", rank, world_size, trainer_num_workers=world_size, **run) for run in CP_COMBINED_RUNS
+    ]
     torch.save(steps, Path(out) / f"rank{rank}.pt")
     destroy_process_group()
 

@@ -117,6 +117,10 @@ def assert_same_parameters(stand_in: Any, sdk_function: Any) -> None:
     assert [p.name for p in mine] == [p.name for p in theirs[: len(mine)]], (
         f"{stand_in.__qualname__}{inspect.signature(stand_in)} != SDK {inspect.signature(sdk_function)}"
     )
-    extra = [p.name for p in theirs[len(mine) :] if p.default is inspect.Parameter.empty and p.kind not in (
-        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]  # fmt: skip
+    extra = [
+        p.name
+        for p in theirs[len(mine) :]
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     assert not extra, f"the SDK's {sdk_function.__qualname__} requires {extra}"

@@ -154,8 +154,10 @@ def write_blocks(run: Path, blocks: int, per_block: int = 8) -> None:
     store.set_status("running", step=0)
     for step in range(blocks):
         store.log_metrics(step, {"reward/mean": 0.5})
-        rollouts = [{"group_index": 0, "rollout_index": i, "prompt": f"p{step}", "completion": "c", "reward": 1.0}
-                    for i in range(per_block)]  # fmt: skip
+        rollouts = [
+            {"group_index": 0, "rollout_index": i, "prompt": f"p{step}", "completion": "c", "reward": 1.0}
+            for i in range(per_block)
+        ]
         store.log_rollouts(step, rollouts)
         store.set_status("running", step=step + 1)
     store.close()

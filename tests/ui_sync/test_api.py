@@ -148,8 +148,15 @@ def test_a_full_timeline_window_comes_with_its_density_per_lane(tmp_path: Path) 
     con = connect(":memory:")
     service = SyncService(con, [tmp_path / "busy"])
     for i in range(3000):  # 3,000 s of events on two servers, one in 100 failed
-        store.log_event({"kind": "inference.request", "start": 1000.0 + i, "duration_s": 0.5 + (i % 7) / 10,
-                         "server": i % 2, **({"error": "boom"} if i % 100 == 0 else {})})  # fmt: skip
+        store.log_event(
+            {
+                "kind": "inference.request",
+                "start": 1000.0 + i,
+                "duration_s": 0.5 + (i % 7) / 10,
+                "server": i % 2,
+                **({"error": "boom"} if i % 100 == 0 else {}),
+            }
+        )
         if i == 1504:  # the syncer reads the run in two parts, the cut inside a 10 s bin: its halves add up
             store.flush()
             service.sync_all()
@@ -194,11 +201,20 @@ def write_two_environment_run(run_dir: Path) -> Path:
     store.set_status("running", step=0)
     for step in range(3):
         store.log_metrics(step, {"reward/mean": 0.5, "grad_norm": 1.0 + step, "sample_metrics/correct/mean": 0.5})
-        store.log_rollouts(step, [
-            {"environment": env, "reward": float(env == "a"), "sample_metrics": {"correct": float(env == "a")},
-             "completion_tokens": 10 * (i + 1), "tags": {"level": "hard" if env == "a" else "easy"}, "group_index": i}
-            for i, env in enumerate("abab")
-        ])  # fmt: skip
+        store.log_rollouts(
+            step,
+            [
+                {
+                    "environment": env,
+                    "reward": float(env == "a"),
+                    "sample_metrics": {"correct": float(env == "a")},
+                    "completion_tokens": 10 * (i + 1),
+                    "tags": {"level": "hard" if env == "a" else "easy"},
+                    "group_index": i,
+                }
+                for i, env in enumerate("abab")
+            ],
+        )
     store.set_status("completed", step=3)
     store.close()
     return run_dir
@@ -211,8 +227,9 @@ def test_metrics_filtered_by_environment_and_tag_come_from_the_rollouts(tmp_path
     api = TestClient(create_app(con), base_url="http://localhost")
     rid = run_id_for(run)
     assert api.get("/api/metrics/filters", params={"runs": rid}).json() == {
-        "environments": ["a", "b"], "tags": ["level=easy", "level=hard"],
-    }  # fmt: skip
+        "environments": ["a", "b"],
+        "tags": ["level=easy", "level=hard"],
+    }
     names = "reward/mean,sample_metrics/correct/mean,tokens/completion/max,rollouts/count,grad_norm"
 
     def series(**filters: object) -> dict[str, tuple[list[float], bool]]:
@@ -241,9 +258,15 @@ def test_declared_ranges_come_from_the_config_and_the_run_metadata(tmp_path: Pat
 
     run = write_run(tmp_path / "runs" / "a", steps=1)
     ranges = {"correct": {"min": 0, "max": 1}}
-    (run / "metadata.json").write_text(json.dumps({"environments": [
-        {"name": "countdown", "reward_min": 0.0, "reward_max": 2.0, "metrics_ranges": ranges},
-    ]}))  # fmt: skip
+    (run / "metadata.json").write_text(
+        json.dumps(
+            {
+                "environments": [
+                    {"name": "countdown", "reward_min": 0.0, "reward_max": 2.0, "metrics_ranges": ranges},
+                ]
+            }
+        )
+    )
     con = connect(":memory:")
     SyncService(con, [tmp_path / "runs"]).sync_all()
     ranges = (
@@ -273,10 +296,15 @@ def test_code_snapshot_files_text_and_diff_between_runs(tmp_path: Path) -> None:
         assert api.get(f"/api/code/{ra}/file", params={"path": outside}).status_code == 403, outside
     assert api.get(f"/api/code/{ra}/file", params={"path": "missing.py"}).status_code == 404
     diff = api.get("/api/code-diff", params={"a": ra, "b": rb}).json()
-    assert diff["changed"] == [
-        {"path": "old.py", "status": "removed"}, {"path": "pkg/new.py", "status": "added"},
-        {"path": "pkg/train.py", "status": "modified"},
-    ] and diff["same"] == 1  # fmt: skip
+    assert (
+        diff["changed"]
+        == [
+            {"path": "old.py", "status": "removed"},
+            {"path": "pkg/new.py", "status": "added"},
+            {"path": "pkg/train.py", "status": "modified"},
+        ]
+        and diff["same"] == 1
+    )
     text = api.get("/api/code-diff", params={"a": ra, "b": rb, "path": "pkg/train.py"}).json()["diff"]
     assert "-lr = 1e-6\n+lr = 3e-6\n" in text and "--- a/pkg/train.py" in text
     import shutil
@@ -318,9 +346,17 @@ def test_pages_are_served_with_a_strict_content_security_policy(client: tuple[Te
 
 @pytest.mark.parametrize(
     ("host", "status"),
-    [("localhost:8005", 200), ("127.0.0.1", 200), ("[::1]:8005", 200), ("dash.example", 200),
-     ("evil.example", 400), ("evil.example:8005", 400), ("localhost:port", 400), ("", 400)],
-)  # fmt: skip
+    [
+        ("localhost:8005", 200),
+        ("127.0.0.1", 200),
+        ("[::1]:8005", 200),
+        ("dash.example", 200),
+        ("evil.example", 400),
+        ("evil.example:8005", 400),
+        ("localhost:port", 400),
+        ("", 400),
+    ],
+)
 def test_requests_naming_another_host_are_refused(tmp_path: Path, host: str, status: int) -> None:
     """DNS rebinding: a page of evil.example whose name resolves to 127.0.0.1 still sends its own name."""
     app = create_app(connect(":memory:"), hosts=allowed_hosts("127.0.0.1", ["dash.example"]))

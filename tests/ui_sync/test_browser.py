@@ -305,8 +305,15 @@ def write_dashboard_run(run_dir: Path, steps: int = 20) -> Path:
         0, [{"group_index": 0, "rollout_index": 0, "prompt": "p", "completion": completion, "reward": 1.0}]
     )
     for i in range(64):  # concurrent requests of server 0
-        store.log_event({"kind": "inference.request", "start": now - 60 + i * 0.01, "duration_s": 5.0,
-                         "component": "inference", "server": 0})  # fmt: skip
+        store.log_event(
+            {
+                "kind": "inference.request",
+                "start": now - 60 + i * 0.01,
+                "duration_s": 5.0,
+                "component": "inference",
+                "server": 0,
+            }
+        )
     for i in range(25):
         store.log_event({"kind": f"misc.kind{i:02d}", "start": now - 50 + i, "duration_s": 0.5, "component": "misc"})
     store.set_status("running", step=steps)

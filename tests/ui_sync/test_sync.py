@@ -263,8 +263,16 @@ def test_a_truncated_block_is_skipped_named_and_read_again_only_when_it_changes(
     warnings = [r for r in caplog.records if "block-000003" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     assert sorted(step for (step,) in con.execute("SELECT DISTINCT step FROM rollouts").fetchall()) == [
-        0, 1, 2, 4, 5, 6, 7, 8, 9,
-    ]  # fmt: skip
+        0,
+        1,
+        2,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+    ]
     block.write_bytes(good)  # repaired: read on the next pass
     assert service.sync_all()[rid].rows["rollouts"] == 8
     assert con.execute("SELECT count(*) FROM bad_blocks").fetchone()[0] == 0

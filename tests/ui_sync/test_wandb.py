@@ -87,13 +87,33 @@ def test_an_offline_run_of_the_wandb_logger_is_a_dashboard_run(tmp_path: Path, m
     assert logger.active, logger.failure
     logger.log_eval("countdown", 0, {"eval/countdown/reward_mean": 0.5}, phase="before")
     for step in range(3):
-        logger.log_event({"kind": "inference.request", "start": 10.0 + step, "duration_s": 0.5, "server": 1,
-                          "sample_id": f"s{step}", "finish_reason": "stop"})  # fmt: skip
-        logger.log_rollouts(step, [
-            {"step": step, "group_index": g, "sample_id": f"s{g}", "environment": "countdown", "prompt": "2+2?",
-             "completion": f"<answer>{g}</answer>", "reward": float(g), "advantage": g - 0.5, "completion_tokens": 4}
-            for g in range(2)
-        ])  # fmt: skip
+        logger.log_event(
+            {
+                "kind": "inference.request",
+                "start": 10.0 + step,
+                "duration_s": 0.5,
+                "server": 1,
+                "sample_id": f"s{step}",
+                "finish_reason": "stop",
+            }
+        )
+        logger.log_rollouts(
+            step,
+            [
+                {
+                    "step": step,
+                    "group_index": g,
+                    "sample_id": f"s{g}",
+                    "environment": "countdown",
+                    "prompt": "2+2?",
+                    "completion": f"<answer>{g}</answer>",
+                    "reward": float(g),
+                    "advantage": g - 0.5,
+                    "completion_tokens": 4,
+                }
+                for g in range(2)
+            ],
+        )
         logger.log_step(step, {"reward/mean": 0.5 + step, "grad_norm": 1.0})
     logger.close()
     assert logger.failure is None
@@ -156,8 +176,11 @@ def test_runs_of_the_wandb_api_are_dashboard_runs() -> None:
     client = TestClient(create_app(con, service), base_url="http://localhost")
     [listed] = client.get("/api/runs").json()["runs"]
     assert (listed["name"], listed["source"], listed["status"], listed["path"]) == (
-        "api-run", "wandb", "running", "wandb:team/telescope/abc123",
-    )  # fmt: skip
+        "api-run",
+        "wandb",
+        "running",
+        "wandb:team/telescope/abc123",
+    )
     run.history.append({"_step": 2, "_timestamp": 102.0, "reward/mean": 0.2})
     run.state = "finished"
     syncer = next(iter(service.syncers.values()))

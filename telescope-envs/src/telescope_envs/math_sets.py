@@ -109,9 +109,12 @@ class DapoMathEnvironment(MathEnvironment):
         add_thinking_prefix: bool = False,
     ) -> None:
         super().__init__(
-            dataset_name=dataset_name, dataset_split=dataset_split, dataset_subset=dataset_subset,
-            max_samples=max_samples, add_thinking_prefix=add_thinking_prefix,
-        )  # fmt: skip
+            dataset_name=dataset_name,
+            dataset_split=dataset_split,
+            dataset_subset=dataset_subset,
+            max_samples=max_samples,
+            add_thinking_prefix=add_thinking_prefix,
+        )
         self.deduplicate = deduplicate
         self.strip_dataset_instructions = strip_dataset_instructions
 
@@ -172,7 +175,12 @@ class DeepScalerEnvironment(MathEnvironment):
         add_thinking_prefix: bool = False,
     ) -> None:
         super().__init__(
-            dataset_name=dataset_name, dataset_split=dataset_split, dataset_subset=dataset_subset,
-            problem_column="problem", answer_column="answer", solution_column="solution", max_samples=max_samples,
+            dataset_name=dataset_name,
+            dataset_split=dataset_split,
+            dataset_subset=dataset_subset,
+            problem_column="problem",
+            answer_column="answer",
+            solution_column="solution",
+            max_samples=max_samples,
             add_thinking_prefix=add_thinking_prefix,
-        )  # fmt: skip
+        )

@@ -241,8 +241,11 @@ class MegatronBackend(FSDPBackend):
 
     def _check_divisible(self, tp: int, pp: int, ep: int) -> None:
         s = self.shape
-        sizes = {"num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_query_groups,
-                 "vocab_size": s.vocab_size}  # fmt: skip
+        sizes = {
+            "num_attention_heads": s.num_attention_heads,
+            "num_key_value_heads": s.num_query_groups,
+            "vocab_size": s.vocab_size,
+        }
         if s.num_experts:  # each expert's MLP is split over the tensor-parallel ranks as the dense one
             sizes["moe_intermediate_size"] = int(self.hf_config.moe_intermediate_size)
         if ep > 1 and not s.num_experts:

@@ -52,8 +52,15 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
         "model": backend.context.model,
         "model_dtype": backend.context.model_dtype,
     }
-    ckpt.write_checkpoint(path, rank=backend.global_rank, weights=weights, save_config=save_config,
-                          main_files=main_files, rank_files=rank_files, meta=meta)  # fmt: skip
+    ckpt.write_checkpoint(
+        path,
+        rank=backend.global_rank,
+        weights=weights,
+        save_config=save_config,
+        main_files=main_files,
+        rank_files=rank_files,
+        meta=meta,
+    )
 
 
 def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, Any]:
@@ -68,10 +75,13 @@ def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, 
     backend._load_hf_state({k: v.to(backend.device) for k, v in hf_state.items()})
     shard_file = folder / "optimizer" / f"rank_{backend.global_rank}.pt"
     if meta.get("training_state") and shard_file.exists():
-        layout = (meta.get("world_size"), meta.get("megatron_tensor_parallel_size"),
-                  meta.get("megatron_pipeline_parallel_size", 1),
-                  meta.get("megatron_expert_parallel_size", 1),
-                  meta.get("megatron_use_distributed_optimizer", False))  # fmt: skip
+        layout = (
+            meta.get("world_size"),
+            meta.get("megatron_tensor_parallel_size"),
+            meta.get("megatron_pipeline_parallel_size", 1),
+            meta.get("megatron_expert_parallel_size", 1),
+            meta.get("megatron_use_distributed_optimizer", False),
+        )
         here = (
             backend.global_world_size,
             backend.tp_size,

@@ -101,8 +101,11 @@ class MegatronSettings(PluginSettings):
         tp, pp = settings.megatron_tensor_parallel_size, settings.megatron_pipeline_parallel_size
         # the dense layout (TP x CP x DP x PP) and megatron-core's expert layout (TP x EP x expert DP x PP)
         for third in ("megatron_context_parallel_size", "megatron_expert_parallel_size"):
-            sizes = {"megatron_tensor_parallel_size": tp, "megatron_pipeline_parallel_size": pp,
-                     third: getattr(settings, third)}  # fmt: skip
+            sizes = {
+                "megatron_tensor_parallel_size": tp,
+                "megatron_pipeline_parallel_size": pp,
+                third: getattr(settings, third),
+            }
             if config.trainer_num_workers % math.prod(sizes.values()) == 0 or (problems and sizes[third] == 1):
                 continue  # EP 1: the expert layout asks nothing the dense one has not (reported once)
             named = [name for name, size in sizes.items() if size > 1 or name == "megatron_tensor_parallel_size"]

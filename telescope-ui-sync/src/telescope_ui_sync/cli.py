@@ -92,9 +92,17 @@ def ui_command(
         )
     db = (db_path or default_db_path()).expanduser()
     wandb_api = _wandb_api() if wandb_projects else None
-    serve(roots, db_path=db, host=host, port=port, poll_interval=poll_interval, open_browser=open_browser,
-          wandb_api=wandb_api, wandb_projects=wandb_projects if wandb_api is not None else (),
-          allow_hosts=allow_hosts)  # fmt: skip
+    serve(
+        roots,
+        db_path=db,
+        host=host,
+        port=port,
+        poll_interval=poll_interval,
+        open_browser=open_browser,
+        wandb_api=wandb_api,
+        wandb_projects=wandb_projects if wandb_api is not None else (),
+        allow_hosts=allow_hosts,
+    )
 
 
 def _wandb_api() -> object | None:

@@ -233,10 +233,13 @@ def seq_inputs(**kwargs: object) -> LossInputs:
     log_ratio = [0.1, 0.1, 5.0, 0.3, 0.1, -0.3, -0.1, -0.5]
     lp = [-1.0 - 0.1 * i for i in range(8)]
     return loss_inputs(
-        lp, [1.0] * 8, [True, True, False, True, True, True, True, True],
-        inference_logprobs=[x - r for x, r in zip(lp, log_ratio, strict=True)], sequence_ids=[0, 0, 0, 1, 1, 2, 2, 3],
+        lp,
+        [1.0] * 8,
+        [True, True, False, True, True, True, True, True],
+        inference_logprobs=[x - r for x, r in zip(lp, log_ratio, strict=True)],
+        sequence_ids=[0, 0, 0, 1, 1, 2, 2, 3],
         **kwargs,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 def test_sequence_is_masking_drops_whole_sequences() -> None:

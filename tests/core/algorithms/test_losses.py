@@ -67,9 +67,11 @@ def test_gspo_sequence_ratio() -> None:
     #   gradient -s A / 2 = 0.745912
     # seq 2: [0.5, 0.3], A = 1 -> clipped at 1.2: per token -0.6, gradient 0
     inputs = loss_inputs(
-        [0.2, 0.0, 0.5, 0.3, 0.5, 0.3], [1.0, 1.0, -1.0, -1.0, 1.0, 1.0],
-        ref_logprobs=[0.0] * 6, sequence_ids=[0, 0, 1, 1, 2, 2],
-    )  # fmt: skip
+        [0.2, 0.0, 0.5, 0.3, 0.5, 0.3],
+        [1.0, 1.0, -1.0, -1.0, 1.0, 1.0],
+        ref_logprobs=[0.0] * 6,
+        sequence_ids=[0, 0, 1, 1, 2, 2],
+    )
     algorithm = GSPO(CLIP)
     values, grads = grad_of(algorithm, inputs)
     assert values == pytest.approx([-0.552585, -0.552585, 0.745912, 0.745912, -0.6, -0.6], rel=1e-5)

@@ -71,18 +71,26 @@ def test_config_defaults_prints_the_defaults_file(capsys: pytest.CaptureFixture[
         ("environments: [{name: countdown}]\nseed: 1\nseed: 2\n", [], "duplicate key 'seed' at the top level"),
         ("environments: [{name: countdown, kwargs: {seed: 1, seed: 2}}]\n", [], "in environments[0].kwargs"),
         ("environments: [{name: countdown}]\n", ["--learning_rate"], "--learning_rate needs a value"),
-        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-            f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
-        ), [], "alias bomb"),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+            ),
+            [],
+            "alias bomb",
+        ),
         (b"environments: [{name: countdown}]\nwandb_run_name: caf\xe9\n", [], "c.yaml:2:20: not UTF-8"),
         ("", [], "c.yaml is empty"),
         ("# nothing yet\n", [], "needs at least `environments:`"),
-        ("environments: [{name: countdown}]\nwandb_run_name: 2024-01-01\n", [],
-         'c.yaml:2): YAML reads 2024-01-01 as a date, but wandb_run_name takes text; quote it'),
+        (
+            "environments: [{name: countdown}]\nwandb_run_name: 2024-01-01\n",
+            [],
+            "c.yaml:2): YAML reads 2024-01-01 as a date, but wandb_run_name takes text; quote it",
+        ),
         ("environments: [{name: countdown}]\nx: " + "[" * 30000 + "]" * 30000 + "\n", [], "nesting deeper than"),
         ("environments: [{name: countdown}]\nwandb_run_name: 2024-02-30\n", [], "c.yaml:2:17: '2024-02-30'"),
     ],
-)  # fmt: skip
+)
 def test_user_errors_exit_2_with_one_message_and_no_traceback(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | bytes | None, args: list[str], expected: str
 ) -> None:
@@ -133,8 +141,12 @@ def test_console_script_exit_code(tmp_path: Path) -> None:
     telescope = Path(sys.executable).parent / "telescope"
     if not telescope.exists():
         pytest.skip("the telescope console script is not installed beside this interpreter")
-    result = subprocess.run([str(telescope), "config", "validate", str(tmp_path / "missing.yaml")],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [str(telescope), "config", "validate", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
 
@@ -152,6 +164,7 @@ def test_run_returns_the_loop_exit_code(capsys: pytest.CaptureFixture[str], monk
 @NEEDS_ENVS
 def test_eval_without_a_checkpoint_is_a_user_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")  # a run directory's config is not a model
-    code, _, err = run_cli(capsys, "eval", str(EXAMPLE), str(tmp_path), "--evals", "[{name: countdown}]",
-                           "--inference_num_workers", "2")  # fmt: skip
+    code, _, err = run_cli(
+        capsys, "eval", str(EXAMPLE), str(tmp_path), "--evals", "[{name: countdown}]", "--inference_num_workers", "2"
+    )
     assert code == 2 and err.startswith("error: no checkpoint at") and "Traceback" not in err

@@ -71,8 +71,10 @@ def test_a_value_not_shaped_like_a_hub_id_is_a_path(hf_cache: Path, tmp_path: Pa
 
 
 def test_model_checks_import_no_torch() -> None:
-    probe = "import sys; from telescope.config.checks import model_problems; model_problems('tiny:test'); " \
-            "print('torch' in sys.modules)"  # fmt: skip
+    probe = (
+        "import sys; from telescope.config.checks import model_problems; model_problems('tiny:test'); "
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 

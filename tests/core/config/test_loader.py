@@ -67,13 +67,17 @@ def test_override_lists_dicts_and_bare_flags(tmp_path: Path) -> None:
     loaded = load_config(
         write(tmp_path, MINIMAL),
         [
-            "--wandb_tags", "[a, b]",
-            "--ray_runtime_env", '{"env_vars": {"X": "1"}}',
+            "--wandb_tags",
+            "[a, b]",
+            "--ray_runtime_env",
+            '{"env_vars": {"X": "1"}}',
             "--use_tis",
-            "--ppo_clip_ref_logprobs", "batch",
-            "--environments", "[{name: countdown, weight: 2}]",
+            "--ppo_clip_ref_logprobs",
+            "batch",
+            "--environments",
+            "[{name: countdown, weight: 2}]",
         ],
-    )  # fmt: skip
+    )
     c = loaded.config
     assert c.wandb_tags == ["a", "b"]
     assert c.ray_runtime_env == {"env_vars": {"X": "1"}}
@@ -147,8 +151,11 @@ def test_missing_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:
 
 
 def test_nested_problems_name_the_line_they_are_on(tmp_path: Path) -> None:
-    path = write(tmp_path, "seed: 1\nenvironments:\n  - name: countdown\n  - name: wordle\n    weight: heavy\n"
-                           "    wieght: 2\nevals:\n  - {name: countdown, eval_every: 0}\n")  # fmt: skip
+    path = write(
+        tmp_path,
+        "seed: 1\nenvironments:\n  - name: countdown\n  - name: wordle\n    weight: heavy\n"
+        "    wieght: 2\nevals:\n  - {name: countdown, eval_every: 0}\n",
+    )
     text = "\n".join(problems_of(path))
     assert f"environments[1].weight = 'heavy' ({path}:5)" in text
     assert f"unknown key 'environments[1].wieght' ({path}:6)" in text
@@ -187,9 +194,20 @@ def test_unknown_plugin_names_list_the_registered_ones(tmp_path: Path) -> None:
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
     problems = problems_of(
         write(tmp_path, MINIMAL),
-        ["--max_tokens", "5000", "--algorithm", "cispo", "--use_ppo_clip", "--inference_num_workers", "3",
-         "--inference_tensor_parallel_size", "2", "--inference_backend", "vllm"],
-    )  # fmt: skip
+        [
+            "--max_tokens",
+            "5000",
+            "--algorithm",
+            "cispo",
+            "--use_ppo_clip",
+            "--inference_num_workers",
+            "3",
+            "--inference_tensor_parallel_size",
+            "2",
+            "--inference_backend",
+            "vllm",
+        ],
+    )
     assert len(problems) == 3
 
 
@@ -204,8 +222,10 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         (["--algorithm", "sapo", "--use_tis"], "use_tis=true with algorithm='sapo'"),
         (["--algorithm", "reinforce_pp", "--advantage_norm", "group"], "requires 'batch'"),
         (["--inference_num_workers", "3", "--inference_tensor_parallel_size", "2"], "must be divisible by"),
-        (["--enable_individual_sample_lanes", "false", "--free_lane_after_generation", "true"],
-         "free_lane_after_generation=true requires enable_individual_sample_lanes=true"),
+        (
+            ["--enable_individual_sample_lanes", "false", "--free_lane_after_generation", "true"],
+            "free_lane_after_generation=true requires enable_individual_sample_lanes=true",
+        ),
         (["--environments", "[]"], "at least one environment is required"),
         (["--temperature", "0"], "temperature = 0"),
         (["--group_size", "1"], "group_size must be at least 2"),
@@ -213,7 +233,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         (["--seq_len", "2048"], "seq_len (2048) must be at least max_model_len (4096)"),
         (["--evals", "[{name: countdown}]", "--inference_num_workers", "1"], "eval_num_servers (1) must leave"),
     ],
-)  # fmt: skip
+)
 def test_cross_field_rules_name_the_fields(tmp_path: Path, overrides: list[str], expected: str) -> None:
     problems = problems_of(write(tmp_path, MINIMAL), overrides)
     assert any(expected in p for p in problems), problems

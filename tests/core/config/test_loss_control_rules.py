@@ -45,7 +45,7 @@ def problems(tmp_path: Path, overrides: list[str]) -> list[str]:
         (["--seq_is_mask_low", "1.0"], "seq_is_mask_low"),
         (["--seq_is_mask_high", "1.0"], "seq_is_mask_high"),
     ],
-)  # fmt: skip
+)
 def test_invalid_loss_controls_are_rejected(tmp_path: Path, overrides: list[str], expected: str) -> None:
     found = problems(tmp_path, overrides)
     assert any(expected in p for p in found), found
@@ -55,10 +55,30 @@ def test_invalid_loss_controls_are_rejected(tmp_path: Path, overrides: list[str]
 def test_valid_loss_controls_reach_the_algorithm_config(tmp_path: Path) -> None:
     config = load(
         tmp_path,
-        ["--use_ppo_clip", "--ppo_clip_ref_logprobs", "batch", "--clip_ratio_c", "3", "--use_tis",
-         "--tis_mode", "icepop", "--tis_floor", "0.5", "--kl_penalty_tau", "0.01", "--kl_estimator", "k3",
-         "--entropy_coef", "0.001", "--seq_is_masking", "--seq_is_mask_low", "0.5", "--seq_is_mask_high", "2"],
-    ).config  # fmt: skip
+        [
+            "--use_ppo_clip",
+            "--ppo_clip_ref_logprobs",
+            "batch",
+            "--clip_ratio_c",
+            "3",
+            "--use_tis",
+            "--tis_mode",
+            "icepop",
+            "--tis_floor",
+            "0.5",
+            "--kl_penalty_tau",
+            "0.01",
+            "--kl_estimator",
+            "k3",
+            "--entropy_coef",
+            "0.001",
+            "--seq_is_masking",
+            "--seq_is_mask_low",
+            "0.5",
+            "--seq_is_mask_high",
+            "2",
+        ],
+    ).config
     algo = AlgorithmConfig.from_config(config)
     assert (algo.clip_ratio_c, algo.tis_mode, algo.tis_floor) == (3.0, "icepop", 0.5)
     assert (algo.kl_penalty_tau, algo.kl_estimator, algo.entropy_coef) == (0.01, "k3", 0.001)

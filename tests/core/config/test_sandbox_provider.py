@@ -97,9 +97,17 @@ def problems_of(*args: str) -> str:
 
 
 def test_the_run_context_carries_the_provider_to_every_environment(demo: Path) -> None:
-    config = load_config(None, ["--environments", "[{name: code_env}, {name: code_env, kwargs: "
-                                "{sandbox_provider: fake_local}}]", "--sandbox_provider", "local",
-                                "--evals", "[{name: code_env, num_samples: 2}]"]).config  # fmt: skip
+    config = load_config(
+        None,
+        [
+            "--environments",
+            "[{name: code_env}, {name: code_env, kwargs: {sandbox_provider: fake_local}}]",
+            "--sandbox_provider",
+            "local",
+            "--evals",
+            "[{name: code_env, num_samples: 2}]",
+        ],
+    ).config
     first, second = (slot.environment for slot in build_slots(config, get_plugins()))
     assert first.context == EnvironmentContext(sandbox_provider="local") and first.provider_name == "local"
     assert second.provider_name == "fake_local"  # the environment's own keyword wins
@@ -121,8 +129,12 @@ def test_a_provider_whose_sdk_is_missing_is_an_error_at_validate_time(demo: Path
     assert "pip install 'demo-sandbox[remote]'" in message
     # an installed one validates, and an environment's installed override wins over a missing run provider
     load_config(None, ["--environments", "[{name: code_env}]", "--sandbox_provider", "fake_local"])
-    message = problems_of("--environments", "[{name: code_env, kwargs: {sandbox_provider: fake_local}}]",
-                          "--sandbox_provider", "fake_remote")  # fmt: skip
+    message = problems_of(
+        "--environments",
+        "[{name: code_env, kwargs: {sandbox_provider: fake_local}}]",
+        "--sandbox_provider",
+        "fake_remote",
+    )
     assert message.count("is not installed") == 1 and "environments[0]" not in message
 
 

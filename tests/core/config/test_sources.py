@@ -229,8 +229,13 @@ def test_field_kinds_come_from_a_callback() -> None:
 
     of = schema_field_kind(TelescopeConfig)
     assert [of(n) for n in ("use_tis", "resume_from_checkpoint", "model", "chat_template", "seed", "x")] == [
-        "bool", "bool", "text", "text", "other", "unknown",
-    ]  # fmt: skip
+        "bool",
+        "bool",
+        "text",
+        "text",
+        "other",
+        "unknown",
+    ]
 
 
 def test_cli_values_get_the_same_yaml_checks() -> None:

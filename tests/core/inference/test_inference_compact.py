@@ -112,8 +112,9 @@ def test_seeded_rows_keep_their_draws_next_to_unseeded_rows() -> None:
     from telescope.inference.embedded.sampling import make_generator, sample
 
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
-    mixed = sample(logits, [1.0] * 4, [1.0] * 4, [make_generator(1), None, make_generator(2), None],
-                   generator=make_generator(9))  # fmt: skip
+    mixed = sample(
+        logits, [1.0] * 4, [1.0] * 4, [make_generator(1), None, make_generator(2), None], generator=make_generator(9)
+    )
     alone = [sample(logits[i : i + 1], [1.0], [1.0], [make_generator(s)]) for i, s in ((0, 1), (2, 2))]
     assert [mixed.token_ids[0], mixed.token_ids[2]] == [a.token_ids[0] for a in alone]
     logp = torch.log_softmax(logits, dim=-1)

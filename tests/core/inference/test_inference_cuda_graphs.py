@@ -69,9 +69,14 @@ def test_graphs_need_a_cuda_device(tiny_model_path: Path) -> None:
 
 def _engine(path: Path, graphs: bool, dtype: str = "float32", max_num_seqs: int = 8) -> Engine:
     settings = EngineSettings(
-        model_path=str(path), device="cuda", dtype=dtype, max_model_len=512, max_num_seqs=max_num_seqs,
-        forward="compact", cuda_graphs=graphs,
-    )  # fmt: skip
+        model_path=str(path),
+        device="cuda",
+        dtype=dtype,
+        max_model_len=512,
+        max_num_seqs=max_num_seqs,
+        forward="compact",
+        cuda_graphs=graphs,
+    )
     return Engine(settings).start()
 
 

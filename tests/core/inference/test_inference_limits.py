@@ -172,8 +172,9 @@ def test_engine_settings_from_the_context(tiny_model_path: Path) -> None:
 
 def test_vllm_gets_the_flags() -> None:
     settings = VLLMSettings()
-    flags = serve_command(context(max_num_seqs=48, max_num_batched_tokens=8192), 0, settings, model_path="m",
-                          executable="vllm")  # fmt: skip
+    flags = serve_command(
+        context(max_num_seqs=48, max_num_batched_tokens=8192), 0, settings, model_path="m", executable="vllm"
+    )
     pairs = dict(zip(flags[3::2], flags[4::2], strict=False))
     assert pairs["--max-num-seqs"] == "48" and pairs["--max-num-batched-tokens"] == "8192"
     plain = serve_command(context(), 0, settings, model_path="m", executable="vllm")

@@ -28,7 +28,7 @@ def test_scraping_the_embedded_server(server: Any, engine: Any) -> None:
         "vllm:prefix_cache_hits_total",
         "vllm:request_success_total",
     ):
-        assert name in metrics, name  # fmt: skip
+        assert name in metrics, name
     assert metrics["vllm:prefix_cache_hits_total"] == 0.0  # no two prompts alike
     assert metrics["vllm:prefix_cache_queries_total"] == metrics["vllm:prompt_tokens_total"] == 12
     # one first token per request, then 5 inter-token gaps per 6-token sequence (a fresh engine in this module)

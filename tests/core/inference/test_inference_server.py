@@ -307,8 +307,15 @@ def test_engine_steps_and_batched_tokens_count_every_forward(server: ServerThrea
 def test_batch_route_answers_each_request_on_its_own_line(server: ServerThread, engine: Engine) -> None:
     """Each request of a batch is its own engine request: its own id, seed and finish; a refused one gets
     its error line and the others still run; the same seed gives the single route's tokens."""
-    short = {"prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True, "seed": 3, "return_token_ids": True,
-             "logprobs": 0, "request_id": "short"}  # fmt: skip
+    short = {
+        "prompt": [5, 6, 7],
+        "max_tokens": 2,
+        "ignore_eos": True,
+        "seed": 3,
+        "return_token_ids": True,
+        "logprobs": 0,
+        "request_id": "short",
+    }
     long = {**short, "max_tokens": 12, "seed": 4, "request_id": "long"}
     wrong_model = {**short, "model": "no-such-model", "request_id": "refused"}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:

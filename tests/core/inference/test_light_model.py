@@ -22,8 +22,15 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 from telescope.inference.embedded.compact import CompactDecoder
 from telescope.inference.embedded.light_model import LightCausalLM, load_light_model
 
-SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+SIZES = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 LINEAR_ROPE = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}
 FAMILIES: dict[str, Any] = {
@@ -52,8 +59,9 @@ def compact_logits(model: Any, prompts: list[list[int]]) -> torch.Tensor:
     with torch.inference_mode():
         cache = decoder.new_cache(len(prompts), 8)
         width = max(len(p) for p in prompts)
-        prefill = decoder.forward(cache, torch.tensor([p + [0] * (width - len(p)) for p in prompts]),
-                                  [len(p) for p in prompts])  # fmt: skip
+        prefill = decoder.forward(
+            cache, torch.tensor([p + [0] * (width - len(p)) for p in prompts]), [len(p) for p in prompts]
+        )
         step = decoder.forward(cache, torch.tensor([[7]] * len(prompts)), [1] * len(prompts))
     return torch.cat([prefill, step])
 
@@ -70,8 +78,9 @@ def test_the_light_tree_is_the_transformers_model_for_the_compact_forward(family
     tied = light.lm_head.weight is light.model.embed_tokens.weight
     assert tied == bool(FAMILIES[family].tie_word_embeddings)
     positions = torch.arange(65).unsqueeze(0)
-    for got, want in zip(light.model.rotary_emb(torch.zeros(1), positions),
-                         hf.model.rotary_emb(torch.zeros(1), positions), strict=True):  # fmt: skip
+    for got, want in zip(
+        light.model.rotary_emb(torch.zeros(1), positions), hf.model.rotary_emb(torch.zeros(1), positions), strict=True
+    ):
         assert torch.equal(got, want)
     prompts = [[5, 6, 7, 8, 9], [40, 41, 42], [11]]
     assert torch.equal(compact_logits(light, prompts), compact_logits(hf, prompts))
@@ -93,8 +102,7 @@ def test_a_sharded_checkpoint_loads_through_its_index(tmp_path: Path) -> None:
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     light, reason = load_light_model(str(tmp_path / "sharded"), torch.float32)
     assert light is not None, reason
-    assert all(torch.equal(a, b) for a, b in zip(light.state_dict().values(), model.state_dict().values(),
-                                                 strict=True))  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(light.state_dict().values(), model.state_dict().values(), strict=True))
 
 
 def edit_config(path: Path, **changes: Any) -> None:

@@ -163,11 +163,15 @@ def test_an_invalid_request_gets_its_own_error_line(server: ServerThread) -> Non
 
 
 ANSWER = {
-    "id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
-    "choices": [{"index": 0, "text": "", "token_ids": [4], "logprobs": {"token_logprobs": [-0.5]},
-                 "finish_reason": "length"}],
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {"index": 0, "text": "", "token_ids": [4], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length"}
+    ],
     "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
-}  # fmt: skip
+}
 
 
 async def _raw_server(respond: Any) -> tuple[asyncio.Server, str, list[bytes]]:
@@ -271,10 +275,14 @@ def test_a_batch_answer_that_ends_early_fails_the_missing_requests_as_a_transpor
 
 @pytest.mark.parametrize(
     "line",
-    [b"{}", b"not json", json.dumps({"index": 2, "status": 200, "response": ANSWER}).encode(),
-     json.dumps({"index": -1, "status": 200, "response": ANSWER}).encode()],
+    [
+        b"{}",
+        b"not json",
+        json.dumps({"index": 2, "status": 200, "response": ANSWER}).encode(),
+        json.dumps({"index": -1, "status": 200, "response": ANSWER}).encode(),
+    ],
     ids=["no-index", "not-json", "index-past-the-batch", "negative-index"],
-)  # fmt: skip
+)
 def test_a_malformed_line_in_the_batch_answer_is_a_transport_error(line: bytes) -> None:
     """A line that names no request of the batch fails the batch as a transport error (the scheduler then
     re-dispatches), never another request's answer or an unmapped exception."""

@@ -91,9 +91,15 @@ class FakeServices:
         return self.servers
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         version = self.server_versions.get(server, self.version)
         record = {"server": server, "seed": seed, "version": version, "priority": priority, **events.current_context()}
         self.requests.append(record)

@@ -28,9 +28,13 @@ def main() -> None:
         float(sys.argv[5]),
     )
     config = loop_config(
-        run_dir.parent, run_dir=str(run_dir), number_of_steps=steps, checkpoint_every=every,
-        resume_from_checkpoint=resume == "resume", advantage_norm="group",
-    )  # fmt: skip
+        run_dir.parent,
+        run_dir=str(run_dir),
+        number_of_steps=steps,
+        checkpoint_every=every,
+        resume_from_checkpoint=resume == "resume",
+        advantage_norm="group",
+    )
     registry = Registry()
     Registrar(registry, PluginKind.ENVIRONMENT, "t", "t", "0")("parity", ParityEnvironment)
     Registrar(registry, PluginKind.ALGORITHM, "t", "t", "0")("grpo", "telescope.algorithms.grpo:GRPO")

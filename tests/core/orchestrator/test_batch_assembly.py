@@ -63,8 +63,13 @@ def make_scheduler(tmp_path: Path, renderer: ChatRenderer, fake: LongTailed, **o
     registry = Registry()
     Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", ParityEnvironment)
     Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
-    values = {"advantage_norm": "group", "discard_group_zero_advantage": False, "group_size": 2,
-              "max_concurrent_prompts_per_server": 64, **overrides}  # fmt: skip
+    values = {
+        "advantage_norm": "group",
+        "discard_group_zero_advantage": False,
+        "group_size": 2,
+        "max_concurrent_prompts_per_server": 64,
+        **overrides,
+    }
     config = loop_config(tmp_path, **values)
     prompts = build_prompt_source(config, build_slots(config, plugins_for(registry)), renderer)
     return RolloutScheduler(config, prompts, renderer, fake, [0, 1], status_interval_s=1.0)
@@ -227,8 +232,11 @@ def test_groups_cancelled_while_waiting_to_be_accounted_end_with_an_event(
     finally:
         unsubscribe()
     dispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_dispatched"}
-    ended = [e["group_id"] for e in seen if e["kind"] in (
-        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    ended = [
+        e["group_id"]
+        for e in seen
+        if e["kind"] in ("orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")
+    ]
     assert dispatched and sorted(ended) == sorted(dispatched)
 
 
@@ -311,8 +319,11 @@ def test_a_group_cancelled_on_its_way_to_the_redispatch_queue_ends_with_an_event
         unsubscribe()
     redispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_redispatched"}
     dispatched = {e["group_id"] for e in seen if e["kind"] == "orchestrator.group_dispatched"}
-    ended = [e["group_id"] for e in seen if e["kind"] in (
-        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    ended = [
+        e["group_id"]
+        for e in seen
+        if e["kind"] in ("orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")
+    ]
     assert redispatched, "no group met the failing server"
     assert sorted(ended) == sorted(dispatched)
 

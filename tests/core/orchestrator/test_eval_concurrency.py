@@ -33,9 +33,10 @@ class Sink:
 @pytest.mark.parametrize("limit", [1, 3])
 def test_each_server_holds_at_most_the_limit(tmp_path: Path, limit: int) -> None:
     config = loop_config(
-        tmp_path, evals=[{"name": "parity", "num_samples": 12, "pass_k": {"k": [1], "n": 2}}],
+        tmp_path,
+        evals=[{"name": "parity", "num_samples": 12, "pass_k": {"k": [1], "n": 2}}],
         max_concurrent_prompts_per_server=32,
-    )  # fmt: skip
+    )
     servers = FakeServices(servers=2, delay_s=0.001, server_delay_s={1: 0.03})  # rollouts pile up on server 1
     renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
     runner = EvalRunner(config, plugins_for(registry_with_parity()), renderer, servers, Sink(), per_server_limit=limit)

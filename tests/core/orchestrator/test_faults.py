@@ -6,17 +6,15 @@
 - a trainer failure restarts the trainer group from the last checkpoint (or fails, saying how to resume);
 - a crash in the middle of a checkpoint save leaves the previous checkpoint usable: the run resumes from it;
 - a run whose groups are all zero-advantage stops after a bound and says why;
-- a run whose reward always raises stops after a bound with the reward's own error and where it was raised;
-- the watchdog names what is stuck (a server, the trainer, an environment call, a sandbox command) in
-  status.json and fails the run.
+- a run whose reward always raises stops after a bound with the reward's own error and where it was raised.
 
-The same code paths with Ray, real servers and real trainer ranks: tests/e2e/test_faults_on_ray.py.
+The watchdog's reports: test_watchdog_reports.py. The same code paths with Ray, real servers and
+real trainer ranks: tests/e2e/test_faults_on_ray.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +26,6 @@ import pytest
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message, RewardResult, Sample, TrainingBatch
 from telescope.models.tiny import PRESETS, build_tokenizer
-from telescope.orchestrator.assembly import build_orchestrator
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.deadlines import OperationTimeout, running_calls, timeout_kind
 from telescope.orchestrator.group_records import NoLearningSignal
@@ -36,14 +33,11 @@ from telescope.orchestrator.group_streaks import AllRolloutsErrored
 from telescope.orchestrator.orchestrator import TrainerLost
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
 from telescope.orchestrator.services import SamplingSettings, ServerPool, TrainerFailure
-from telescope.orchestrator.watchdog import StuckError
-from telescope.plugins.registry import PluginKind, Registrar, Registry
-from telescope.recording import events
 from telescope.recording.run_reader import RunReader
-from telescope.recording.run_store import RunStore
 from telescope.trainer import checkpoint as trainer_ckpt
 
-from .fakes import FakeServices, ParityEnvironment, loop_config, plugins_for
+from .fakes import FakeServices, ParityEnvironment
+from .fault_loop import HANG_GUARD, run_loop, total
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,41 +78,6 @@ class RaisingReward(ParityEnvironment):
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         raise KeyError("no field 'target' in this sample")
 
-
-def registry_with(environment: type) -> Registry:
-    registry = Registry()
-    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", environment)
-    Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
-    return registry
-
-
-def run_loop(
-    tmp_path: Path, tokenizer: Any, services: FakeServices, environment: type = ParityEnvironment, **overrides: Any
-) -> RunReader:
-    overrides.setdefault("advantage_norm", "group")
-    config = loop_config(tmp_path, **overrides)
-    services.checkpoint_root = Path(config.run_dir or "") / "checkpoints"
-    store = RunStore(Path(config.run_dir or ""))
-    stop_capture = store.capture_events()
-    run = build_orchestrator(
-        config, services, services, plugins=plugins_for(registry_with(environment)), tokenizer=tokenizer, store=store
-    )
-    try:
-        asyncio.run(run.run())
-    finally:
-        run.prompts.close()
-        stop_capture()
-        store.close()
-    return RunReader(Path(config.run_dir or ""))
-
-
-def total(reader: RunReader, key: str) -> float:
-    return sum(float(m.get(key, 0.0)) for m in reader.metrics())
-
-
-#: A fault that is not handled shows as a hang, not as a slow test: these tests assert the event
-#: (a timeout raised, the run stopped) and leave the clock to this guard, generous for a busy machine.
-HANG_GUARD = pytest.mark.timeout(180)
 
 # ------------------------------------------------------------------ hangs
 
@@ -164,9 +123,17 @@ def test_a_hanging_environment_step_is_timed_out(tokenizer: Any) -> None:
 
     limits = RolloutLimits(max_tokens=16, max_model_len=512, environment_step_timeout_s=0.2)
     rollout = asyncio.run(
-        run_rollout(env, sample, messages, renderer.prompt_ids(messages), renderer=renderer, generate=generate,
-                    policy_version=lambda: 0, limits=limits)
-    )  # fmt: skip
+        run_rollout(
+            env,
+            sample,
+            messages,
+            renderer.prompt_ids(messages),
+            renderer=renderer,
+            generate=generate,
+            policy_version=lambda: 0,
+            limits=limits,
+        )
+    )
     assert timeout_kind(rollout.error) == "environment_step", rollout.error
     assert "env_response of sample '0'" in (rollout.error or "")
     assert len(rollout.turns) == 2 and rollout.reward is not None and rollout.reward.total_reward == 0.0
@@ -226,8 +193,16 @@ class DyingServer(FakeServices):
     def is_available(self, server: int) -> bool:
         return not (server == 1 and self.down_until is not None and time.monotonic() < self.down_until)
 
-    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
-                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+    async def generate(
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:
         if server == 1 and len(self.requests) >= self.down_from and self.down_until is None:
             self.down_until = time.monotonic() + 0.5
         if server == 1 and self.down_until is not None and time.monotonic() < self.down_until:
@@ -249,8 +224,11 @@ def test_the_groups_of_a_dead_server_run_elsewhere_none_lost_none_trained_twice(
     assert redispatched and all(e["server"] == 1 for e in events if e["kind"] == "orchestrator.group_redispatched")
     # every dispatched group ends once: trained, discarded or canceled; a re-dispatched one too
     dispatched = {e["group_id"] for e in events if e["kind"] == "orchestrator.group_dispatched"}
-    ends = [e["group_id"] for e in events if e["kind"] in (
-        "orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")]  # fmt: skip
+    ends = [
+        e["group_id"]
+        for e in events
+        if e["kind"] in ("orchestrator.group_completed", "orchestrator.group_discarded", "orchestrator.group_canceled")
+    ]
     assert sorted(ends) == sorted(dispatched)
     assert redispatched <= {e["group_id"] for e in events if e["kind"] == "orchestrator.group_completed"} | set(
         e["group_id"] for e in events if e["kind"] in ("orchestrator.group_discarded", "orchestrator.group_canceled")
@@ -263,12 +241,21 @@ def test_the_groups_of_a_dead_server_run_elsewhere_none_lost_none_trained_twice(
 class DyingUnderLoad(DyingServer):
     """Server 1 dies while it holds several groups: every request it has in flight then fails."""
 
-    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
-                       sampling: SamplingSettings) -> Generation:  # fmt: skip
+    async def generate(
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:
         if server == 1 and len(self.requests) >= self.down_from and self.down_until is None:
             self.down_until = time.monotonic() + 0.5
-        answer = await FakeServices.generate(self, server, prompt_ids, max_tokens, seed=seed, priority=priority,
-                                             sampling=sampling)  # fmt: skip
+        answer = await FakeServices.generate(
+            self, server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling
+        )
         if server == 1 and self.down_until is not None and time.monotonic() < self.down_until:
             self.dead_requests += 1
             raise ServerUnavailable(1, "ConnectError: All connection attempts failed")
@@ -360,8 +347,9 @@ def test_a_resumed_run_says_from_which_step_and_starts_an_attempt(
 ) -> None:
     run_loop(tmp_path, tokenizer, FakeServices(), number_of_steps=4, checkpoint_every=2)
     with caplog.at_level("INFO", logger="telescope.orchestrator"):
-        reader = run_loop(tmp_path, tokenizer, FakeServices(), number_of_steps=6, checkpoint_every=2,
-                          resume_from_checkpoint=2)  # fmt: skip
+        reader = run_loop(
+            tmp_path, tokenizer, FakeServices(), number_of_steps=6, checkpoint_every=2, resume_from_checkpoint=2
+        )
     assert any(r.getMessage().startswith("resuming from step 2 ") for r in caplog.records)
     assert [(a.attempt, a.start_step, a.reason) for a in reader.attempts()] == [(0, 0, "start"), (1, 2, "resume")]
     assert [(m["step"], m["attempt"]) for m in reader.metrics()] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
@@ -372,8 +360,14 @@ def test_a_trainer_failure_without_a_checkpoint_fails_the_run_saying_why(tmp_pat
         run_loop(tmp_path, tokenizer, FailingTrainer(fail_at=1), number_of_steps=4)
     assert lost.value.checkpoint is None
     with pytest.raises(TrainerLost, match="trainer_max_restarts: 0") as exhausted:
-        run_loop(tmp_path / "b", tokenizer, FailingTrainer(fail_at=3), number_of_steps=4, checkpoint_every=2,
-                 trainer_max_restarts=0)  # fmt: skip
+        run_loop(
+            tmp_path / "b",
+            tokenizer,
+            FailingTrainer(fail_at=3),
+            number_of_steps=4,
+            checkpoint_every=2,
+            trainer_max_restarts=0,
+        )
     assert exhausted.value.checkpoint is not None and exhausted.value.checkpoint.name == "step_00000002"
 
 
@@ -443,87 +437,12 @@ def test_a_run_whose_reward_always_raises_stops_with_the_rewards_error(tmp_path:
 
 def test_a_reward_that_raises_for_some_samples_does_not_stop_the_run(tmp_path: Path, tokenizer: Any) -> None:
     reader = run_loop(
-        tmp_path, tokenizer, FakeServices(), ParityEnvironment, max_consecutive_errored_batches=1, number_of_steps=3,
+        tmp_path,
+        tokenizer,
+        FakeServices(),
+        ParityEnvironment,
+        max_consecutive_errored_batches=1,
+        number_of_steps=3,
         environments=[{"name": "parity", "kwargs": {"fail_on": "q1"}}],
-    )  # fmt: skip
+    )
     assert [m["step"] for m in reader.metrics()] == [0, 1, 2]
-
-
-class HangingServer(FakeServices):
-    """Server 1 never answers (its requests hang) from the start."""
-
-    async def generate(self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
-                       sampling: SamplingSettings) -> Generation:  # fmt: skip
-        if server == 1:
-            await asyncio.sleep(3600)
-        return await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
-
-
-def status(reader: RunReader) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((reader.run_dir / "status.json").read_text())
-    return data
-
-
-@HANG_GUARD
-def test_the_watchdog_names_a_server_that_does_not_answer(tmp_path: Path, tokenizer: Any) -> None:
-    services = HangingServer(servers=2)
-
-    async def probe() -> list[dict[str, Any]]:
-        return [{"component": "inference_server", "server": 0, "ok": True, "detail": "server 0 answers"},
-                {"component": "inference_server", "server": 1, "ok": False, "url": "http://fake:1",
-                 "detail": "inference server 1 (http://fake:1) does not answer /health"}]  # fmt: skip
-
-    services.probe = probe  # type: ignore[attr-defined]
-    with pytest.raises(StuckError) as stuck:
-        run_loop(tmp_path, tokenizer, services, watchdog_timeout_s=1.0)
-    assert "nothing progressed for" in str(stuck.value) and "inference server 1" in str(stuck.value)
-    assert "waiting for the groups of step" in str(stuck.value)
-    recorded = status(RunReader(tmp_path / "run"))["stuck"]
-    assert recorded["component"] == "inference_server" and recorded["server"] == 1
-
-
-def test_the_watchdog_names_in_flight_groups_without_probes(tmp_path: Path, tokenizer: Any) -> None:
-    with pytest.raises(StuckError, match=r"inference server 1: \d+ group\(s\) in flight"):
-        run_loop(tmp_path, tokenizer, HangingServer(servers=2), watchdog_timeout_s=1.0)
-
-
-class HangingTrainer(FakeServices):
-    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        if batch.step == 1:
-            await asyncio.sleep(3600)
-        return await super().train_step(batch)
-
-
-def test_the_watchdog_names_the_trainer(tmp_path: Path, tokenizer: Any) -> None:
-    with pytest.raises(StuckError, match="the trainer ranks have not finished training step 1"):
-        run_loop(tmp_path, tokenizer, HangingTrainer(), watchdog_timeout_s=1.0)
-    assert status(RunReader(tmp_path / "run"))["stuck"]["component"] == "trainer"
-
-
-def test_the_watchdog_names_an_environment_call_with_no_limit(tmp_path: Path, tokenizer: Any) -> None:
-    with pytest.raises(StuckError, match=r"stuck: compute_reward of sample 'q\d+' \(parity\) has not returned"):
-        run_loop(tmp_path, tokenizer, FakeServices(), HangingParity, reward_timeout_s=None, watchdog_timeout_s=1.0,
-                 max_concurrent_prompts_per_server=1)  # fmt: skip
-    stuck = status(RunReader(tmp_path / "run"))["stuck"]
-    assert stuck["component"] == "environment" and "group_id" in stuck and "sample_id" in stuck
-
-
-class HangingSandbox(ParityEnvironment):
-    """Parity whose reward runs a sandbox command that never returns (for one sample)."""
-
-    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        if sample.sample_id == "q5":
-            with events.timed("sandbox.execute", component="sandbox", provider="local", sandbox_id="sbx-7",
-                              command="python solution.py"):  # fmt: skip
-                RELEASE.wait()
-        return super().compute_reward(completion, sample, eos_token)
-
-
-def test_the_watchdog_names_a_sandbox_command_that_does_not_return(tmp_path: Path, tokenizer: Any) -> None:
-    # 40 steps x 3 groups: q5 is drawn within the first epoch of the 40 prompts, and its reward never returns
-    with pytest.raises(StuckError, match=r"stuck: sandbox sbx-7 \(local\): sandbox.execute has not returned") as stuck:
-        run_loop(tmp_path, tokenizer, FakeServices(), HangingSandbox, reward_timeout_s=None, watchdog_timeout_s=1.0,
-                 number_of_steps=40)  # fmt: skip
-    assert "command 'python solution.py'" in str(stuck.value) and "compute_reward of sample 'q5'" in str(stuck.value)
-    recorded = status(RunReader(tmp_path / "run"))["stuck"]
-    assert recorded["component"] == "sandbox" and recorded["sandbox_id"] == "sbx-7" and recorded["sample_id"] == "q5"

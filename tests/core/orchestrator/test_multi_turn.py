@@ -55,11 +55,16 @@ def test_turns_reuse_tokens_exactly_and_match_the_template(renderer: ChatRendere
     seen: list[list[int]] = []
     rollout = asyncio.run(
         run_rollout(
-            env, sample, messages, renderer.prompt_ids(messages), renderer=renderer,
+            env,
+            sample,
+            messages,
+            renderer.prompt_ids(messages),
+            renderer=renderer,
             generate=scripted_generate(renderer, replies, [0, 1, 1], seen),
-            policy_version=lambda: next(version), limits=RolloutLimits(max_tokens=32, max_model_len=512),
+            policy_version=lambda: next(version),
+            limits=RolloutLimits(max_tokens=32, max_model_len=512),
         )
-    )  # fmt: skip
+    )
     assert [t.output_text for t in rollout.turns] == replies
     assert rollout.reward is not None and rollout.reward.total_reward == 3.0
     # each request's prompt is exactly the trajectory so far: earlier tokens are never re-tokenized
@@ -99,10 +104,15 @@ def test_environment_failures_mark_the_rollout(renderer: ChatRenderer) -> None:
     messages = env.format_prompt(sample)
     rollout = asyncio.run(
         run_rollout(
-            env, sample, messages, renderer.prompt_ids(messages), renderer=renderer,
+            env,
+            sample,
+            messages,
+            renderer.prompt_ids(messages),
+            renderer=renderer,
             generate=scripted_generate(renderer, ["a", "b", "c"], [0, 0, 0], []),
-            policy_version=lambda: 0, limits=RolloutLimits(max_tokens=32, max_model_len=512),
+            policy_version=lambda: 0,
+            limits=RolloutLimits(max_tokens=32, max_model_len=512),
         )
-    )  # fmt: skip
+    )
     assert rollout.error is not None and "the game crashed" in rollout.error
     assert rollout.reward is not None and rollout.reward.total_reward == 0.0

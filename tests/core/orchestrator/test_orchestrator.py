@@ -50,8 +50,13 @@ def registry_with_parity(**kwargs: Any) -> Registry:
     return registry
 
 
-def run_loop(tmp_path: Path, tokenizer: Any, services: FakeServices | None = None, registry: Registry | None = None,
-             **overrides: Any) -> tuple[FakeServices, RunReader]:  # fmt: skip
+def run_loop(
+    tmp_path: Path,
+    tokenizer: Any,
+    services: FakeServices | None = None,
+    registry: Registry | None = None,
+    **overrides: Any,
+) -> tuple[FakeServices, RunReader]:
     overrides.setdefault("advantage_norm", "group")
     config = loop_config(tmp_path, **overrides)
     services = services or FakeServices()
@@ -84,9 +89,17 @@ def test_synchronous_mode_trains_only_on_current_weights(tmp_path: Path, tokeniz
     assert services.pushed == [0, 1, 2, 3, 4]  # the trainer's initial weights first, then each step's
     metrics = reader.metrics()
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
-    for key in ("reward/mean", "advantage/std", "tokens/completion/mean", "stop_reason_length_pct",
-                "group_length_gini_mean", "discarded/zero_advantage/count", "timing_step_total",
-                "timing_waiting_for_data", "loss"):  # fmt: skip
+    for key in (
+        "reward/mean",
+        "advantage/std",
+        "tokens/completion/mean",
+        "stop_reason_length_pct",
+        "group_length_gini_mean",
+        "discarded/zero_advantage/count",
+        "timing_step_total",
+        "timing_waiting_for_data",
+        "loss",
+    ):
         assert key in metrics[0], key
     assert len(reader.rollouts()) == 4 * 3 * 4
 
@@ -190,8 +203,9 @@ def test_a_failing_reward_function_is_contained_and_counted(tmp_path: Path, toke
 def test_same_seed_same_metrics_in_synchronous_mode(tmp_path: Path, tokenizer: Any) -> None:
     def metric_values(path: Path) -> list[dict[str, float]]:
         _, reader = run_loop(path, tokenizer)
-        return [{k: v for k, v in m.items() if not k.startswith("timing") and k not in ("time",)}
-                for m in reader.metrics()]  # fmt: skip
+        return [
+            {k: v for k, v in m.items() if not k.startswith("timing") and k not in ("time",)} for m in reader.metrics()
+        ]
 
     assert metric_values(tmp_path / "a") == metric_values(tmp_path / "b")
 
@@ -199,9 +213,14 @@ def test_same_seed_same_metrics_in_synchronous_mode(tmp_path: Path, tokenizer: A
 def test_eval_items_never_reach_training(tmp_path: Path, tokenizer: Any) -> None:
     evals = [{"name": "parity", "num_samples": 10, "separate_eval_samples": True, "eval_every": 2}]
     services, reader = run_loop(
-        tmp_path, tokenizer, evals=evals, eval_num_servers=1, number_of_steps=6, eval_before_training=True,
+        tmp_path,
+        tokenizer,
+        evals=evals,
+        eval_num_servers=1,
+        number_of_steps=6,
+        eval_before_training=True,
         eval_after_training=True,
-    )  # fmt: skip
+    )
     trained_ids = {r["sample_id"] for r in reader.rollouts()}
     assert trained_ids and not trained_ids & {f"q{i}" for i in range(10)}
     phases = [e["phase"] for e in reader.evals()]
@@ -220,9 +239,17 @@ def test_each_eval_on_the_eval_server_uses_its_steps_weights(tmp_path: Path, tok
     services = FakeServices(server_delay_s={1: 0.2})
     evals = [{"name": "parity", "num_samples": 6, "eval_every": 2}]
     services, reader = run_loop(
-        tmp_path, tokenizer, services, evals=evals, eval_num_servers=1, number_of_steps=7, max_async_rollout=1,
-        eval_before_training=True, eval_after_training=True, eval_start_end_use_all_servers=False,
-    )  # fmt: skip
+        tmp_path,
+        tokenizer,
+        services,
+        evals=evals,
+        eval_num_servers=1,
+        number_of_steps=7,
+        max_async_rollout=1,
+        eval_before_training=True,
+        eval_after_training=True,
+        eval_start_end_use_all_servers=False,
+    )
     eval_requests = [r for r in services.requests if "eval_step" in r]
     assert {r["eval_step"] for r in eval_requests} == {0, 2, 4, 6, 7}
     assert all(r["server"] == 1 for r in eval_requests)  # the dedicated server only
@@ -285,8 +312,9 @@ def test_a_warm_start_or_a_resume_waits_for_the_trainer_before_generating(
     else:
         overrides = {"warm_start_steps": 2, "warm_start_batch_size": 2}
     services = FakeServices(trainer_start_s=0.3)
-    services, _ = run_loop(tmp_path, tokenizer, services, registry=registry_with_parity(demonstrations=True),
-                           **overrides)  # fmt: skip
+    services, _ = run_loop(
+        tmp_path, tokenizer, services, registry=registry_with_parity(demonstrations=True), **overrides
+    )
     assert services.requests_before_ready == 0  # the servers' weights change first: nothing generated before
     assert services.requests, "the run generated nothing"
 
@@ -295,9 +323,15 @@ class LaggingServer(FakeServices):
     """A server that reports its tokens as computed by the previous weights (as during an in-flight update)."""
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         made = await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
         older = max(self.version - 1, 0)
         return dataclasses.replace(made, token_policy_versions=[older] * len(made.token_ids))

@@ -52,10 +52,16 @@ def rollout(
     turns: int = 1,
 ) -> Rollout:
     made = [
-        Turn([1, 2], list(tokens), logprobs if logprobs is not None else [-1.0] * len(tokens), 0,
-             finish if i == turns - 1 else "stop", text if i == 0 else "")  # type: ignore[arg-type]
+        Turn(
+            [1, 2],
+            list(tokens),
+            logprobs if logprobs is not None else [-1.0] * len(tokens),
+            0,
+            finish if i == turns - 1 else "stop",
+            text if i == 0 else "",
+        )  # type: ignore[arg-type]
         for i in range(turns)
-    ]  # fmt: skip
+    ]
     return Rollout(Sample("p", sample_id="s", environment="e"), made, reward=RewardResult(reward))
 
 
@@ -126,8 +132,9 @@ def checks(**overrides: Any) -> OutputChecks:
 def test_output_checks_reasons_in_order_and_only_when_enabled() -> None:
     truncated_loop = rollout([500] * 8, finish="length", logprobs=[-30.0] * 8, text="ab" * 100)
     assert checks().reasons(truncated_loop) == ()
-    everything = checks(filter_overlong=True, filter_gibberish=True, gibberish_token_threshold=400,
-                        filter_repetition=True)  # fmt: skip
+    everything = checks(
+        filter_overlong=True, filter_gibberish=True, gibberish_token_threshold=400, filter_repetition=True
+    )
     assert everything.reasons(truncated_loop) == ("overlong", "gibberish", "repetition")
     assert checks(filter_overlong=True).reasons(rollout([5] * 3)) == ()
     # multi-turn: the last turn's finish reason decides; every turn's tokens are checked
@@ -153,10 +160,13 @@ def test_a_filtered_rollout_trains_with_an_all_false_mask() -> None:
 
 
 def test_the_penalty_is_added_after_the_reward_range_scaling() -> None:
-    group = Group(Sample("p", environment="e"), [
-        Rollout(rollout([5]).sample, rollout([5]).turns, reward=RewardResult(0.0), overlong_penalty=-0.25),
-        Rollout(rollout([5]).sample, rollout([5]).turns, reward=RewardResult(2.0)),
-    ])  # fmt: skip
+    group = Group(
+        Sample("p", environment="e"),
+        [
+            Rollout(rollout([5]).sample, rollout([5]).turns, reward=RewardResult(0.0), overlong_penalty=-0.25),
+            Rollout(rollout([5]).sample, rollout([5]).turns, reward=RewardResult(2.0)),
+        ],
+    )
     assert training_rewards(group, {"e": (0.0, 2.0)}) == [-0.25, 1.0]  # not clamped away at 0
     assert training_rewards(group, {}) == [-0.25, 2.0]
     batch = build_training_batch(0, [group], GRPO(GROUP), {"e": (0.0, 2.0)})
@@ -179,8 +189,13 @@ def test_discard_metrics_count_filtered_rollouts_by_reason() -> None:
 
 
 def test_records_show_the_filters_and_the_penalty() -> None:
-    r = Rollout(rollout([5]).sample, rollout([5]).turns, reward=RewardResult(1.0), filtered=("gibberish",),
-                overlong_penalty=-0.2)  # fmt: skip
+    r = Rollout(
+        rollout([5]).sample,
+        rollout([5]).turns,
+        reward=RewardResult(1.0),
+        filtered=("gibberish",),
+        overlong_penalty=-0.2,
+    )
     record = rollout_record(r, step=3, group_index=0)
     assert record["filtered"] == ["gibberish"] and record["overlong_penalty"] == -0.2 and record["reward"] == 1.0
     assert rollout_record(rollout([5]), step=0, group_index=0)["filtered"] == []
@@ -204,9 +219,15 @@ class ScriptedServices(FakeServices):
         return KINDS[seed % len(KINDS)]
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         self.requests.append({"server": server, "seed": seed, "version": self.version, "priority": priority})
         rng = random.Random(seed)
         kind = self.kind(seed)
@@ -249,8 +270,13 @@ def test_filters_mask_what_they_flag_count_it_and_record_it(tmp_path: Path, toke
     seen: set[str] = set()
     for batch in services.batches:
         for sample in batch.samples:
-            record = next(r for r in records if r["step"] == batch.step and r["group_index"] == sample.group_index
-                          and r["rollout_index"] == sample.rollout_index)  # fmt: skip
+            record = next(
+                r
+                for r in records
+                if r["step"] == batch.step
+                and r["group_index"] == sample.group_index
+                and r["rollout_index"] == sample.rollout_index
+            )
             if record["filtered"]:
                 seen.update(record["filtered"])
                 assert not any(sample.loss_mask), record
@@ -277,9 +303,15 @@ class LengthServices(FakeServices):
     """Completions of an even number of characters (parity reward 1 for all) and varied token counts."""
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         self.requests.append({"server": server, "seed": seed, "version": self.version, "priority": priority})
         characters = 2 * (seed % (max_tokens // 2))  # 0, 2, ..., max_tokens - 2: then EOS
         tokens = [40] * characters + [self.eos_token_id]
@@ -291,9 +323,15 @@ def test_the_overlong_penalty_makes_equal_reward_groups_trainable(tmp_path: Path
     (the run could not fill a batch); with it, longer completions in a group get lower
     advantages: GRPO's on reward + penalty."""
     services, reader = run_loop(
-        tmp_path, tokenizer, LengthServices(), max_tokens=16, number_of_steps=2, discard_group_zero_advantage=True,
-        overlong_penalty_factor=1.0, overlong_buffer_tokens=8,
-    )  # fmt: skip
+        tmp_path,
+        tokenizer,
+        LengthServices(),
+        max_tokens=16,
+        number_of_steps=2,
+        discard_group_zero_advantage=True,
+        overlong_penalty_factor=1.0,
+        overlong_buffer_tokens=8,
+    )
     records = reader.rollouts()
     assert records and all(r["reward"] == 1.0 for r in records)
     for r in records:

@@ -82,8 +82,15 @@ def run(tmp_path: Path, tokenizer: Any, journal: Journal, fail: bool = False, **
     services = JournalServices()
     services.journal = journal
     environments = [{"name": "parity"}, {"name": "other"}]
-    _, reader = run_loop(tmp_path, tokenizer, services, registry_with(journal, fail), environments=environments,
-                         number_of_steps=2, **overrides)  # fmt: skip
+    _, reader = run_loop(
+        tmp_path,
+        tokenizer,
+        services,
+        registry_with(journal, fail),
+        environments=environments,
+        number_of_steps=2,
+        **overrides,
+    )
     return reader
 
 

@@ -44,9 +44,15 @@ class ContextRecordingServices(FakeServices):
         self.contexts: list[dict[str, Any]] = []
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         self.contexts.append(events.current_context())
         return await super().generate(server, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling)
 
@@ -54,8 +60,16 @@ class ContextRecordingServices(FakeServices):
 def test_the_loop_records_its_timeline(tmp_path: Path, tokenizer: Any, captured: list[dict[str, Any]]) -> None:
     services = ContextRecordingServices(vocab=[40])  # equal completions: some groups are dropped (zero advantage)
     evals = [{"name": "parity", "num_samples": 4}]
-    run_loop(tmp_path, tokenizer, services, number_of_steps=3, evals=evals, eval_num_servers=0,
-             eval_before_training=True, eval_after_training=True)  # fmt: skip
+    run_loop(
+        tmp_path,
+        tokenizer,
+        services,
+        number_of_steps=3,
+        evals=evals,
+        eval_num_servers=0,
+        eval_before_training=True,
+        eval_after_training=True,
+    )
     kinds = Counter(e["kind"] for e in captured)
     assert kinds["orchestrator.step"] == 3 and kinds["weights.sync"] == 4  # the initial push and one per step
     assert kinds["orchestrator.batch_assembled"] == 3 and kinds["eval.run"] == 2  # before and after training
@@ -103,8 +117,13 @@ def test_stale_groups_are_canceled_events(tmp_path: Path, tokenizer: Any, captur
 
     from .fakes import loop_config, plugins_for
 
-    config = loop_config(tmp_path, advantage_norm="group", max_async_rollout=2, max_off_policy_steps=1,
-                         max_concurrent_prompts_per_server=32)  # fmt: skip
+    config = loop_config(
+        tmp_path,
+        advantage_norm="group",
+        max_async_rollout=2,
+        max_off_policy_steps=1,
+        max_concurrent_prompts_per_server=32,
+    )
     renderer = ChatRenderer(tokenizer)
     prompts = build_prompt_source(config, build_slots(config, plugins_for(registry_with_parity())), renderer)
     started: list[int] = []

@@ -56,14 +56,26 @@ def test_publish_hands_a_remote_event_over_as_it_is(captured: list[dict[str, Any
     with events.context(step=5, group_id=2):
         events.publish({"kind": "trainer.forward", "start": 1.0, "duration_s": 0.5})  # as it is: no context
         publish_worker_events([{"kind": "weights.send", "start": 2.0, "duration_s": 0.25, "group_id": 9}], rank=0)
-        publish_worker_events([{"kind": "trainer.backward", "start": 3.0, "duration_s": 0.25, "microbatch": 3}],
-                              component="trainer", rank=1, step=4)  # fmt: skip
+        publish_worker_events(
+            [{"kind": "trainer.backward", "start": 3.0, "duration_s": 0.25, "microbatch": 3}],
+            component="trainer",
+            rank=1,
+            step=4,
+        )
     assert captured == [
         {"kind": "trainer.forward", "start": 1.0, "duration_s": 0.5},
         {"step": 5, "group_id": 9, "kind": "weights.send", "start": 2.0, "duration_s": 0.25, "rank": 0},
-        {"step": 4, "group_id": 2, "kind": "trainer.backward", "start": 3.0, "duration_s": 0.25, "microbatch": 3,
-         "component": "trainer", "rank": 1},
-    ]  # fmt: skip
+        {
+            "step": 4,
+            "group_id": 2,
+            "kind": "trainer.backward",
+            "start": 3.0,
+            "duration_s": 0.25,
+            "microbatch": 3,
+            "component": "trainer",
+            "rank": 1,
+        },
+    ]
 
 
 def test_sandbox_log_writes_sandbox_events_only(tmp_path: Path) -> None:
@@ -71,9 +83,19 @@ def test_sandbox_log_writes_sandbox_events_only(tmp_path: Path) -> None:
     log = SandboxLog(path)
     log({"kind": "inference.request", "start": 1.0, "duration_s": 1.0})
     assert not path.exists()  # created with the first sandbox event
-    log({"kind": "sandbox.execute", "start": 1.0, "duration_s": 0.25, "sandbox_id": "sb-1", "sample_id": "q3",
-         "exit_code": 2, "command": "python3 x.py", "stdout": "hello\n",
-         "stderr": "Traceback\nError: boom"})  # fmt: skip
+    log(
+        {
+            "kind": "sandbox.execute",
+            "start": 1.0,
+            "duration_s": 0.25,
+            "sandbox_id": "sb-1",
+            "sample_id": "q3",
+            "exit_code": 2,
+            "command": "python3 x.py",
+            "stdout": "hello\n",
+            "stderr": "Traceback\nError: boom",
+        }
+    )
     log({"kind": "sandbox.create", "start": 2.0, "duration_s": 0.1, "error": "SandboxError: no room"})
     log.close()
     log({"kind": "sandbox.destroy", "start": 3.0, "duration_s": 0.0, "sandbox_id": "sb-1"})  # after close: ignored

@@ -133,28 +133,40 @@ def test_scraper_computes_rates_and_interval_means() -> None:
     scraper = InferenceMetricsScraper(3, lambda: None, "http://h:1")  # type: ignore[arg-type,return-value]
     first = scraper.event(
         {
-            "vllm:num_requests_running": 4.0, "vllm:num_requests_waiting": 2.0, "vllm:kv_cache_usage_perc": 0.25,
-            "vllm:generation_tokens_total": 1000.0, "vllm:prompt_tokens_total": 500.0,
-            "vllm:prefix_cache_queries_total": 500.0, "vllm:prefix_cache_hits_total": 100.0,
-            "vllm:time_to_first_token_seconds_sum": 2.0, "vllm:time_to_first_token_seconds_count": 10.0,
-            "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 100.0,
+            "vllm:num_requests_running": 4.0,
+            "vllm:num_requests_waiting": 2.0,
+            "vllm:kv_cache_usage_perc": 0.25,
+            "vllm:generation_tokens_total": 1000.0,
+            "vllm:prompt_tokens_total": 500.0,
+            "vllm:prefix_cache_queries_total": 500.0,
+            "vllm:prefix_cache_hits_total": 100.0,
+            "vllm:time_to_first_token_seconds_sum": 2.0,
+            "vllm:time_to_first_token_seconds_count": 10.0,
+            "vllm:inter_token_latency_seconds_sum": 5.0,
+            "vllm:inter_token_latency_seconds_count": 100.0,
         },
         100.0,
-    )  # fmt: skip
+    )
     assert first["kind"] == "infra.inference" and first["server"] == 3 and first["url"] == "http://h:1"
     assert (first["requests_running"], first["requests_waiting"], first["kv_cache_usage"]) == (4.0, 2.0, 0.25)
     assert first["generation_tokens_total"] == 1000.0
     assert "generation_tokens_per_s" not in first and "ttft_mean_s" not in first  # one scrape: no interval yet
     second = scraper.event(
         {
-            "vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0, "vllm:gpu_cache_usage_perc": 0.5,
-            "vllm:generation_tokens_total": 1400.0, "vllm:prompt_tokens_total": 700.0,
-            "vllm:prefix_cache_queries_total": 700.0, "vllm:prefix_cache_hits_total": 150.0,
-            "vllm:time_to_first_token_seconds_sum": 3.0, "vllm:time_to_first_token_seconds_count": 14.0,
-            "vllm:inter_token_latency_seconds_sum": 5.0, "vllm:inter_token_latency_seconds_count": 100.0,
+            "vllm:num_requests_running": 1.0,
+            "vllm:num_requests_waiting": 0.0,
+            "vllm:gpu_cache_usage_perc": 0.5,
+            "vllm:generation_tokens_total": 1400.0,
+            "vllm:prompt_tokens_total": 700.0,
+            "vllm:prefix_cache_queries_total": 700.0,
+            "vllm:prefix_cache_hits_total": 150.0,
+            "vllm:time_to_first_token_seconds_sum": 3.0,
+            "vllm:time_to_first_token_seconds_count": 14.0,
+            "vllm:inter_token_latency_seconds_sum": 5.0,
+            "vllm:inter_token_latency_seconds_count": 100.0,
         },
         102.0,
-    )  # fmt: skip
+    )
     assert second["generation_tokens_per_s"] == pytest.approx(200.0)
     assert second["prompt_tokens_per_s"] == pytest.approx(100.0)
     assert second["prefix_cache_hit_rate"] == pytest.approx(0.25)
@@ -200,29 +212,47 @@ class FakeClient:
 
 
 def test_the_run_collectors_use_the_configured_intervals() -> None:
-    config = config_from_dict({
-        "environments": [{"name": "countdown"}],
-        "system_metrics_collection_interval_seconds": 2.5,
-        "ray_torch_memory_drain_interval_seconds": 0.75,
-        "metrics_logger_interval_seconds": 4.0,
-    })  # fmt: skip
+    config = config_from_dict(
+        {
+            "environments": [{"name": "countdown"}],
+            "system_metrics_collection_interval_seconds": 2.5,
+            "ray_torch_memory_drain_interval_seconds": 0.75,
+            "metrics_logger_interval_seconds": 4.0,
+        }
+    )
     node = FakeActor(drain={"node": "10.0.0.2", "hostname": "n2", "samples": [{"time": 5.0, "cpu_count": 16}]})
     samples = [{"time": 6.0, "device": "cpu", "process_rss_gb": 1.5}]
     trainer = FakeActor(drain_torch_memory={"rank": 1, "node": "10.0.0.3", "pid": 42, "samples": samples})
     dead = FakeActor(drain_torch_memory=RuntimeError("actor died"))
     local = FakeLocalSampler()
     monitor = build_infra_monitor(
-        config, node_samplers=[local, node], trainers=[dead, trainer],
+        config,
+        node_samplers=[local, node],
+        trainers=[dead, trainer],
         clients=[FakeClient("http://a"), FakeClient("http://b")],
-    )  # fmt: skip
+    )
     intervals = {c.name: c.interval_s for c in monitor.collectors}
     assert intervals == {"system": 2.5, "torch_memory": 0.75, "inference_0": 4.0, "inference_1": 4.0}
     collected = {c.name: asyncio.run(c.collect()) for c in monitor.collectors}  # type: ignore[arg-type]
     [driver_node, system] = collected["system"]  # the driver's node (sampled in-process), then an actor's
-    assert driver_node == {"kind": "infra.system", "start": 4.0, "duration_s": 0.0, "component": "system",
-                           "node": "10.0.0.1", "hostname": "n1", "cpu_count": 8}  # fmt: skip
-    assert system == {"kind": "infra.system", "start": 5.0, "duration_s": 0.0, "component": "system",
-                      "node": "10.0.0.2", "hostname": "n2", "cpu_count": 16}  # fmt: skip
+    assert driver_node == {
+        "kind": "infra.system",
+        "start": 4.0,
+        "duration_s": 0.0,
+        "component": "system",
+        "node": "10.0.0.1",
+        "hostname": "n1",
+        "cpu_count": 8,
+    }
+    assert system == {
+        "kind": "infra.system",
+        "start": 5.0,
+        "duration_s": 0.0,
+        "component": "system",
+        "node": "10.0.0.2",
+        "hostname": "n2",
+        "cpu_count": 16,
+    }
     [memory] = collected["torch_memory"]  # the dead rank does not hide the live one's samples
     assert memory["kind"] == "infra.torch_memory" and memory["rank"] == 1 and memory["node"] == "10.0.0.3"
     assert memory["start"] == 6.0 and memory["process_rss_gb"] == 1.5

@@ -60,8 +60,9 @@ def export_with_the_sdk(endpoint: str, spans: Spans, gzip: bool = False) -> None
     from opentelemetry.trace import SpanKind
 
     # what vLLM's init_tracer puts in the resource, plus the tag the run sets through OTEL_RESOURCE_ATTRIBUTES
-    resource = Resource.create({"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "4242",
-                                "telescope.server": "1"})  # fmt: skip
+    resource = Resource.create(
+        {"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "4242", "telescope.server": "1"}
+    )
     provider = TracerProvider(resource=resource)
     exporter = OTLPSpanExporter(endpoint=endpoint, compression=Compression.Gzip if gzip else Compression.NoCompression)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -110,9 +111,11 @@ def test_other_spans_are_ignored_and_missing_phases_are_not_invented(
     older_vllm = {"gen_ai.request.id": "r-2", "gen_ai.latency.time_in_queue": 0.05, "gen_ai.latency.e2e": 0.9}
     export_with_the_sdk(
         server.endpoint(),
-        [("load_weights", ARRIVAL, ARRIVAL + 3.0, {"code.function": "load"}),
-         ("llm_request", ARRIVAL, ARRIVAL + 0.9, older_vllm)],
-    )  # fmt: skip
+        [
+            ("load_weights", ARRIVAL, ARRIVAL + 3.0, {"code.function": "load"}),
+            ("llm_request", ARRIVAL, ARRIVAL + 0.9, older_vllm),
+        ],
+    )
     assert sorted(e["kind"] for e in got) == ["inference.queue", "inference.request"]
     queue = by_kind(got)["inference.queue"]
     assert queue["request_id"] == "r-2" and queue["duration_s"] == pytest.approx(0.05)
@@ -122,17 +125,32 @@ def test_other_spans_are_ignored_and_missing_phases_are_not_invented(
 def test_json_exports_and_bad_payloads(receiver: tuple[OtlpTraceReceiver, list[Mapping[str, Any]]]) -> None:
     server, got = receiver
     start_ns = int(ARRIVAL * 1e9)
-    payload = {"resourceSpans": [{
-        "resource": {"attributes": [{"key": "telescope.server", "value": {"stringValue": "0"}}]},
-        "scopeSpans": [{"spans": [{
-            "traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", "name": "llm_request",
-            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(start_ns + 2_000_000_000),
-            "attributes": [{"key": "gen_ai.request.id", "value": {"stringValue": "j-1"}},
-                           {"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": 0.4}},
-                           {"key": "gen_ai.latency.time_in_model_decode", "value": {"doubleValue": 1.5}},
-                           {"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "7"}}],
-        }]}],
-    }]}  # fmt: skip
+    payload = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "telescope.server", "value": {"stringValue": "0"}}]},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": "eee19b7ec3c1b174",
+                                "name": "llm_request",
+                                "startTimeUnixNano": str(start_ns),
+                                "endTimeUnixNano": str(start_ns + 2_000_000_000),
+                                "attributes": [
+                                    {"key": "gen_ai.request.id", "value": {"stringValue": "j-1"}},
+                                    {"key": "gen_ai.latency.time_to_first_token", "value": {"doubleValue": 0.4}},
+                                    {"key": "gen_ai.latency.time_in_model_decode", "value": {"doubleValue": 1.5}},
+                                    {"key": "gen_ai.usage.prompt_tokens", "value": {"intValue": "7"}},
+                                ],
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
     with httpx.Client(base_url=server.endpoint().rsplit("/v1/", 1)[0], timeout=10) as http:
         answer = http.post("/v1/traces", json=payload)
         assert answer.status_code == 200

@@ -45,8 +45,9 @@ def test_metadata_and_code_snapshot(tmp_path: Path) -> None:
     (run_dir / "leftover.py").write_text("never snapshotted\n")
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     subprocess.run(["git", "-C", str(project), "add", "pkg/train.py"], check=True)
-    subprocess.run(["git", "-C", str(project), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c"],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(project), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c"], check=True
+    )
     values: dict[str, Any] = {
         "environments": [{"name": "ranged", "reward_min": 0.0, "reward_max": 2.0}],
         "wandb_run_name": "meta",
@@ -59,10 +60,22 @@ def test_metadata_and_code_snapshot(tmp_path: Path) -> None:
 
     assert json.loads((run_dir / "metadata.json").read_text()) == json.loads(json.dumps(metadata))
     assert metadata["run_name"] == "meta"
-    assert metadata["environments"] == [{"name": "ranged", "weight": 1.0, "reward_min": 0.0, "reward_max": 2.0,
-                                         "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}}}]  # fmt: skip
-    assert {"kind": "environments", "name": "ranged", "plugin": "tests", "distribution": "telescope-tests",
-            "version": "1.2.3"} in metadata["plugins"]  # fmt: skip
+    assert metadata["environments"] == [
+        {
+            "name": "ranged",
+            "weight": 1.0,
+            "reward_min": 0.0,
+            "reward_max": 2.0,
+            "metrics_ranges": {"correct": {"min": 0.0, "max": 1.0}},
+        }
+    ]
+    assert {
+        "kind": "environments",
+        "name": "ranged",
+        "plugin": "tests",
+        "distribution": "telescope-tests",
+        "version": "1.2.3",
+    } in metadata["plugins"]
     host = metadata["host"]
     assert host["hostname"] and host["python"] and host["cpu_count"] >= 1 and host["memory_gb"] > 0
     assert host["versions"]["torch"] and "ray" in host["versions"] and isinstance(host["gpus"], list)

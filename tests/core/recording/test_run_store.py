@@ -99,8 +99,9 @@ def test_a_sample_s_tags_go_into_its_rollout_records() -> None:
     rollout = make_rollout(1.0)
     tagged = Rollout(
         sample=Sample(prompt="p", metadata={"tags": {"level": 3, "subject": "algebra"}}),
-        turns=rollout.turns, reward=rollout.reward,
-    )  # fmt: skip
+        turns=rollout.turns,
+        reward=rollout.reward,
+    )
     record = rollout_record(tagged, step=0, group_index=0)
     assert record["tags"] == {"level": 3, "subject": "algebra"}
 

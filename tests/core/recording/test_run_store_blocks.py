@@ -44,8 +44,16 @@ def names(directory: Path) -> list[str]:
 def test_event_blocks_roll_over_by_time_and_round_trip(tmp_path: Path) -> None:
     clock = FakeClock()
     store = RunStore(tmp_path, event_block_duration_seconds=100, event_upload_interval_seconds=LONG, clock=clock)
-    odd = {"kind": "tool.call", "start": 1000.5, "duration_s": 2, "step": "three", "server": None,
-           "nested": {"a": [1, 2.5, None]}, "score": np.float32(0.5), "rank": np.int64(3)}  # fmt: skip
+    odd = {
+        "kind": "tool.call",
+        "start": 1000.5,
+        "duration_s": 2,
+        "step": "three",
+        "server": None,
+        "nested": {"a": [1, 2.5, None]},
+        "score": np.float32(0.5),
+        "rank": np.int64(3),
+    }
     store.log_event(odd)
     store.log_event({"kind": "trainer.forward", "start": 1000.0, "duration_s": 0.25, "step": 1, "custom": "x"})
     assert names(tmp_path / "events") == []  # queued only: no I/O on the emitting thread
@@ -60,8 +68,11 @@ def test_event_blocks_roll_over_by_time_and_round_trip(tmp_path: Path) -> None:
     store.flush()  # 100 s: sealed, the tail deleted after the block was written
     assert names(tmp_path / "events") == ["block-000000.parquet"]
     from_block = RunReader(tmp_path).events()
-    expected = [to_jsonable(odd), {"kind": "trainer.forward", "start": 1000.0, "duration_s": 0.25, "step": 1,
-                "custom": "x"}, {"kind": "trainer.backward", "start": 1060.0, "duration_s": 0.5}]  # fmt: skip
+    expected = [
+        to_jsonable(odd),
+        {"kind": "trainer.forward", "start": 1000.0, "duration_s": 0.25, "step": 1, "custom": "x"},
+        {"kind": "trainer.backward", "start": 1060.0, "duration_s": 0.5},
+    ]
     assert from_tail == expected and from_block == expected  # the record column gives records back exactly
     typed = pq.read_table(tmp_path / "events" / "block-000000.parquet", columns=["kind", "step", "rank"])
     assert typed.to_pylist() == [  # typed copies for queries; a value of another type is a null there
@@ -247,17 +258,30 @@ def test_chunks_name_what_cursors_read(tmp_path: Path) -> None:
 
 def test_filters_agree_on_tail_and_blocks(tmp_path: Path) -> None:
     store = RunStore(tmp_path, event_upload_interval_seconds=LONG)
-    rows = [("inference.request", 10.0, 5.0, 1), ("inference", 20.0, 0.0, 1), ("inferencex.y", 12.0, 1.0, 2),
-            ("trainer.step", 30.0, 10.0, 2), ("trainer.step", 3.0, 1.0, None)]  # fmt: skip
+    rows = [
+        ("inference.request", 10.0, 5.0, 1),
+        ("inference", 20.0, 0.0, 1),
+        ("inferencex.y", 12.0, 1.0, 2),
+        ("trainer.step", 30.0, 10.0, 2),
+        ("trainer.step", 3.0, 1.0, None),
+    ]
     for kind, start, duration, step in rows:
         store.log_event({"kind": kind, "start": start, "duration_s": duration, **({"step": step} if step else {})})
     store.log_event({"kind": "no.start"})
     queries: list[dict[str, Any]] = [
-        {"kind": "inference"}, {"since": 14.0, "until": 25.0}, {"since": 35.0}, {"step": 2},
+        {"kind": "inference"},
+        {"since": 14.0, "until": 25.0},
+        {"since": 35.0},
+        {"step": 2},
         {"kind": "trainer", "until": 10.0},
-    ]  # fmt: skip
-    expected = [["inference.request", "inference"], ["inference.request", "inference"],
-                ["trainer.step"], ["inferencex.y", "trainer.step"], ["trainer.step"]]  # fmt: skip
+    ]
+    expected = [
+        ["inference.request", "inference"],
+        ["inference.request", "inference"],
+        ["trainer.step"],
+        ["inferencex.y", "trainer.step"],
+        ["trainer.step"],
+    ]
     store.flush()
     for query, kinds in zip(queries, expected, strict=True):
         assert [e["kind"] for e in RunReader(tmp_path).events(**query)] == kinds, query
@@ -270,9 +294,12 @@ def test_filters_agree_on_tail_and_blocks(tmp_path: Path) -> None:
 def test_event_tail_reads_only_the_last_seconds(tmp_path: Path) -> None:
     clock = FakeClock(0.0)
     store = RunStore(
-        tmp_path, event_block_duration_seconds=30, event_upload_interval_seconds=LONG, event_tail_window_seconds=15,
+        tmp_path,
+        event_block_duration_seconds=30,
+        event_upload_interval_seconds=LONG,
+        event_tail_window_seconds=15,
         clock=clock,
-    )  # fmt: skip
+    )
     for t in range(0, 70, 5):  # one event per 5 s flush; blocks are sealed at 30 and 60
         clock.now = float(t)
         store.log_event({"kind": "infra.tick" if t % 10 else "trainer.step", "start": t - 1.0, "duration_s": 1.0})

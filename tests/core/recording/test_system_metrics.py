@@ -15,10 +15,17 @@ import pytest
 from telescope.recording.system_metrics import GB, PeriodicSampler, SystemSampler, torch_memory_sample
 
 CPU_FIELDS = {
-    "cpu_utilization_percent", "cpu_per_core_percent", "cpu_count", "system_memory_used_gb",
-    "system_memory_available_gb", "system_memory_total_gb", "system_memory_percent", "disk_used_gb",
-    "disk_total_gb", "disk_percent",
-}  # fmt: skip
+    "cpu_utilization_percent",
+    "cpu_per_core_percent",
+    "cpu_count",
+    "system_memory_used_gb",
+    "system_memory_available_gb",
+    "system_memory_total_gb",
+    "system_memory_percent",
+    "disk_used_gb",
+    "disk_total_gb",
+    "disk_percent",
+}
 
 
 class NVMLError(Exception):

@@ -170,8 +170,17 @@ def test_offline_run_mirrors_events_late_evals_snapshot_and_metadata(
 
     logger.log_eval("countdown", 0, {"eval/countdown/reward_mean": 0.5}, phase="before")
     for i in range(3):  # three events before step 0: two tables of at most 2 rows
-        logger.log_event({"kind": "inference.request", "start": 1.0 + i, "duration_s": 0.5, "server": 0,
-                          "sample_id": f"q{i}", "group_id": i, "finish_reason": "stop"})  # fmt: skip
+        logger.log_event(
+            {
+                "kind": "inference.request",
+                "start": 1.0 + i,
+                "duration_s": 0.5,
+                "server": 0,
+                "sample_id": f"q{i}",
+                "group_id": i,
+                "finish_reason": "stop",
+            }
+        )
     logger.log_step(0, {"loss": 1.0})
     logger.log_step(1, {"loss": 0.5})
     logger.log_step(2, {"loss": 0.25})
@@ -304,9 +313,15 @@ def test_wandb_errors_disable_the_logger_once(
 
 
 WANDB_IDENTITY_VARIABLES = (
-    "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE",
-    "WANDB_RUN_ID", "WANDB_RESUME",
-)  # fmt: skip
+    "WANDB_PROJECT",
+    "WANDB_NAME",
+    "WANDB_TAGS",
+    "WANDB_ENTITY",
+    "WANDB_RUN_GROUP",
+    "WANDB_JOB_TYPE",
+    "WANDB_RUN_ID",
+    "WANDB_RESUME",
+)
 
 
 @pytest.fixture
@@ -350,8 +365,9 @@ def test_wandb_variables_fill_what_the_config_leaves_at_its_defaults(
     monkeypatch.setenv("WANDB_ENTITY", "env-team")
     monkeypatch.setenv("WANDB_RUN_GROUP", "env-group")
     monkeypatch.setenv("WANDB_RUN_ID", "envrunid1")
-    unset = config_from_dict({"environments": [{"name": "countdown"}], "run_dir": str(tmp_path / "a"),
-                              "wandb_upload_code": False})  # fmt: skip
+    unset = config_from_dict(
+        {"environments": [{"name": "countdown"}], "run_dir": str(tmp_path / "a"), "wandb_upload_code": False}
+    )
     start_and_close(unset, tmp_path / "a", range(1))
     [record] = offline_run_records(tmp_path / "a")
     assert (record.project, record.display_name, list(record.tags)) == (

@@ -19,13 +19,19 @@ from telescope.recording.run_store import RunStore
 
 def main() -> None:
     run_dir, count, block_s, flush_s, rollout_block, pause = (
-        Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]),
+        Path(sys.argv[1]),
+        int(sys.argv[2]),
+        float(sys.argv[3]),
+        float(sys.argv[4]),
+        int(sys.argv[5]),
         float(sys.argv[6]),
-    )  # fmt: skip
+    )
     store = RunStore(
-        run_dir, event_block_duration_seconds=block_s, event_upload_interval_seconds=flush_s,
+        run_dir,
+        event_block_duration_seconds=block_s,
+        event_upload_interval_seconds=flush_s,
         rollout_block_size=rollout_block,
-    )  # fmt: skip
+    )
     store.capture_events()
     numbers = range(count) if count >= 0 else itertools.count()
     for i in numbers:

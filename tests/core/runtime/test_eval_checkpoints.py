@@ -112,8 +112,13 @@ def test_bad_sources_say_what_where_and_how_to_fix(tmp_path: Path, values: dict[
     (tmp_path / "file").write_text("")
     hf(tmp_path / "hf")
     text = json.dumps(values).replace("{tmp}", str(tmp_path))
-    config = load_config(None, {"evals": [{"name": "parity"}], **json.loads(text)},
-                         check_plugins=False, purpose="eval", checkpoint_argument=True).config  # fmt: skip
+    config = load_config(
+        None,
+        {"evals": [{"name": "parity"}], **json.loads(text)},
+        check_plugins=False,
+        purpose="eval",
+        checkpoint_argument=True,
+    ).config
     with pytest.raises(CheckpointSourceError, match=message):
         resolve(config)
 

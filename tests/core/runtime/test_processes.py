@@ -38,8 +38,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_spawned_server_dies_when_its_parent_is_killed(tmp_path: Path) -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "child.log")], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ})  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "child.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())

@@ -31,11 +31,12 @@ def test_runtime_env_options_can_be_turned_off(tmp_path: Path, monkeypatch: pyte
         monkeypatch.delenv(name, raising=False)
     env = runtime_env(
         config(
-            ray_propagate_active_venv=False, ray_pin_py_executable=False,
+            ray_propagate_active_venv=False,
+            ray_pin_py_executable=False,
             ray_worker_keep_freed_memory=False,
         ),
         tmp_path,
-    )  # fmt: skip
+    )
     assert env == {}
 
 

@@ -25,9 +25,15 @@ pytestmark = pytest.mark.requires_dist("telescope-envs")  # the countdown eval
 COUNTDOWN = {
     "name": "countdown",
     "num_samples": 3,
-    "kwargs": {"dataset_name": "generated", "num_samples": 50, "num_numbers": 2, "max_number": 9, "seed": 0,
-               "prompt_style": "compact"},
-}  # fmt: skip
+    "kwargs": {
+        "dataset_name": "generated",
+        "num_samples": 50,
+        "num_numbers": 2,
+        "max_number": 9,
+        "seed": 0,
+        "prompt_style": "compact",
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +54,14 @@ def checkpoint(model: Path, folder: Path, step: int | None) -> Path:
 
 def eval_file(tmp_path: Path, **values: Any) -> Path:
     data = {
-        "inference_backend": "embedded", "inference_base_port": 8461, "max_model_len": 256, "max_tokens": 8,
-        "max_concurrent_samples_per_server": 2, "evals": [COUNTDOWN], **values,
-    }  # fmt: skip
+        "inference_backend": "embedded",
+        "inference_base_port": 8461,
+        "max_model_len": 256,
+        "max_tokens": 8,
+        "max_concurrent_samples_per_server": 2,
+        "evals": [COUNTDOWN],
+        **values,
+    }
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
@@ -115,8 +126,9 @@ def test_hf_weights_reads_converted_folders_and_only_them(
     assert err.startswith("error: checkpoints[0] (step 7): ") and "set hf_weights: true" in err
     assert not output.exists()  # nothing started
 
-    code, out, err = run_eval(capsys, str(eval_file(tmp_path, checkpoints=listed, hf_weights=True)),
-                              "--output", str(output))  # fmt: skip
+    code, out, err = run_eval(
+        capsys, str(eval_file(tmp_path, checkpoints=listed, hf_weights=True)), "--output", str(output)
+    )
     assert code == 0, err
     assert "step 7:" in out and "wandb" not in {p.name for p in output.iterdir()}  # no wandb_run_path: no W&B
     assert [(r["step"], r["checkpoint"]) for r in RunReader(output).evals()] == [(7, str(converted))]

@@ -17,8 +17,11 @@ def environment_worker(rank: int, world_size: int, out: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    seen = {"probe": os.environ.get("TELESCOPE_SPAWN_PROBE"), "port": os.environ.get("MASTER_PORT"),
-            "world": dist.get_world_size()}  # fmt: skip
+    seen = {
+        "probe": os.environ.get("TELESCOPE_SPAWN_PROBE"),
+        "port": os.environ.get("MASTER_PORT"),
+        "world": dist.get_world_size(),
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
     dist.barrier()
     dist.destroy_process_group()

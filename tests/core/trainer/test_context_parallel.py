@@ -96,9 +96,13 @@ def _backend(model: Path, cp: int, workers: int, checkpointing: bool, algorithm:
     from telescope.plugins.facade import get_plugins
 
     config = tiny_trainer_config(
-        model, fsdp_context_parallel_size=cp, trainer_num_workers=workers, gradient_checkpointing=checkpointing,
-        algorithm=algorithm, **SETTINGS,
-    )  # fmt: skip
+        model,
+        fsdp_context_parallel_size=cp,
+        trainer_num_workers=workers,
+        gradient_checkpointing=checkpointing,
+        algorithm=algorithm,
+        **SETTINGS,
+    )
     plugins = get_plugins()
     return plugins.create_trainer_backend(config, plugins.create_algorithm(config))
 

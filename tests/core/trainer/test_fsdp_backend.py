@@ -224,8 +224,12 @@ def test_truncated_samples_are_counted(tiny_model: Path) -> None:
 #: PPO clipping whose ratio reference is what the test says; no TIS, so the loss is the clipped ratio alone.
 CLIP_LOW, CLIP_HIGH = 0.4, 0.5
 PPO: dict[str, Any] = {
-    "algorithm": "grpo", "use_ppo_clip": True, "use_tis": False, "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH,
-}  # fmt: skip
+    "algorithm": "grpo",
+    "use_ppo_clip": True,
+    "use_tis": False,
+    "clip_low": CLIP_LOW,
+    "clip_high": CLIP_HIGH,
+}
 #: Rollout log-probability of every completion token: far above the untrained model's (about -log 384 = -6).
 FAR_ROLLOUT_LOGPROB = -0.05
 

@@ -35,9 +35,14 @@ def gradients(model: Path, seq_len: int, algorithm: str, rank: int = 0, world_si
     from telescope.plugins.facade import get_plugins
 
     config = tiny_trainer_config(
-        model, seq_len=seq_len, pad_to_multiple_of=4, max_model_len=20, max_tokens=8, algorithm=algorithm,
+        model,
+        seq_len=seq_len,
+        pad_to_multiple_of=4,
+        max_model_len=20,
+        max_tokens=8,
+        algorithm=algorithm,
         dr_grpo_loss_agg_mode="token_sum_norm",
-    )  # fmt: skip
+    )
     backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
     backend.setup(rank=rank, world_size=world_size)
     try:

@@ -123,9 +123,13 @@ def test_metrics_of_the_loss_controls(tiny_model: Path) -> None:
             else:
                 dropped += 1
     backend = started(
-        tiny_model, kl_penalty_tau=TAU, entropy_coef=COEF, seq_is_masking=True, seq_is_mask_low=0.5,
+        tiny_model,
+        kl_penalty_tau=TAU,
+        entropy_coef=COEF,
+        seq_is_masking=True,
+        seq_is_mask_low=0.5,
         seq_is_mask_high=2.0,
-    )  # fmt: skip
+    )
     try:
         metrics = backend.train_step(batch)
     finally:

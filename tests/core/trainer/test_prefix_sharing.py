@@ -26,8 +26,9 @@ def grouped_batch(seed: int = 0, groups: int = 3, group_size: int = 4, prompt: i
             n = len(prompt_ids) + len(completion)
             mask = [False] * len(prompt_ids) + [True] * len(completion)
             logprobs = [0.0] * len(prompt_ids) + [-rng.uniform(1.0, 6.0) for _ in completion]
-            samples.append(TrainingSample(prompt_ids + completion, mask, logprobs, (-1.0) ** k * (k + 1) / 3,
-                                          group_index=g))  # fmt: skip
+            samples.append(
+                TrainingSample(prompt_ids + completion, mask, logprobs, (-1.0) ** k * (k + 1) / 3, group_index=g)
+            )
             assert len(samples[-1].token_ids) == n
     return TrainingBatch(samples=samples, step=0)
 
@@ -61,8 +62,15 @@ def test_every_sample_keeps_its_targets_and_the_prompt_is_packed_once() -> None:
             for p, local in enumerate(seq.sequence_ids):
                 if local >= 0:
                     rows = out.setdefault(seq.sample_indices[local], [])
-                    rows.append((seq.position_ids[p], seq.target_ids[p], seq.loss_mask[p],
-                                 seq.inference_logprobs[p], seq.advantages[p]))  # fmt: skip
+                    rows.append(
+                        (
+                            seq.position_ids[p],
+                            seq.target_ids[p],
+                            seq.loss_mask[p],
+                            seq.inference_logprobs[p],
+                            seq.advantages[p],
+                        )
+                    )
         return out
 
     by_plain, by_shared = per_sample(plain), per_sample(shared)
@@ -88,8 +96,15 @@ def test_a_group_too_long_for_one_row_is_split_with_a_prefix_copy_each() -> None
 def _backend(model: Path, share: bool) -> FSDPBackend:
     from telescope.plugins.facade import get_plugins
 
-    config = tiny_trainer_config(model, seq_len=128, pad_to_multiple_of=8, max_model_len=40, max_tokens=16,
-                                 share_prompt_prefixes=share, learning_rate=1e-2)  # fmt: skip
+    config = tiny_trainer_config(
+        model,
+        seq_len=128,
+        pad_to_multiple_of=8,
+        max_model_len=40,
+        max_tokens=16,
+        share_prompt_prefixes=share,
+        learning_rate=1e-2,
+    )
     backend = get_plugins().create_trainer_backend(config, get_plugins().create_algorithm(config))
     assert isinstance(backend, FSDPBackend)
     backend.setup()

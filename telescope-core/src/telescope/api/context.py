@@ -54,14 +54,25 @@ class TrainerContext(_Context):
     def from_config(cls, config: TelescopeConfig) -> TrainerContext:
         c = config
         return cls(
-            model=c.model, model_dtype=c.model_dtype, seed=c.seed, number_of_steps=c.number_of_steps,
-            learning_rate=c.learning_rate, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
-            lr_scheduler=c.lr_scheduler, warmup_steps=c.warmup_steps, min_lr_ratio=c.min_lr_ratio,
-            number_of_minibatches=c.number_of_minibatches, seq_len=c.seq_len,
-            pad_to_multiple_of=c.pad_to_multiple_of, temperature=c.temperature,
-            entropy_chunk_size=c.entropy_chunk_size, ppo_clip_ref_logprobs=c.ppo_clip_ref_logprobs,
-            run_dir=c.run_dir, track_gpu_events=c.track_gpu_events,
-        )  # fmt: skip
+            model=c.model,
+            model_dtype=c.model_dtype,
+            seed=c.seed,
+            number_of_steps=c.number_of_steps,
+            learning_rate=c.learning_rate,
+            weight_decay=c.weight_decay,
+            grad_clip=c.grad_clip,
+            lr_scheduler=c.lr_scheduler,
+            warmup_steps=c.warmup_steps,
+            min_lr_ratio=c.min_lr_ratio,
+            number_of_minibatches=c.number_of_minibatches,
+            seq_len=c.seq_len,
+            pad_to_multiple_of=c.pad_to_multiple_of,
+            temperature=c.temperature,
+            entropy_chunk_size=c.entropy_chunk_size,
+            ppo_clip_ref_logprobs=c.ppo_clip_ref_logprobs,
+            run_dir=c.run_dir,
+            track_gpu_events=c.track_gpu_events,
+        )
 
 
 @dataclass(frozen=True)
@@ -105,14 +116,20 @@ class InferenceContext(_Context):
     def from_config(cls, config: TelescopeConfig) -> InferenceContext:
         c = config
         return cls(
-            model=c.model, model_dtype=c.model_dtype, seed=c.seed, max_model_len=c.max_model_len,
+            model=c.model,
+            model_dtype=c.model_dtype,
+            seed=c.seed,
+            max_model_len=c.max_model_len,
             max_concurrent_sequences=max(1, c.max_concurrent_prompts_per_server * c.group_size),
-            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-            scheduling_policy=c.vllm_scheduling_policy, host=_bind_host(c.inference_host),
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            scheduling_policy=c.vllm_scheduling_policy,
+            host=_bind_host(c.inference_host),
             base_port=c.inference_base_port,
-            tensor_parallel_size=c.inference_tensor_parallel_size, chat_template=c.chat_template,
+            tensor_parallel_size=c.inference_tensor_parallel_size,
+            chat_template=c.chat_template,
             enable_thinking=c.enable_thinking,
-        )  # fmt: skip
+        )
 
 
 def _bind_host(inference_host: str) -> str:

@@ -30,8 +30,12 @@ def default_output(config_file: Path, checkpoint: Path | None, checkpoint_dir: s
 @click.command(name="eval", context_settings=EVAL_ARGS)
 @click.argument("config_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("checkpoint", required=False, type=click.Path(path_type=Path))
-@click.option("--output", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write evals.jsonl (default: evals-<name> beside CHECKPOINT/checkpoint_dir).")  # fmt: skip
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write evals.jsonl (default: evals-<name> beside CHECKPOINT/checkpoint_dir).",
+)
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def eval_command(config_file: Path, checkpoint: Path | None, output: Path | None, overrides: tuple[str, ...]) -> None:
     """Run CONFIG_FILE's evals on CHECKPOINT, or on the checkpoints the config names.

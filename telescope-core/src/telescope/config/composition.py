@@ -79,8 +79,13 @@ class ComposedSchema:
             except ValidationError as exc:
                 for err in exc.errors():
                     names = tuple(str(p) for p in err["loc"][:1])
-                    problems.append((f"{'.'.join(str(p) for p in err['loc']) or owner.model.__name__}: "
-                                     f"{err['msg'].removeprefix('Value error, ')}", names))  # fmt: skip
+                    problems.append(
+                        (
+                            f"{'.'.join(str(p) for p in err['loc']) or owner.model.__name__}: "
+                            f"{err['msg'].removeprefix('Value error, ')}",
+                            names,
+                        )
+                    )
                 continue
             for problem in owner.model.config_problems(config):
                 problems.append((str(problem), tuple(getattr(problem, "fields", ()))))

@@ -239,20 +239,33 @@ def emit_request_events(
     ids = {"component": "inference", "server": server, "request_id": request_id}
     if result is None:
         emit(
-            "inference.request", start=start, duration_s=duration_s, **ids, prompt_tokens=prompt_tokens,
-            completion_tokens=0, finish_reason="aborted" if error is None else "error", aborted=error is None,
-            error=error, policy_version_start=dispatch_version, policy_version_end=known_version,
-        )  # fmt: skip
+            "inference.request",
+            start=start,
+            duration_s=duration_s,
+            **ids,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=0,
+            finish_reason="aborted" if error is None else "error",
+            aborted=error is None,
+            error=error,
+            policy_version_start=dispatch_version,
+            policy_version_end=known_version,
+        )
         return
     first = result.completions[0] if result.completions else None
     emit(
-        "inference.request", start=start, duration_s=duration_s, **ids, prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens, n=len(result.completions),
+        "inference.request",
+        start=start,
+        duration_s=duration_s,
+        **ids,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        n=len(result.completions),
         finish_reason=first.finish_reason if first is not None else None,
         aborted=first is not None and first.finish_reason == "abort",
         policy_version_start=first.policy_version_start if first is not None else dispatch_version,
         policy_version_end=first.policy_version_end if first is not None else known_version,
-    )  # fmt: skip
+    )
     timing = result.timing
     if timing is None:
         return
@@ -391,11 +404,16 @@ class InferenceClient:
             raise
         finally:  # also when cancelled (the request is then aborted on the server)
             emit_request_events(
-                result, start=start, duration_s=time.perf_counter() - t0, server=self.server_index,
-                request_id=str(body["request_id"]), dispatch_version=dispatch_version,
+                result,
+                start=start,
+                duration_s=time.perf_counter() - t0,
+                server=self.server_index,
+                request_id=str(body["request_id"]),
+                dispatch_version=dispatch_version,
                 known_version=self.policy_version,
-                prompt_tokens=len(body["prompt"]) if isinstance(body["prompt"], list) else None, error=error,
-            )  # fmt: skip
+                prompt_tokens=len(body["prompt"]) if isinstance(body["prompt"], list) else None,
+                error=error,
+            )
         return result
 
     async def _post_completion(self, body: dict[str, Any]) -> bytes | CompletionResponse:
@@ -494,15 +512,31 @@ class InferenceClient:
             self.policy_version = version
         for worker, result in enumerate(results):
             if isinstance(result, dict):
-                timing = {"start": float(result.get("start", requested)),
-                          "duration_s": float(result.get("seconds", time.time() - requested))}  # fmt: skip
+                timing = {
+                    "start": float(result.get("start", requested)),
+                    "duration_s": float(result.get("seconds", time.time() - requested)),
+                }
                 if load:
-                    emit("weights.load", **timing, component="inference", server=self.server_index, worker=worker,
-                         version=result.get("policy_version", version), tensors=result.get("num_tensors"))  # fmt: skip
+                    emit(
+                        "weights.load",
+                        **timing,
+                        component="inference",
+                        server=self.server_index,
+                        worker=worker,
+                        version=result.get("policy_version", version),
+                        tensors=result.get("num_tensors"),
+                    )
                 else:
-                    emit("weights.hold", **timing, component="inference", server=self.server_index, worker=worker,
-                         version=version, held_version=result.get("policy_version", self.policy_version),
-                         tensors=result.get("num_tensors"))  # fmt: skip
+                    emit(
+                        "weights.hold",
+                        **timing,
+                        component="inference",
+                        server=self.server_index,
+                        worker=worker,
+                        version=version,
+                        held_version=result.get("policy_version", self.policy_version),
+                        tensors=result.get("num_tensors"),
+                    )
         if load:
             await self._request("POST", "/reset_prefix_cache", retry=False)
         return results

@@ -27,6 +27,8 @@ class VLLMSettings(PluginSettings):
 def telescope_register_inference_backends(register: Registrar) -> None:
     register("embedded", "telescope.inference.embedded.backend:EmbeddedBackend")
     register(
-        "vllm", "telescope.inference.vllm_backend:VLLMBackend", settings=VLLMSettings,
+        "vllm",
+        "telescope.inference.vllm_backend:VLLMBackend",
+        settings=VLLMSettings,
         install_hint="pip install 'telescope-core[vllm]' (a CUDA GPU is needed)",
-    )  # fmt: skip
+    )

@@ -344,8 +344,12 @@ class TelescopeWorkerExtension:
         version, tensors = self._telescope_receiver.receive(payload)
         if not weight_updates.should_load(payload):  # held: take part in the transfer, keep the weights
             count = weight_updates.discard(tensors)
-            return {"policy_version": self._telescope_version, "num_tensors": count,
-                    "seconds": time.perf_counter() - start, "start": started_at}  # fmt: skip
+            return {
+                "policy_version": self._telescope_version,
+                "num_tensors": count,
+                "seconds": time.perf_counter() - start,
+                "start": started_at,
+            }
         counted: list[int] = [0]
 
         def counting() -> Any:
@@ -355,8 +359,12 @@ class TelescopeWorkerExtension:
 
         self._telescope_model().load_weights(weights=counting())
         self._telescope_version = version
-        return {"policy_version": version, "num_tensors": counted[0], "seconds": time.perf_counter() - start,
-                "start": started_at}  # fmt: skip
+        return {
+            "policy_version": version,
+            "num_tensors": counted[0],
+            "seconds": time.perf_counter() - start,
+            "start": started_at,
+        }
 
     def telescope_policy_version(self) -> dict[str, Any]:
         return {"policy_version": self._telescope_version}

@@ -48,9 +48,14 @@ def init_payload(
 ) -> str:
     """The init call's argument: the transport's name, its own settings and context (JSON), where to connect."""
     return json.dumps(
-        {"transport": transport, "settings": settings, "context": context, "init_info": init_info,
-         "rank_offset": rank_offset}
-    )  # fmt: skip
+        {
+            "transport": transport,
+            "settings": settings,
+            "context": context,
+            "init_info": init_info,
+            "rank_offset": rank_offset,
+        }
+    )
 
 
 def update_payload(version: int, load: bool = True) -> str:

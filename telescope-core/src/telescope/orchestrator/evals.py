@@ -208,10 +208,14 @@ class EvalRunner:
             with (
                 events.context(eval_step=step, eval_phase=phase),
                 events.timed(
-                    "eval.run", component="orchestrator", name=entry.name, phase=phase, step=step,
+                    "eval.run",
+                    component="orchestrator",
+                    name=entry.name,
+                    phase=phase,
+                    step=step,
                     servers=list(servers),
                 ) as event,
-            ):  # fmt: skip
+            ):
                 metrics = await self.evaluate(index, entry, servers)
                 event["metrics"] = metrics
             results[entry.name] = metrics
@@ -245,9 +249,15 @@ class EvalRunner:
                 messages = environment.format_prompt(sample)
                 with events.context(eval=entry.name, sample_id=sample.sample_id, rollout_index=draw):
                     return await run_rollout(
-                        environment, sample, messages, self.renderer.prompt_ids(messages),
-                        renderer=self.renderer, generate=generate, policy_version=lambda: -1, limits=limits,
-                    )  # fmt: skip
+                        environment,
+                        sample,
+                        messages,
+                        self.renderer.prompt_ids(messages),
+                        renderer=self.renderer,
+                        generate=generate,
+                        policy_version=lambda: -1,
+                        limits=limits,
+                    )
 
             for attempt in range(EVAL_SERVER_RETRIES + 1):  # a server that died: the next one, a bit later
                 server = servers[(item_index * n + draw + attempt) % len(servers)]

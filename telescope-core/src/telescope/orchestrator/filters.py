@@ -117,13 +117,17 @@ class OutputChecks:
     def from_config(cls, config: TelescopeConfig, vocab_size: int) -> OutputChecks:
         c = config
         return cls(
-            vocab_size=max(2, int(vocab_size)), filter_overlong=c.filter_overlong,
-            overlong_penalty_factor=c.overlong_penalty_factor, overlong_buffer_tokens=c.overlong_buffer_tokens,
-            max_tokens=c.max_tokens, filter_gibberish=c.filter_gibberish,
+            vocab_size=max(2, int(vocab_size)),
+            filter_overlong=c.filter_overlong,
+            overlong_penalty_factor=c.overlong_penalty_factor,
+            overlong_buffer_tokens=c.overlong_buffer_tokens,
+            max_tokens=c.max_tokens,
+            filter_gibberish=c.filter_gibberish,
             gibberish_token_threshold=c.gibberish_token_threshold,
-            gibberish_logprob_offset=c.gibberish_logprob_offset, filter_repetition=c.filter_repetition,
+            gibberish_logprob_offset=c.gibberish_logprob_offset,
+            filter_repetition=c.filter_repetition,
             repetition_compression_threshold=c.repetition_compression_threshold,
-        )  # fmt: skip
+        )
 
     @property
     def active(self) -> bool:
@@ -140,9 +144,12 @@ class OutputChecks:
             ids = [t for turn in rollout.turns for t in turn.output_token_ids]
             logprobs = [lp for turn in rollout.turns for lp in turn.output_logprobs]
             if is_gibberish(
-                ids, logprobs, threshold=self.gibberish_token_threshold, vocab_size=self.vocab_size,
+                ids,
+                logprobs,
+                threshold=self.gibberish_token_threshold,
+                vocab_size=self.vocab_size,
                 offset=self.gibberish_logprob_offset,
-            ):  # fmt: skip
+            ):
                 flagged.append("gibberish")
         if self.filter_repetition and is_repetitive(rollout.completion_text, self.repetition_compression_threshold):
             flagged.append("repetition")

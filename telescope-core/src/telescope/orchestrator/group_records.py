@@ -42,10 +42,17 @@ class ScheduledGroup:
     def emit(self, kind: str, **fields: object) -> None:
         """A timeline event about this group, timed from its dispatch."""
         events.emit(
-            f"orchestrator.{kind}", start=self.dispatched_at, duration_s=time.time() - self.dispatched_at,
-            component="orchestrator", group_id=self.group_id, sample_id=self.item.sample.sample_id,
-            server=self.server, target_step=self.target_step, dispatch_version=self.dispatch_version, **fields,
-        )  # fmt: skip
+            f"orchestrator.{kind}",
+            start=self.dispatched_at,
+            duration_s=time.time() - self.dispatched_at,
+            component="orchestrator",
+            group_id=self.group_id,
+            sample_id=self.item.sample.sample_id,
+            server=self.server,
+            target_step=self.target_step,
+            dispatch_version=self.dispatch_version,
+            **fields,
+        )
 
 
 @dataclass

@@ -298,10 +298,17 @@ class Orchestrator:
 
     def _new_scheduler(self, first_group_id: int = 0) -> RolloutScheduler:
         scheduler = RolloutScheduler(
-            self.config, self.prompts, self.renderer, self._generate, self.train_servers,
-            start_step=self.start_step, policy_version=self.start_step, on_waiting=self.recorder.note,
-            available=getattr(self.generation, "is_available", None), first_group_id=first_group_id,
-        )  # fmt: skip
+            self.config,
+            self.prompts,
+            self.renderer,
+            self._generate,
+            self.train_servers,
+            start_step=self.start_step,
+            policy_version=self.start_step,
+            on_waiting=self.recorder.note,
+            available=getattr(self.generation, "is_available", None),
+            first_group_id=first_group_id,
+        )
         return scheduler
 
     async def _publish(self, version: int, held_servers: Sequence[int] = ()) -> dict[str, float]:
@@ -342,8 +349,13 @@ class Orchestrator:
         for task in self._eval_tasks:  # they ran with weights that are about to be rolled back
             task.cancel()
         self._eval_tasks.clear()
-        with events.timed("orchestrator.trainer_restart", component="orchestrator", checkpoint=str(checkpoint),
-                          restart=self.trainer_restarts, error=str(failure)):  # fmt: skip
+        with events.timed(
+            "orchestrator.trainer_restart",
+            component="orchestrator",
+            checkpoint=str(checkpoint),
+            restart=self.trainer_restarts,
+            error=str(failure),
+        ):
             with self._doing("restarting the trainer group", "trainer"):
                 await restart()
                 await self.training.load_checkpoint(checkpoint)
@@ -399,8 +411,11 @@ class Orchestrator:
         waited = time.perf_counter() - step_start
         with events.timed("orchestrator.batch_assembled", component="orchestrator", groups=len(ready)) as event:
             batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
-            event.update(samples=len(batch.samples), tokens=batch.num_tokens,
-                         group_ids=[g.scheduled.group_id for g in ready if g.scheduled is not None])  # fmt: skip
+            event.update(
+                samples=len(batch.samples),
+                tokens=batch.num_tokens,
+                group_ids=[g.scheduled.group_id for g in ready if g.scheduled is not None],
+            )
         train_start = time.perf_counter()
         with self._doing(f"training step {step}", "trainer"):
             trainer_metrics = await self.training.train_step(batch)

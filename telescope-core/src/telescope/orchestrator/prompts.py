@@ -122,8 +122,12 @@ class PromptSource:
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last prompt taken (what a resume continues from)."""
-        return {"draw": self._taken_state["draw"], "positions": [list(p) for p in self._taken_state["positions"]],
-                "seed": self.seed, "skip_draws": []}  # fmt: skip
+        return {
+            "draw": self._taken_state["draw"],
+            "positions": [list(p) for p in self._taken_state["positions"]],
+            "seed": self.seed,
+            "skip_draws": [],
+        }
 
     def rewind(self, state: dict[str, Any]) -> None:
         """Go back to ``state`` mid-run (a trainer restart from a checkpoint): prefetched prompts are dropped."""

@@ -153,9 +153,13 @@ async def run_rollout(
                 break
             with events.context(turn=len(turns) - 1):  # the reply to this turn (its tool calls, sandboxes)
                 new_messages = await call_with_deadline(
-                    "environment_step", f"env_response {where}", step_limit, environment.env_response,
-                    conversation, state,
-                )  # fmt: skip
+                    "environment_step",
+                    f"env_response {where}",
+                    step_limit,
+                    environment.env_response,
+                    conversation,
+                    state,
+                )
             if limits.interleaved:
                 input_ids = renderer.continuation_ids(history, reply, generation.token_ids, new_messages)
                 conversation.extend(new_messages)
@@ -215,10 +219,15 @@ async def _score(
     start, t0 = time.time(), time.perf_counter()
     result = await _compute_reward(environment, rollout, renderer, state, timeout_s)
     events.emit(
-        "reward.compute", start=start, duration_s=time.perf_counter() - t0, component="orchestrator",
-        sample_id=rollout.sample.sample_id, environment=rollout.sample.environment,
-        reward=float(result.total_reward), error=result.error,
-    )  # fmt: skip
+        "reward.compute",
+        start=start,
+        duration_s=time.perf_counter() - t0,
+        component="orchestrator",
+        sample_id=rollout.sample.sample_id,
+        environment=rollout.sample.environment,
+        reward=float(result.total_reward),
+        error=result.error,
+    )
     return result
 
 
@@ -234,9 +243,14 @@ async def _compute_reward(
     try:
         if isinstance(environment, BaseEnvironment):
             result = await call_with_deadline(
-                "reward", what, timeout_s, environment.compute_reward, rollout.completion_text, sample,
+                "reward",
+                what,
+                timeout_s,
+                environment.compute_reward,
+                rollout.completion_text,
+                sample,
                 renderer.eos_token,
-            )  # fmt: skip
+            )
         elif isinstance(environment, MultiTurnEnvironment):
             result = await call_with_deadline(
                 "reward", what, timeout_s, environment.compute_reward, rollout.messages, sample, state

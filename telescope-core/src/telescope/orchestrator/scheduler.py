@@ -18,73 +18,52 @@ delays the whole step. So:
 - with ``N > 0`` a sample trained at step ``t`` was dispatched at version ``>= t - N``
   (its first turn; later turns are newer), so it is at most ``N`` versions stale.
 
-``first_finished`` (the default: no waiting for stragglers). Accepted groups go
-to one pool in the order they finish; the batch of step ``t`` takes the first
-``B`` of them. Dispatch keeps at most ``B * (policy_version + max_async_rollout + 1
-- t)`` groups in flight or pooled (the same budget as the quotas above, unbound
-from steps), not counting in-flight groups that can no longer be trained (see
-below). The staleness bound is the same: a pooled group dispatched at a version
-older than ``t - max_async_rollout`` is discarded as ``max_async`` when step ``t``
-forms, so a sample trained at step ``t`` was still dispatched at version ``>= t -
-N``. A straggler therefore delays no batch: it finishes into a later one while it
-is fresh enough, is discarded when it is not, and is cancelled (below) when it
-runs on past ``max_off_policy_steps``. With ``max_async_rollout = 0`` both modes
-dispatch and train the same groups. The batch's content depends on completion
-times, so runs are not reproducible in this mode; choose ``deterministic`` for that.
-Its known bias: short completions finish first, so a batch leans towards them
-while long ones arrive later and staler (some are discarded or cancelled); the
+``first_finished`` (the default: no waiting for stragglers). Accepted groups go to one
+pool in the order they finish; step ``t`` takes the first ``B``. Dispatch keeps at most ``B
+* (policy_version + max_async_rollout + 1 - t)`` groups in flight or pooled (the quotas'
+budget, unbound from steps; in-flight groups that can no longer be trained do not count). A
+pooled group dispatched before ``t - max_async_rollout`` is discarded as ``max_async`` when
+step ``t`` forms, so the staleness bound is the same, and a straggler delays no batch: it
+joins a later one while fresh enough. With ``max_async_rollout = 0`` both modes train the
+same groups. Batches depend on completion times (not reproducible: choose ``deterministic``
+for that), and lean towards short completions, long ones arriving later and staler; the
 ``max_async_rollout`` bound limits how far.
 
-Stale work. When the version moves to ``v``, in-flight groups dispatched before
-``v - max_off_policy_steps`` are cancelled; cancelling the task closes its HTTP
-requests, which aborts them on the server. They are counted as ``canceled``.
-A finished group whose oldest turn is more than ``max_off_policy_steps`` behind
-the step it would train (with ``first_finished``, also one dispatched more than
-``max_async_rollout`` versions before it) is discarded as ``max_async``. With
-``first_finished`` and long-tailed completion lengths this cancellation does happen
-at the default settings: a straggler stays in flight while later groups fill the
-batches and the version moves on. When a group finishes, the
-output checks (:mod:`telescope.orchestrator.filters`: overlong, gibberish and
-repetition filters, the overlong penalty) mark its rollouts; groups whose rewards as
-the algorithm sees them (scaled, penalty included) are all equal are discarded as
-``zero_advantage`` when ``discard_group_zero_advantage``; when
-``max_consecutive_zero_advantage_batches`` batches' worth of groups in a row are, no
-batch can ever be formed and :meth:`RolloutScheduler.next_batch` raises
-:class:`NoLearningSignal` (the run fails and says why). Likewise when every rollout of
-``max_consecutive_errored_batches`` batches' worth of groups in a row errored: it raises
-:class:`~telescope.orchestrator.group_streaks.AllRolloutsErrored`, quoting the
-environment's error and where it was raised (both streaks:
-:mod:`telescope.orchestrator.group_streaks`).
+Stale work. When the version moves to ``v``, in-flight groups dispatched before ``v -
+max_off_policy_steps`` are cancelled (their HTTP requests close, which aborts them on the
+server) and counted as ``canceled``; with ``first_finished`` and long-tailed lengths this
+happens at the default settings. A finished group whose oldest token is more than
+``max_off_policy_steps`` behind the step it would train (with ``first_finished``, also one
+dispatched more than ``max_async_rollout`` versions before it) is discarded as ``max_async``.
+A finished group first goes through the output checks (:mod:`telescope.orchestrator.filters`);
+groups whose training rewards are all equal are discarded as ``zero_advantage`` when
+``discard_group_zero_advantage``. Two streaks stop a run that cannot learn
+(:mod:`telescope.orchestrator.group_streaks`): :class:`NoLearningSignal` after
+``max_consecutive_zero_advantage_batches`` batches' worth of such groups in a row, and
+:class:`~telescope.orchestrator.group_streaks.AllRolloutsErrored` (quoting the environment's
+error and where it was raised) after ``max_consecutive_errored_batches`` of groups whose
+every rollout errored.
 
 Servers that fail. A group whose server cannot serve (a rollout raised
-:class:`~telescope.orchestrator.rollouts.ServerUnavailable`: the server died or is
-being restarted) is *re-dispatched*: its other rollouts are cancelled, and the same
-prompt (same draw, same request seeds) runs again on a server that is available,
-for the same target step (it keeps its place in the quota, or in the
-``first_finished`` budget). Servers marked unavailable (``available(server)``
-false) get no new work. So a server that dies loses no prompt, and no prompt is
-trained twice. Re-dispatches are counted (``SchedulerStats.groups_redispatched``),
-each is an event, and a server's failure is logged once (until a group on it succeeds
-again), not once per group it held; a group re-dispatched :data:`MAX_REDISPATCHES` times counts as failed.
+:class:`~telescope.orchestrator.rollouts.ServerUnavailable`) is *re-dispatched*: its other
+rollouts are cancelled and the same prompt (same draw, same request seeds) runs again on an
+available server for the same target step, keeping its place. So a dead server loses no
+prompt and none is trained twice. Re-dispatches are counted and are events; a server's
+failure is logged once until a group on it succeeds again; a group re-dispatched
+:data:`MAX_REDISPATCHES` times counts as failed.
 
-Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes. With
-individual sample lanes each sample holds a lane (released after generation with
-``free_lane_after_generation``, else after scoring); otherwise a group holds one
-lane for all its samples. New work goes to the server with the most free lanes.
+Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes: a group holds
+one, or with individual sample lanes each sample holds one (released after generation with
+``free_lane_after_generation``, else after scoring). New work goes to the server with the most
+free lanes. Bounded waits use ``asyncio.timeout``: Python 3.11's ``wait_for`` drops a cancel
+(Ctrl-C, SIGTERM, the watchdog) that arrives as its wait completes, common for a condition
+notified at every finished group (test: ``tests/core/orchestrator/test_batch_assembly.py``).
 
-Bounded waits use ``asyncio.timeout``: Python 3.11's ``wait_for`` drops a cancel (Ctrl-C,
-SIGTERM, the watchdog) that arrives as its wait completes, common for a condition notified
-at every finished group (test: ``tests/core/orchestrator/test_batch_assembly.py``).
-
-Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``,
-``server``, ``target_step``): ``orchestrator.group_dispatched``, then one of
-``orchestrator.group_completed`` (accepted; timed from dispatch),
-``orchestrator.group_discarded`` (``reason``: ``zero_advantage``, ``max_async``,
-``too_few_samples`` or ``failed``) or ``orchestrator.group_canceled``; a group whose
-server failed is ``orchestrator.group_redispatched`` (``server``: the one that failed,
-``error``) and then dispatched again (``redispatch: true``). Every event
-emitted while a rollout runs (requests, rewards, tools, sandboxes) carries its
-``group_id``, ``sample_id`` and ``rollout_index`` (an event context).
+Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``, ``server``,
+``target_step``): ``group_dispatched``, then ``group_completed``, ``group_discarded``
+(``reason``: ``zero_advantage``, ``max_async``, ``too_few_samples`` or ``failed``) or
+``group_canceled``; ``group_redispatched`` before a dispatch again. Events emitted while a
+rollout runs carry its ``group_id``, ``sample_id`` and ``rollout_index``.
 """
 
 from __future__ import annotations
@@ -199,8 +178,12 @@ class RolloutScheduler:
             _, stuck = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
             for task in stuck:
                 stack = "".join(f"  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}\n" for f in task.get_stack())
-                log.error("scheduler close: %s did not stop within %g s; left behind. Its stack:\n%s",
-                          task.get_name(), CLOSE_TIMEOUT_S, stack)  # fmt: skip
+                log.error(
+                    "scheduler close: %s did not stop within %g s; left behind. Its stack:\n%s",
+                    task.get_name(),
+                    CLOSE_TIMEOUT_S,
+                    stack,
+                )
             for task in tasks:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: no "exception never retrieved" warning
@@ -314,11 +297,17 @@ class RolloutScheduler:
         if not redispatch:
             self.stats.groups_dispatched += 1
         events.emit(
-            "orchestrator.group_dispatched", start=scheduled.dispatched_at, component="orchestrator",
-            group_id=scheduled.group_id, sample_id=item.sample.sample_id, server=server,
-            target_step=scheduled.target_step, dispatch_version=self.policy_version,
-            environment=self.prompts.slots[item.slot].name, **({"redispatch": True} if redispatch else {}),
-        )  # fmt: skip
+            "orchestrator.group_dispatched",
+            start=scheduled.dispatched_at,
+            component="orchestrator",
+            group_id=scheduled.group_id,
+            sample_id=item.sample.sample_id,
+            server=server,
+            target_step=scheduled.target_step,
+            dispatch_version=self.policy_version,
+            environment=self.prompts.slots[item.slot].name,
+            **({"redispatch": True} if redispatch else {}),
+        )
         scheduled.task = asyncio.create_task(
             self._run_group(scheduled.group_id, scheduled), name=f"group-{scheduled.group_id}"
         )
@@ -338,9 +327,12 @@ class RolloutScheduler:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
         limits = RolloutLimits(
-            self.config.max_tokens, self.config.max_model_len, self.config.interleaved_rollouts,
-            self.config.reward_timeout_s, self.config.environment_step_timeout_s,
-        )  # fmt: skip
+            self.config.max_tokens,
+            self.config.max_model_len,
+            self.config.interleaved_rollouts,
+            self.config.reward_timeout_s,
+            self.config.environment_step_timeout_s,
+        )
         held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
@@ -354,10 +346,17 @@ class RolloutScheduler:
             lane = lanes[index] if individual and index < len(lanes) else None
             with events.context(group_id=group_id, sample_id=item.sample.sample_id, rollout_index=index):
                 return await run_rollout(
-                    slot.environment, item.sample, item.messages, item.prompt_token_ids,
-                    renderer=self.renderer, generate=generate, policy_version=lambda: self.policy_version,
-                    limits=limits, lane=lane, free_lane_after_generation=self.config.free_lane_after_generation,
-                )  # fmt: skip
+                    slot.environment,
+                    item.sample,
+                    item.messages,
+                    item.prompt_token_ids,
+                    renderer=self.renderer,
+                    generate=generate,
+                    policy_version=lambda: self.policy_version,
+                    limits=limits,
+                    lane=lane,
+                    free_lane_after_generation=self.config.free_lane_after_generation,
+                )
 
         failure: Exception | None = None
         try:
@@ -421,8 +420,14 @@ class RolloutScheduler:
     async def _fail(self, group_id: int, scheduled: ScheduledGroup, lanes: list[Lane], exc: Exception) -> None:
         """A group that failed outright: counted; too many in a row stop the run."""
         item = scheduled.item
-        log.error("group %d (sample %s) failed: %s: %s", group_id, item.sample.sample_id, type(exc).__name__, exc,
-                  exc_info=exc)  # fmt: skip
+        log.error(
+            "group %d (sample %s) failed: %s: %s",
+            group_id,
+            item.sample.sample_id,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
         scheduled.emit("group_discarded", reason="failed", error=f"{type(exc).__name__}: {exc}")
         self.stats.failed_groups += 1
         self._consecutive_failures += 1
@@ -492,10 +497,15 @@ class RolloutScheduler:
         now = time.time()
         groups = sorted(self._in_flight.values(), key=lambda g: g.dispatched_at)
         return [
-            {"group_id": g.group_id, "sample_id": g.item.sample.sample_id, "server": g.server,
-             "target_step": g.target_step, "age_s": round(now - g.dispatched_at, 1)}
+            {
+                "group_id": g.group_id,
+                "sample_id": g.item.sample.sample_id,
+                "server": g.server,
+                "target_step": g.target_step,
+                "age_s": round(now - g.dispatched_at, 1),
+            }
             for g in groups
-        ]  # fmt: skip
+        ]
 
     def _report_waiting(self, step: int, accepted: int) -> None:
         s = self.stats
@@ -529,10 +539,11 @@ class RolloutScheduler:
         (``max_dispatch_lag`` given) dispatched more than that many versions before ``step``.
         """
         fresh = [
-            g for g in candidates
+            g
+            for g in candidates
             if step - min(r.oldest_policy_version for r in g.group.rollouts) <= self.config.max_off_policy_steps
             and (max_dispatch_lag is None or step - g.dispatch_version <= max_dispatch_lag)
-        ]  # fmt: skip
+        ]
         kept = {id(g) for g in fresh}
         for stale in (g for g in candidates if id(g) not in kept):
             if stale.scheduled is not None:

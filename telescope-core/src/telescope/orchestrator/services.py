@@ -79,15 +79,23 @@ async def complete_on(
     ``priority`` is sent only under the ``priority`` scheduling policy (``fcfs`` ignores it).
     """
     result = await client.complete(
-        prompt_ids, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
+        prompt_ids,
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=seed,
         priority=priority if scheduling_policy == "priority" else 0,
-    )  # fmt: skip
+    )
     completion = result.completions[0]
     finish: FinishReason = "length" if completion.finish_reason == "length" else "stop"
     return Generation(
-        completion.token_ids, completion.logprobs, finish,
-        completion.policy_version_start, completion.policy_version_end, completion.token_policy_versions,
-    )  # fmt: skip
+        completion.token_ids,
+        completion.logprobs,
+        finish,
+        completion.policy_version_start,
+        completion.policy_version_end,
+        completion.token_policy_versions,
+    )
 
 
 class ServerPool:
@@ -125,9 +133,15 @@ class ServerPool:
             self.unavailable[server] = reason
 
     async def generate(
-        self, server: int, prompt_ids: list[int], max_tokens: int, *, seed: int, priority: int,
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
         sampling: SamplingSettings,
-    ) -> Generation:  # fmt: skip
+    ) -> Generation:
         import httpx
 
         from telescope.inference.client import InferenceServerError
@@ -137,9 +151,14 @@ class ServerPool:
         client = self.clients[server]
         try:
             return await complete_on(
-                client, prompt_ids, max_tokens, seed=seed, priority=priority, sampling=sampling,
+                client,
+                prompt_ids,
+                max_tokens,
+                seed=seed,
+                priority=priority,
+                sampling=sampling,
                 scheduling_policy=self.scheduling_policy,
-            )  # fmt: skip
+            )
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout) as exc:
             timeout = getattr(client, "read_timeout", None) or 0.0
             raise OperationTimeout("inference_request", f"a completion on inference server {server}", timeout) from exc

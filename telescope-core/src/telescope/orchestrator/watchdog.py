@@ -80,9 +80,12 @@ class StuckReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "component": self.component, "detail": self.detail, "idle_s": round(self.idle_s, 1), **self.where,
+            "component": self.component,
+            "detail": self.detail,
+            "idle_s": round(self.idle_s, 1),
+            **self.where,
             "findings": self.findings,
-        }  # fmt: skip
+        }
 
 
 class Watchdog:
@@ -176,9 +179,14 @@ class Watchdog:
         others = [str(f["detail"]) for f in findings if not f.get("ok", True) and str(f.get("detail")) not in detail]
         if others:
             message += "; also: " + "; ".join(others)
-        in_progress = [{"kind": b["kind"], "age_s": round(time.time() - float(b["start"]), 1),
-                        **{k: b[k] for k in ("step", "sandbox_id", "group_id", "sample_id") if k in b}}
-                       for b in blocks]  # fmt: skip
+        in_progress = [
+            {
+                "kind": b["kind"],
+                "age_s": round(time.time() - float(b["start"]), 1),
+                **{k: b[k] for k in ("step", "sandbox_id", "group_id", "sample_id") if k in b},
+            }
+            for b in blocks
+        ]
         findings = [*findings, *({"component": "open", **b} for b in in_progress)]
         return StuckReport(idle_s, component, detail, message, where, findings)
 
@@ -201,17 +209,24 @@ def _stuck_component(
         call = stale_calls[0]
         ids = {k: call.context[k] for k in ("group_id", "sample_id", "rollout_index", "turn") if k in call.context}
         sandbox = next(
-            (b for b in reversed(blocks) if str(b["kind"]).startswith("sandbox.")
-             and all(b.get(k) == v for k, v in ids.items())),
+            (
+                b
+                for b in reversed(blocks)
+                if str(b["kind"]).startswith("sandbox.") and all(b.get(k) == v for k, v in ids.items())
+            ),
             None,
-        )  # fmt: skip
+        )
         if sandbox is not None:
             command = f", command {sandbox['command']!r}" if sandbox.get("command") else ""
             where = {**ids, "sandbox_id": sandbox.get("sandbox_id"), "provider": sandbox.get("provider")}
-            return "sandbox", (
-                f"sandbox {sandbox.get('sandbox_id')} ({sandbox.get('provider')}): {sandbox['kind']} has not "
-                f"returned for {time.time() - float(sandbox['start']):.0f} s{command}, in {call.what}"
-            ), where  # fmt: skip
+            return (
+                "sandbox",
+                (
+                    f"sandbox {sandbox.get('sandbox_id')} ({sandbox.get('provider')}): {sandbox['kind']} has not "
+                    f"returned for {time.time() - float(sandbox['start']):.0f} s{command}, in {call.what}"
+                ),
+                where,
+            )
         return "environment", f"{call.what} has not returned for {call.age_s:.0f} s", ids
     groups = [g for g in state.get("in_flight", []) if float(g.get("age_s", 0)) >= idle_s * 0.9]
     if groups:  # requests that have not come back
@@ -221,10 +236,14 @@ def _stuck_component(
         server, stuck = max(by_server.items(), key=lambda kv: max(float(g["age_s"]) for g in kv[1]))
         oldest = max(float(g["age_s"]) for g in stuck)
         ids = {"server": server}
-        return "inference_server", (
-            f"inference server {server}: {len(stuck)} group(s) in flight on it have not returned, the oldest "
-            f"(sample {stuck[0]['sample_id']!r}) for {oldest:.0f} s"
-        ), ids  # fmt: skip
+        return (
+            "inference_server",
+            (
+                f"inference server {server}: {len(stuck)} group(s) in flight on it have not returned, the oldest "
+                f"(sample {stuck[0]['sample_id']!r}) for {oldest:.0f} s"
+            ),
+            ids,
+        )
     waiting_on = state.get("waiting_on")
     if waiting_on == "trainer":
         ranks = [f for f in findings if f.get("component") == "trainer_rank"]

@@ -85,9 +85,11 @@ class Plugins:
             entry = self.registry.entry(kind, name)
             obj = entry.load()
             interface = _interface(kind)
-            ok = isinstance(obj, interface) if kind is PluginKind.EVAL else (
-                isinstance(obj, type) and issubclass(obj, interface)
-            )  # fmt: skip
+            ok = (
+                isinstance(obj, interface)
+                if kind is PluginKind.EVAL
+                else (isinstance(obj, type) and issubclass(obj, interface))
+            )
             if not ok:
                 what = "an instance" if kind is PluginKind.EVAL else "a subclass"
                 raise PluginTypeError(

@@ -233,9 +233,11 @@ class StreamReader:
     def tail_window(self, since: float, where: RecordFilter | None = None) -> list[Record]:
         """The events that ended at or after ``since`` (and match ``where``), cheaply for live views."""
         where = RecordFilter(
-            kind=where.kind if where else None, since=since, until=where.until if where else None,
+            kind=where.kind if where else None,
+            since=since,
+            until=where.until if where else None,
             step=where.step if where else None,
-        )  # fmt: skip
+        )
         expression = where.expression()
         parts: list[list[Record]] = []
         listing = list_blocks(self.directory)

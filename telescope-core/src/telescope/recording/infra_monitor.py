@@ -206,8 +206,13 @@ class InferenceMetricsScraper:
 
     def event(self, metrics: Mapping[str, float], now: float, duration_s: float = 0.0) -> Event:
         """The event of a scrape taken at ``now`` (updates the reference for the next rates)."""
-        event: Event = {"kind": "infra.inference", "start": now, "duration_s": duration_s, "component": "inference",
-                        "server": self.server}  # fmt: skip
+        event: Event = {
+            "kind": "infra.inference",
+            "start": now,
+            "duration_s": duration_s,
+            "component": "inference",
+            "server": self.server,
+        }
         if self.url:
             event["url"] = self.url
         for field, names in GAUGES.items():

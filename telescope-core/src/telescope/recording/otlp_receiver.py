@@ -177,8 +177,12 @@ def request_span_events(span: Span, resource: Mapping[str, Any]) -> list[Event]:
     server: Any = resource.get(SERVER_ATTRIBUTE, resource.get("service.name"))
     if isinstance(server, str) and server.isdigit():
         server = int(server)
-    common: Event = {"component": "vllm", "request_id": attrs.get("gen_ai.request.id"), "server": server,
-                     "trace_id": span.trace_id.hex()}  # fmt: skip
+    common: Event = {
+        "component": "vllm",
+        "request_id": attrs.get("gen_ai.request.id"),
+        "server": server,
+        "trace_id": span.trace_id.hex(),
+    }
     if isinstance(resource.get("vllm.process_id"), str) and resource["vllm.process_id"].isdigit():
         common["pid"] = int(resource["vllm.process_id"])
     fields = {field: attrs[key] for key, field in REQUEST_FIELDS.items() if key in attrs}

@@ -36,6 +36,8 @@ class WandbSettings(PluginSettings):
 @hookimpl
 def telescope_register_loggers(register: Registrar) -> None:
     register(
-        "wandb", "telescope.recording.wandb_logger:WandbLogger", settings=WandbSettings,
+        "wandb",
+        "telescope.recording.wandb_logger:WandbLogger",
+        settings=WandbSettings,
         install_hint="pip install 'telescope-core[wandb]'",
-    )  # fmt: skip
+    )

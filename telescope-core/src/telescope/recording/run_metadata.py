@@ -50,8 +50,15 @@ MAX_CODE_FILES = 5000
 #: ...and at most this many files are looked at (a run started from a home directory stays quick).
 MAX_FILES_SCANNED = 200_000
 VERSIONED_PACKAGES = (
-    "telescope-core", "telescope-envs", "telescope-sandbox", "torch", "transformers", "ray", "vllm", "wandb",
-)  # fmt: skip
+    "telescope-core",
+    "telescope-envs",
+    "telescope-sandbox",
+    "torch",
+    "transformers",
+    "ray",
+    "vllm",
+    "wandb",
+)
 
 
 def _is_excluded(relative: str, name: str, patterns: list[str]) -> bool:
@@ -110,8 +117,13 @@ def snapshot_code(
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
         total += target.stat().st_size
-    return {"dir": destination.name, "root": str(root), "files": len(files), "bytes": total,
-            "truncated": len(files) >= MAX_CODE_FILES}  # fmt: skip
+    return {
+        "dir": destination.name,
+        "root": str(root),
+        "files": len(files),
+        "bytes": total,
+        "truncated": len(files) >= MAX_CODE_FILES,
+    }
 
 
 def _version(package: str) -> str | None:
@@ -200,8 +212,15 @@ def environment_ranges(config: TelescopeConfig, plugins: Plugins) -> list[dict[s
             metrics_ranges: dict[str, Any] | None = dict(getattr(plugins.environment(entry.name), "metrics_ranges", {}))
         except Exception:  # an environment that does not load is reported by the run itself
             metrics_ranges = None
-        out.append({"name": entry.name, "weight": entry.weight, "reward_min": entry.reward_min,
-                    "reward_max": entry.reward_max, "metrics_ranges": metrics_ranges})  # fmt: skip
+        out.append(
+            {
+                "name": entry.name,
+                "weight": entry.weight,
+                "reward_min": entry.reward_min,
+                "reward_max": entry.reward_max,
+                "metrics_ranges": metrics_ranges,
+            }
+        )
     return out
 
 
@@ -225,9 +244,12 @@ def write_run_metadata(
     """Write ``metadata.json`` and ``code/`` into ``run_dir`` (see the module docstring); returns the metadata."""
     root = Path.cwd() if root is None else root
     code = snapshot_code(
-        root, run_dir / CODE_DIR, config.wandb_code_max_file_size_mb, list(config.wandb_code_exclude_patterns),
+        root,
+        run_dir / CODE_DIR,
+        config.wandb_code_max_file_size_mb,
+        list(config.wandb_code_exclude_patterns),
         skip=run_dir,
-    )  # fmt: skip
+    )
     metadata = {
         "telescope_version": _version("telescope-core"),
         "created": time.time(),

@@ -278,18 +278,25 @@ class RunStore:
         self._evals = JsonlWriter(self.run_dir / EVALS_FILE)
         interval = float(event_upload_interval_seconds)
         self._events = BlockStream(
-            self.run_dir / EVENTS_DIR, EVENTS_SCHEMA, block_seconds=float(event_block_duration_seconds), clock=clock,
-            index=True, max_pending=MAX_PENDING_EVENTS,
+            self.run_dir / EVENTS_DIR,
+            EVENTS_SCHEMA,
+            block_seconds=float(event_block_duration_seconds),
+            clock=clock,
+            index=True,
+            max_pending=MAX_PENDING_EVENTS,
             settings={
                 "event_block_duration_seconds": event_block_duration_seconds,
                 "event_upload_interval_seconds": interval,
                 "event_tail_window_seconds": event_tail_window_seconds,
             },
-        )  # fmt: skip
+        )
         self._rollouts = BlockStream(
-            self.run_dir / ROLLOUTS_DIR, ROLLOUTS_SCHEMA, block_rows=int(rollout_block_size), clock=clock,
+            self.run_dir / ROLLOUTS_DIR,
+            ROLLOUTS_SCHEMA,
+            block_rows=int(rollout_block_size),
+            clock=clock,
             settings={"rollout_block_size": rollout_block_size, "event_upload_interval_seconds": interval},
-        )  # fmt: skip
+        )
         self._flusher = Flusher([self._events, self._rollouts], interval, name=f"run-store-writer:{self.run_dir.name}")
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] = self._read_existing_status()

@@ -100,8 +100,17 @@ TABLE_COLUMNS = [
 
 #: Columns of the events table; an event's other fields go into ``fields`` (JSON).
 EVENT_COLUMNS = [
-    "kind", "start", "duration_s", "component", "step", "server", "rank", "group_id", "sample_id", "request_id",
-]  # fmt: skip
+    "kind",
+    "start",
+    "duration_s",
+    "component",
+    "step",
+    "server",
+    "rank",
+    "group_id",
+    "sample_id",
+    "request_id",
+]
 
 
 def api_key_configured() -> bool:
@@ -243,9 +252,10 @@ class WandbLogger(Logger):
         if self.wandb_settings.wandb_upload_code:
             self._guard("code upload", self._upload_code)
         if (self.run_dir / METADATA_FILE).exists():
-            self._guard("metadata", lambda: self._run.save(
-                str(self.run_dir / METADATA_FILE), base_path=str(self.run_dir), policy="now"
-            ))  # fmt: skip
+            self._guard(
+                "metadata",
+                lambda: self._run.save(str(self.run_dir / METADATA_FILE), base_path=str(self.run_dir), policy="now"),
+            )
 
     def _upload_code(self) -> None:
         """Hand the run's code snapshot to ``run.log_code``, or select and stage the files here.

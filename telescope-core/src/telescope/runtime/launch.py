@@ -220,9 +220,15 @@ async def _train(
         monitor = services.infra_monitor().start()  # system, torch memory, inference metrics -> the run store
         tokenizer = await asyncio.wrap_future(tokenizer_loading.tokenizer)
         run = build_orchestrator(
-            config, services.generation, services, plugins=plugins, tokenizer=tokenizer, store=store,
-            loggers=loggers, progress=progress,
-        )  # fmt: skip
+            config,
+            services.generation,
+            services,
+            plugins=plugins,
+            tokenizer=tokenizer,
+            store=store,
+            loggers=loggers,
+            progress=progress,
+        )
         freeze_startup_objects("orchestrator")  # Ray, transformers, the datasets: out of every later collection
         try:
             await run.run()
@@ -314,8 +320,7 @@ def launch_run(loaded: LoadedConfig) -> int:
         status, code, error = "failed", 1, exc
         log.error("run failed:\n%s", traceback.format_exc(), extra=FILES_ONLY)
         what = "resume from its last checkpoint" if exc.checkpoint is not None else "start the run again"
-        print(f"error: the run failed: {exc}\nTo {what}: {_resume_command(run_dir, exc.checkpoint)}",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: the run failed: {exc}\nTo {what}: {_resume_command(run_dir, exc.checkpoint)}", file=sys.stderr)
     except (RunCheckpointError, RayStartError, PluginError, ValueError, FileNotFoundError) as exc:
         status, code, error = "failed", 2, exc
         print(f"error: {exc}", file=sys.stderr)

@@ -178,10 +178,13 @@ def build_infra_monitor(
     if trainers:
         collectors.append(
             _drain_collector(
-                "torch_memory", config.ray_torch_memory_drain_interval_seconds, trainers, "drain_torch_memory",
+                "torch_memory",
+                config.ray_torch_memory_drain_interval_seconds,
+                trainers,
+                "drain_torch_memory",
                 torch_memory_events,
             )
-        )  # fmt: skip
+        )
     for index, client in enumerate(clients):
         scraper = InferenceMetricsScraper(index, client.metrics, client.base_url)
         collectors.append(Collector(f"inference_{index}", config.metrics_logger_interval_seconds, scraper))
@@ -230,8 +233,14 @@ def record_placements(servers: Sequence[dict[str, Any]], trainers: Sequence[dict
             emit("worker.startup", start=placed["started_at"], duration_s=duration, node=placed["node"], **fields)
 
     for index, placed in enumerate(servers):
-        emit("worker.placed", component="inference", server=index, node=placed["node"], url=placed["url"],
-             gpu_ids=placed["gpu_ids"])  # fmt: skip
+        emit(
+            "worker.placed",
+            component="inference",
+            server=index,
+            node=placed["node"],
+            url=placed["url"],
+            gpu_ids=placed["gpu_ids"],
+        )
         startup(placed, component="inference", server=index)
     for rank, placed in enumerate(trainers):
         emit("worker.placed", component="trainer", rank=rank, node=placed["node"], gpu_ids=placed["gpu_ids"])

@@ -212,6 +212,10 @@ def spawn(command: list[str], env: dict[str, str], log_file: Path) -> subprocess
     """Start ``command`` in its own session, output to ``log_file``; it dies with the starting thread (Linux)."""
     with open(log_file, "ab") as out:
         return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
             preexec_fn=_die_with_parent(),
-        )  # fmt: skip
+        )

@@ -177,16 +177,29 @@ class RayServices(WorkerRecovery):
         checkpoints = TrainerCheckpoints.from_config(c)
         servers = c.inference_num_workers // c.inference_tensor_parallel_size
         tp = c.inference_tensor_parallel_size if gpu else 0
-        inference_bundle = worker_bundle(c.ray_inference_cpus_per_worker, float(tp),
-                                         c.ray_inference_resources_per_worker)  # fmt: skip
-        inference_group = reserve_workers("inference", f"telescope-{self.run_id}-inference", servers, inference_bundle,
-                                          c.ray_inference_placement_strategy, c.ray_placement_timeout_s)  # fmt: skip
+        inference_bundle = worker_bundle(
+            c.ray_inference_cpus_per_worker, float(tp), c.ray_inference_resources_per_worker
+        )
+        inference_group = reserve_workers(
+            "inference",
+            f"telescope-{self.run_id}-inference",
+            servers,
+            inference_bundle,
+            c.ray_inference_placement_strategy,
+            c.ray_placement_timeout_s,
+        )
         self.groups.append(inference_group)
-        trainer_bundle = worker_bundle(c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0,
-                                       c.ray_trainer_resources_per_worker)  # fmt: skip
-        trainer_group = reserve_workers("trainer", f"telescope-{self.run_id}-trainer", c.trainer_num_workers,
-                                        trainer_bundle, c.ray_trainer_placement_strategy,
-                                        c.ray_placement_timeout_s)  # fmt: skip
+        trainer_bundle = worker_bundle(
+            c.ray_trainer_cpus_per_worker, 1.0 if gpu else 0.0, c.ray_trainer_resources_per_worker
+        )
+        trainer_group = reserve_workers(
+            "trainer",
+            f"telescope-{self.run_id}-trainer",
+            c.trainer_num_workers,
+            trainer_bundle,
+            c.ray_trainer_placement_strategy,
+            c.ray_placement_timeout_s,
+        )
         self.groups.append(trainer_group)
 
         def placed(group: PlacementGroup, index: int, cpus: float, gpus: float) -> dict[str, Any]:
@@ -368,8 +381,9 @@ class RayServices(WorkerRecovery):
         async def connect(i: int) -> None:
             client = self.generation.clients[i]
             try:
-                await client.init_weight_transfer(self.transport_name, self._init_info, 1 + i * per_server, settings,
-                                                  context)  # fmt: skip
+                await client.init_weight_transfer(
+                    self.transport_name, self._init_info, 1 + i * per_server, settings, context
+                )
             except httpx.TransportError as exc:  # it died meanwhile: its restart connects it
                 if self.supervisor is None:
                     raise

@@ -125,9 +125,13 @@ def _evaluate_checkpoint(
     try:
         if runner is None:
             runner = EvalRunner(
-                config, get_plugins(), renderer, services.generation, sink,
+                config,
+                get_plugins(),
+                renderer,
+                services.generation,
+                sink,
                 per_server_limit=config.max_concurrent_samples_per_server,
-            )  # fmt: skip
+            )
         else:  # the same evals and datasets, this checkpoint's servers
             runner.renderer, runner.generation = renderer, services.generation
         servers = list(range(services.generation.num_servers))

@@ -118,9 +118,10 @@ class ServerSupervisor:
         if alive and (self.failures[index] < FAILED_CHECKS_TO_RESTART or unresponsive < UNRESPONSIVE_RESTART_S):
             return
         reason = (
-            "its process exited" if not alive
+            "its process exited"
+            if not alive
             else f"it has not answered /health for {unresponsive:.0f} s ({self.failures[index]} checks)"
-        )  # fmt: skip
+        )
         self.restarting.add(index)
         task = asyncio.create_task(self._restart(index, reason), name=f"restart-server-{index}")
         self._restart_tasks.add(task)
@@ -146,8 +147,9 @@ class ServerSupervisor:
                     f"(inference_max_restarts: {self.max_restarts}); see logs/inference_{index}.log"
                 )
             log.warning("inference server %d: %s; restarting it (restart %d)", index, reason, count)
-            with events.timed("inference.server_restart", component="inference", server=index, reason=reason,
-                              restart=count) as event:  # fmt: skip
+            with events.timed(
+                "inference.server_restart", component="inference", server=index, reason=reason, restart=count
+            ) as event:
                 event["url"] = await self.services.restart_server(index)
                 await self.services.resync_weights(index)
             self.failures[index] = 0
@@ -158,9 +160,13 @@ class ServerSupervisor:
             raise
         except BaseException as exc:
             log.error("inference server %d could not be restarted: %s", index, exc)
-            self.on_fatal(exc if isinstance(exc, ServerLost) else ServerLost(
-                f"inference server {index} died ({reason}) and could not be restarted: {type(exc).__name__}: {exc}"
-            ))  # fmt: skip
+            self.on_fatal(
+                exc
+                if isinstance(exc, ServerLost)
+                else ServerLost(
+                    f"inference server {index} died ({reason}) and could not be restarted: {type(exc).__name__}: {exc}"
+                )
+            )
         finally:
             self.restarting.discard(index)
 

@@ -30,8 +30,11 @@ def stop_workers(servers: Sequence[Any], trainers: Sequence[Any], others: Sequen
         answering = _answering(trainers, ping_timeout_s)
         for rank, trainer in enumerate(trainers):
             if trainer not in answering:
-                log.warning("trainer rank %d does not answer a ping within %g s: killed without closing it",
-                            rank, ping_timeout_s)  # fmt: skip
+                log.warning(
+                    "trainer rank %d does not answer a ping within %g s: killed without closing it",
+                    rank,
+                    ping_timeout_s,
+                )
         calls = [server.stop.remote() for server in servers] + [t.close.remote() for t in answering]
         if calls:
             ray.wait(calls, num_returns=len(calls), timeout=CLOSE_TIMEOUT_S)

@@ -133,8 +133,13 @@ class TrainerWorker:
         """
         from telescope.runtime.devices import ray_gpu_ids
 
-        return {"node": ray.util.get_node_ip_address(), "gpu_ids": list(ray_gpu_ids() or ()), "pid": os.getpid(),
-                "started_at": self._started_at, "ready_at": self._ready_at}  # fmt: skip
+        return {
+            "node": ray.util.get_node_ip_address(),
+            "gpu_ids": list(ray_gpu_ids() or ()),
+            "pid": os.getpid(),
+            "started_at": self._started_at,
+            "ready_at": self._ready_at,
+        }
 
     def setup(self, master_addr: str, master_port: int) -> None:
         from telescope.runtime.addressing import interface_of, is_loopback, local_address_towards
@@ -177,9 +182,11 @@ class TrainerWorker:
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics: dict[str, float] = self.backend.train_step(batch)
         self._log.info(
-            "step %s: loss %.4g, %.2f s", getattr(batch, "step", "?"), metrics.get("loss", float("nan")),
+            "step %s: loss %.4g, %.2f s",
+            getattr(batch, "step", "?"),
+            metrics.get("loss", float("nan")),
             metrics.get("timing_trainer_step_total", float("nan")),
-        )  # fmt: skip
+        )
         return metrics
 
     def drain_events(self) -> list[dict[str, Any]]:
@@ -213,8 +220,15 @@ class TrainerWorker:
         else:
             for _ in weights:  # every rank takes part in gathering each tensor
                 pass
-        record = {"kind": "weights.send", "start": wall, "duration_s": time.perf_counter() - start,
-                  "version": version, "tensors": counted[0], "bytes": counted[1], "sender": sender}  # fmt: skip
+        record = {
+            "kind": "weights.send",
+            "start": wall,
+            "duration_s": time.perf_counter() - start,
+            "version": version,
+            "tensors": counted[0],
+            "bytes": counted[1],
+            "sender": sender,
+        }
         return record
 
     def save_checkpoint(self, step: int) -> str:
@@ -295,8 +309,14 @@ class InferenceWorker:
         Also its start-up: ``started_at`` (this worker's process start) and ``ready_at`` (when
         its server first answered).
         """
-        return {"node": self.node, "url": self.base_url(), "gpu_ids": list(self.gpu_ids or ()), "pid": self.pid(),
-                "started_at": self._started_at, "ready_at": self._ready_at}  # fmt: skip
+        return {
+            "node": self.node,
+            "url": self.base_url(),
+            "gpu_ids": list(self.gpu_ids or ()),
+            "pid": self.pid(),
+            "started_at": self._started_at,
+            "ready_at": self._ready_at,
+        }
 
     def pid(self) -> int | None:
         process = getattr(self.server, "process", None)

@@ -144,9 +144,11 @@ class AlgorithmConformance:
     def test_loss_finite_with_gradient(self) -> None:
         for changes in self.configs():
             inputs = loss_inputs(
-                [-1.0, -2.0, -0.5, -1.5], [1.0, 1.0, -0.5, -0.5],
-                ref_logprobs=[-1.2, -1.8, -0.4, -1.9], sequence_ids=[0, 0, 1, 1],
-            )  # fmt: skip
+                [-1.0, -2.0, -0.5, -1.5],
+                [1.0, 1.0, -0.5, -0.5],
+                ref_logprobs=[-1.2, -1.8, -0.4, -1.9],
+                sequence_ids=[0, 0, 1, 1],
+            )
             terms = self.make(**changes).loss_terms(inputs)
             assert terms.shape == inputs.logprobs.shape
             total = terms.sum()

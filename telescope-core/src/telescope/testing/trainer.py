@@ -99,8 +99,14 @@ def synthetic_batch(
 #: Imported once by the process that forks the ranks (see :func:`spawn_ranks`); a module that is
 #: not installed is skipped. Each costs seconds of CPU to import (megatron-core with torch and
 #: transformers about 9 s), which every rank paid again when it started as a fresh interpreter.
-RANK_PRELOAD = ("torch", "torch.distributed", "transformers", "telescope.trainer.fsdp", "megatron.core",
-                "telescope_megatron.backend")  # fmt: skip
+RANK_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "telescope.trainer.fsdp",
+    "megatron.core",
+    "telescope_megatron.backend",
+)
 
 
 def spawn_ranks(fn: Callable[..., None], world_size: int, *args: Any) -> None:
@@ -212,9 +218,11 @@ class TrainerBackendConformance:
 
     def make_config(self, model_path: Path, **overrides: Any) -> TelescopeConfig:
         return tiny_trainer_config(
-            model_path, train_backend=self.backend_name, algorithm=self.algorithm_name,
+            model_path,
+            train_backend=self.backend_name,
+            algorithm=self.algorithm_name,
             **{**self.config_overrides, **overrides},
-        )  # fmt: skip
+        )
 
     def make_backend(self, config: TelescopeConfig) -> TrainerBackend:
         """Instantiate (not set up) the backend; override for a backend that is not registered."""

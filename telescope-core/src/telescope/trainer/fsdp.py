@@ -308,9 +308,15 @@ class FSDPBackend(TrainerBackend):
         if timers.record_events:
             self._events.extend(timers.records)
             self._events.append(
-                {"kind": "trainer.step", "start": step_wall, "duration_s": step_time, "clock": "wall",
-                 "microbatches": micro_count, "optimizer_steps": optimizer_steps}
-            )  # fmt: skip
+                {
+                    "kind": "trainer.step",
+                    "start": step_wall,
+                    "duration_s": step_time,
+                    "clock": "wall",
+                    "microbatches": micro_count,
+                    "optimizer_steps": optimizer_steps,
+                }
+            )
         return metrics
 
     def _loss_part_metrics(self, part_sums: dict[str, float], optimizer_steps: int) -> dict[str, float]:
@@ -359,8 +365,9 @@ class FSDPBackend(TrainerBackend):
 
     def _pack(self, samples: list[TrainingSample], share_prefixes: bool = False) -> PackedBatch:
         if share_prefixes:
-            return pack_with_shared_prefixes(samples, self.context.seq_len, self.context.pad_to_multiple_of,
-                                             self.pad_token_id)  # fmt: skip
+            return pack_with_shared_prefixes(
+                samples, self.context.seq_len, self.context.pad_to_multiple_of, self.pad_token_id
+            )
         return pack_samples(
             samples, self.context.seq_len, self.context.pad_to_multiple_of, self.pad_token_id, overflow="truncate"
         )

@@ -41,10 +41,22 @@ def save_fsdp_checkpoint(backend: FSDPBackend, path: Path, *, training_state: bo
         backend.model.config.save_pretrained(folder)
         save_tokenizer(backend, folder)
 
-    meta = {"step": backend.step, "training_state": training_state, "world_size": backend.global_world_size,
-            "model": backend.context.model, "model_dtype": backend.context.model_dtype}  # fmt: skip
-    ckpt.write_checkpoint(path, rank=backend.global_rank, weights=weights, save_config=save_config,
-                          main_files=main_files, rank_files=rank_files, meta=meta)  # fmt: skip
+    meta = {
+        "step": backend.step,
+        "training_state": training_state,
+        "world_size": backend.global_world_size,
+        "model": backend.context.model,
+        "model_dtype": backend.context.model_dtype,
+    }
+    ckpt.write_checkpoint(
+        path,
+        rank=backend.global_rank,
+        weights=weights,
+        save_config=save_config,
+        main_files=main_files,
+        rank_files=rank_files,
+        meta=meta,
+    )
 
 
 def save_tokenizer(backend: FSDPBackend, folder: Path) -> None:

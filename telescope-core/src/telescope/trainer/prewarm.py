@@ -97,5 +97,10 @@ def prewarm(
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return {"kind": "trainer.prewarm", "start": start_wall, "duration_s": time.perf_counter() - start,
-            "clock": "wall", "tokens": int(row.input_ids.shape[1])}  # fmt: skip
+    return {
+        "kind": "trainer.prewarm",
+        "start": start_wall,
+        "duration_s": time.perf_counter() - start,
+        "clock": "wall",
+        "tokens": int(row.input_ids.shape[1]),
+    }

@@ -210,9 +210,15 @@ class DeepDiveEnvironment(ToolEnvironment):
         )
         self.pages = self._page_backend(page_backend, page_timeout, page_cache_size, shared)
         self.judge = self._judge_backend(
-            judge_backend, judge_model, judge_base_url, judge_api_key_var, judge_api, judge_timeout, judge_max_tokens,
+            judge_backend,
+            judge_model,
+            judge_base_url,
+            judge_api_key_var,
+            judge_api,
+            judge_timeout,
+            judge_max_tokens,
             max_retries,
-        )  # fmt: skip
+        )
 
     # -------------------------------------------------------------- backends
     @staticmethod
@@ -269,9 +275,14 @@ class DeepDiveEnvironment(ToolEnvironment):
                 "(or set judge_base_url to an OpenAI-compatible server, or judge_backend: match)"
             )
         return ModelJudge(
-            base_url or OPENAI_BASE_URL, model, api_key=key, api="chat" if api == "chat" else "completions",
-            max_tokens=max_tokens, timeout=timeout, max_retries=retries,
-        )  # fmt: skip
+            base_url or OPENAI_BASE_URL,
+            model,
+            api_key=key,
+            api="chat" if api == "chat" else "completions",
+            max_tokens=max_tokens,
+            timeout=timeout,
+            max_retries=retries,
+        )
 
     def close(self) -> None:
         """Close the backends' HTTP clients (they reopen on next use)."""

@@ -78,9 +78,11 @@ def code_diff(
         if old is None and new is None:
             raise HTTPException(404, f"no file {path!r} in the code of either run")
         lines = difflib.unified_diff(
-            _text(old).splitlines(keepends=True), _text(new).splitlines(keepends=True),
-            fromfile=f"a/{path}", tofile=f"b/{path}",
-        )  # fmt: skip
+            _text(old).splitlines(keepends=True),
+            _text(new).splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
         return {"path": path, "diff": "".join(lines)}
     left_files, right_files = set(left.code_files()), set(right.code_files())
     changed = [{"path": p, "status": "removed"} for p in sorted(left_files - right_files)]

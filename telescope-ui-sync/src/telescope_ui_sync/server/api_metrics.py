@@ -39,8 +39,7 @@ def catalog(runs: str = "", cur: duckdb.DuckDBPyConnection = Depends(cursor)) ->
         return {"sections": []}
     marks = ",".join("?" * len(ids))
     names = [r[0] for r in cur.execute(f"SELECT DISTINCT name FROM metrics WHERE run_id IN ({marks})", ids).fetchall()]
-    names += [r[0] for r in cur.execute(
-        f"SELECT DISTINCT metric FROM evals WHERE run_id IN ({marks})", ids).fetchall()]  # fmt: skip
+    names += [r[0] for r in cur.execute(f"SELECT DISTINCT metric FROM evals WHERE run_id IN ({marks})", ids).fetchall()]
     sections: dict[str, dict[str, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
     for name in sorted(set(names)):
         place = classify(name)

@@ -24,8 +24,9 @@ def evals(run: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> dict[st
     ).fetchall()
     results: dict[int, dict[str, Any]] = {}
     for seq, name, step, at, phase, metric, value in rows:
-        entry = results.setdefault(seq, {"seq": seq, "name": name, "step": step, "time": at, "phase": phase,
-                                         "metrics": {}})  # fmt: skip
+        entry = results.setdefault(
+            seq, {"seq": seq, "name": name, "step": step, "time": at, "phase": phase, "metrics": {}}
+        )
         entry["metrics"][metric] = value
     by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in results.values():

@@ -129,7 +129,17 @@ def search(
             ("tool", tool_text(record.get("messages"))),
         )
         field, text = next(((f, t) for f, t in texts if needle in t.lower()), texts[0])
-        results.append({"seq": seq, "step": step, "group_index": group, "rollout_index": index, "reward": reward,
-                        "advantage": advantage, "discard_reason": discard, "field": field,
-                        "snippet": _snippet(text, q)})  # fmt: skip
+        results.append(
+            {
+                "seq": seq,
+                "step": step,
+                "group_index": group,
+                "rollout_index": index,
+                "reward": reward,
+                "advantage": advantage,
+                "discard_reason": discard,
+                "field": field,
+                "snippet": _snippet(text, q),
+            }
+        )
     return {"query": q, "total": total, "results": results}

@@ -105,8 +105,21 @@ def list_runs(request: Request, cur: duckdb.DuckDBPyConnection = Depends(cursor)
         "SELECT run_id, name, path, root, source, status, step, number_of_steps, start_time, end_time, "
         "updated_time, missing, skipped_lines FROM runs ORDER BY coalesce(start_time, first_seen), run_id"
     ).fetchall()
-    names = ["run_id", "name", "path", "root", "source", "status", "step", "number_of_steps", "start_time",
-             "end_time", "updated_time", "missing", "skipped_lines"]  # fmt: skip
+    names = [
+        "run_id",
+        "name",
+        "path",
+        "root",
+        "source",
+        "status",
+        "step",
+        "number_of_steps",
+        "start_time",
+        "end_time",
+        "updated_time",
+        "missing",
+        "skipped_lines",
+    ]
     bad = bad_blocks(cur)
     per_step = step_times(cur)
     runs = []
@@ -178,8 +191,10 @@ def run_summary(run_id: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -
     for table in ("metrics", "rollouts", "events", "evals", "logs"):
         (counts[table],) = cur.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]).fetchone() or (0,)
     (counts["steps"],) = cur.execute("SELECT count(*) FROM steps WHERE run_id = ?", [run_id]).fetchone() or (0,)
-    logs = [row[0] for row in cur.execute(
-        "SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()]  # fmt: skip
+    logs = [
+        row[0]
+        for row in cur.execute("SELECT DISTINCT file FROM logs WHERE run_id = ? ORDER BY file", [run_id]).fetchall()
+    ]
     return {
         "run": {**run, "progress": progress(run, step_seconds=step_times(cur, run_id).get(run_id))},
         "config": config,
@@ -216,8 +231,14 @@ def config_diff(a: str, b: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)
     for key in keys:
         left, right = configs[0].get(key, missing), configs[1].get(key, missing)
         if left != right:
-            diffs.append({"key": key, "a": None if left is missing else left, "b": None if right is missing else right,
-                          "only_in": "a" if right is missing else "b" if left is missing else None})  # fmt: skip
+            diffs.append(
+                {
+                    "key": key,
+                    "a": None if left is missing else left,
+                    "b": None if right is missing else right,
+                    "only_in": "a" if right is missing else "b" if left is missing else None,
+                }
+            )
     return {"a": a, "b": b, "differences": diffs, "same": len(keys) - len(diffs)}
 
 

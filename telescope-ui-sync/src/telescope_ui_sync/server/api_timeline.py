@@ -89,8 +89,11 @@ def _bins(
     kinds: dict[str | None, int] = {}
     columns: dict[str, list[Any]] = {k: [] for k in ("lane", "bucket", "count", "busy", "errors", "seq", "kind")}
     for lane, bucket, count, busy, errors, seq, kind in rows:
-        for key, value in zip(columns, (lane_index.get(lane, -1), bucket, count, round(busy, 6), errors, seq,
-                                         kinds.setdefault(kind, len(kinds))), strict=True):  # fmt: skip
+        for key, value in zip(
+            columns,
+            (lane_index.get(lane, -1), bucket, count, round(busy, 6), errors, seq, kinds.setdefault(kind, len(kinds))),
+            strict=True,
+        ):
             columns[key].append(value)
     return {"origin": start, "width": width, "kinds": list(kinds), **columns}
 
@@ -123,8 +126,18 @@ def timeline(
     window_start = start if start is not None else lo
     window_end = end if end is not None else hi
     if window_start is None or window_end is None:
-        return fast_json({"range": None, "window": None, "lanes": [], "events": [], "bins": None, "steps": [],
-                          "truncated": False, "total": 0})  # fmt: skip
+        return fast_json(
+            {
+                "range": None,
+                "window": None,
+                "lanes": [],
+                "events": [],
+                "bins": None,
+                "steps": [],
+                "truncated": False,
+                "total": 0,
+            }
+        )
     where = f"{TIMELINE} AND start <= $end AND finish >= $start"
     params = {"run": run, "start": window_start, "end": window_end}
     (count,) = cur.execute(f"SELECT count(*) FROM events WHERE {where}", params).fetchone() or (0,)
@@ -135,18 +148,26 @@ def timeline(
         params,
     ).fetchall()
     events = [
-        {"seq": seq, "kind": kind, "lane": f"{component}|{lane}", "start": ev_start, "duration": duration,
-         "step": step, "error": failed}
+        {
+            "seq": seq,
+            "kind": kind,
+            "lane": f"{component}|{lane}",
+            "start": ev_start,
+            "duration": duration,
+            "step": step,
+            "error": failed,
+        }
         for seq, kind, component, lane, ev_start, duration, step, failed in rows
-    ]  # fmt: skip
+    ]
     lanes: dict[str, dict[str, Any]] = {STEPS_LANE["id"]: dict(STEPS_LANE)}
     all_lanes = cur.execute(
         "SELECT DISTINCT component, lane FROM event_bins WHERE run_id = ? AND width = ?", [run, BIN_WIDTHS[-1]]
     ).fetchall()
     for component, lane in all_lanes:  # lanes stay in place when the window has none of their events
         lanes.setdefault(f"{component}|{lane}", {"id": f"{component}|{lane}", "component": component, "lane": lane})
-    ordered = sorted(lanes.values(), key=lambda la: (_component_rank(la["component"]), la["lane"] != "steps",
-                                                    la["lane"]))  # fmt: skip
+    ordered = sorted(
+        lanes.values(), key=lambda la: (_component_rank(la["component"]), la["lane"] != "steps", la["lane"])
+    )
     truncated = count > len(events)
     visible_steps = [s for s in steps if s["end"] >= window_start and s["start"] <= window_end]
     return fast_json(

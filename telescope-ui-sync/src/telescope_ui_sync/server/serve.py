@@ -37,8 +37,10 @@ def serve(
     try:  # bound here, not by uvicorn: the URL printed names the real port (--port 0), and a port in
         sock = bound_socket(host, port)  # use is a clear error before the database opens and the sync starts
     except OSError as exc:
-        sys.exit(f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
-                 "(0: any free port)")  # fmt: skip
+        sys.exit(
+            f"telescope ui: cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
+            "(0: any free port)"
+        )
     with contextlib.closing(sock):
         hosts = allowed_hosts(host, allow_hosts)
         _serve(sock, roots, db_path, host, hosts, poll_interval, open_browser, wandb_api, wandb_projects)

@@ -70,8 +70,11 @@ class BadBlocks:
         log.warning(
             "skipping %s block %s of run %s, which cannot be read (%s); the rest of the run is synced, "
             "and the block is read again when the file changes",
-            stream, path, self.run_dir, message,
-        )  # fmt: skip
+            stream,
+            path,
+            self.run_dir,
+            message,
+        )
 
     def remove(self, stream: str, path: Path) -> None:
         self.con.execute(

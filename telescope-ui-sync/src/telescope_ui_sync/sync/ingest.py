@@ -428,8 +428,9 @@ def infra_long(run_id: str, infra: pa.Table) -> pa.Table:
 
 def _infra_in_python(run_id: str, infra: pa.Table) -> pa.Table:
     columns: dict[str, list[Any]] = {k: [] for k in ("time", "kind", "source", "name", "value")}
-    for kind, start, lane, line in zip(*(infra.column(c).to_pylist() for c in ("kind", "start", "lane", "record")),
-                                       strict=True):  # fmt: skip
+    for kind, start, lane, line in zip(
+        *(infra.column(c).to_pylist() for c in ("kind", "start", "lane", "record")), strict=True
+    ):
         for name, value in rec.infra_values(json.loads(line)):
             for key, item in zip(columns, (start, kind, lane, name, value), strict=True):
                 columns[key].append(item)

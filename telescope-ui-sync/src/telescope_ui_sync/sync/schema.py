@@ -185,9 +185,17 @@ CREATE TABLE IF NOT EXISTS bad_blocks (
 
 #: The tables whose rows belong to one run (deleted together with it).
 RUN_TABLES: tuple[str, ...] = (
-    "metrics", "steps", "rollouts", "events", "event_bins", "system_metrics", "evals", "logs", "sync_cursors",
+    "metrics",
+    "steps",
+    "rollouts",
+    "events",
+    "event_bins",
+    "system_metrics",
+    "evals",
+    "logs",
+    "sync_cursors",
     "bad_blocks",
-)  # fmt: skip
+)
 
 
 def delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:

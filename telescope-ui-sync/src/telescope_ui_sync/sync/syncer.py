@@ -377,8 +377,9 @@ class RunSyncer(Syncer):
                 with self._transaction():
                     self.bad_blocks.add(name, block.path, exc)
                 continue
-            log.info("%s block %s of run %s is readable again: %d records synced", name, block.path, self.run_dir,
-                     records)  # fmt: skip
+            log.info(
+                "%s block %s of run %s is readable again: %d records synced", name, block.path, self.run_dir, records
+            )
             added += records
         return added
 

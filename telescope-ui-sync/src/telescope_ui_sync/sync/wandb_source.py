@@ -243,17 +243,27 @@ class WandbSyncer(Syncer):
                 "UPDATE runs SET name = coalesce(?, name), status = coalesce(?, status), "
                 "start_time = coalesce(?, start_time), end_time = coalesce(?, end_time), config_json = ?, "
                 "number_of_steps = ?, step = coalesce(?, step), updated_time = ?, last_sync = ? WHERE run_id = ?",
-                [update.name, update.status, update.start_time, update.end_time, json.dumps(config),
-                 rec._integer(config.get("number_of_steps")), max((s for s, _ in update.rows), default=None),
-                 time.time(), time.time(), self.run_id],
-            )  # fmt: skip
+                [
+                    update.name,
+                    update.status,
+                    update.start_time,
+                    update.end_time,
+                    json.dumps(config),
+                    rec._integer(config.get("number_of_steps")),
+                    max((s for s, _ in update.rows), default=None),
+                    time.time(),
+                    time.time(),
+                    self.run_id,
+                ],
+            )
             if update.rows:
                 rows.update(self._history(update.rows, files, position))
             self._save_cursor("wandb", position)
         return rows
 
-    def _history(self, history: Sequence[tuple[int, dict[str, Any]]], files: Path | None,
-                 position: dict[str, Any]) -> dict[str, int]:  # fmt: skip
+    def _history(
+        self, history: Sequence[tuple[int, dict[str, Any]]], files: Path | None, position: dict[str, Any]
+    ) -> dict[str, int]:
         metrics: list[dict[str, Any]] = []
         evals: list[dict[str, Any]] = []
         rollouts: list[str] = []
@@ -273,8 +283,9 @@ class WandbSyncer(Syncer):
                     name = key.split("/")[1]
                     eval_step = row.get(f"eval/{name}/step", step)
                     if _number(value) is not None:
-                        evals.append({"name": name, "step": eval_step, "time": row.get("_timestamp"),
-                                      "metrics": {key: value}})  # fmt: skip
+                        evals.append(
+                            {"name": name, "step": eval_step, "time": row.get("_timestamp"), "metrics": {key: value}}
+                        )
                 else:
                     values[key] = value
             metrics.append(values)
@@ -301,8 +312,9 @@ class WandbFolderSyncer(WandbSyncer):
     """A W&B run folder (offline, or an online run's local copy): its transaction log, read as it grows."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, folder: Path, root: Path) -> None:
-        super().__init__(con, _run_id("wandb-", str(folder.resolve()), folder.name), folder.name, str(folder),
-                         str(root))  # fmt: skip
+        super().__init__(
+            con, _run_id("wandb-", str(folder.resolve()), folder.name), folder.name, str(folder), str(root)
+        )
         self.folder = folder
         self.position = self.saved_positions().get("wandb", {})
         logs = sorted(folder.glob("run-*.wandb"))
@@ -331,8 +343,13 @@ class WandbApiSyncer(WandbSyncer):
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run: Any, project: str) -> None:
         path = f"{project}/{getattr(run, 'id', '')}"
-        super().__init__(con, _run_id("wandb-", path, str(getattr(run, "name", "") or run.id)),
-                         str(getattr(run, "name", "") or run.id), f"wandb:{path}", f"wandb:{project}")  # fmt: skip
+        super().__init__(
+            con,
+            _run_id("wandb-", path, str(getattr(run, "name", "") or run.id)),
+            str(getattr(run, "name", "") or run.id),
+            f"wandb:{path}",
+            f"wandb:{project}",
+        )
         self.run = run
         self.position = self.saved_positions().get("wandb", {})
         self.last_look = 0.0
@@ -388,8 +405,13 @@ def api_runs(api: Any, projects: Sequence[str]) -> Iterator[tuple[Any, str]]:
             log.warning("listing the W&B runs of %s failed: %s", project, exc)
 
 
-API_STATES = {"running": "running", "finished": "completed", "failed": "failed", "crashed": "failed",
-              "killed": "interrupted"}  # fmt: skip
+API_STATES = {
+    "running": "running",
+    "finished": "completed",
+    "failed": "failed",
+    "crashed": "failed",
+    "killed": "interrupted",
+}
 
 
 def api_update(run: Any, min_step: int) -> RunUpdate:

@@ -304,8 +304,11 @@ class CompactDecoder:
                 q = self._norm(
                     qkv[..., :nq].view(rows, width, self.heads, d), attn.q_norm.weight, attn.q_norm.variance_epsilon
                 )
-                k = self._norm(qkv[..., nq : nq + nkv].view(rows, width, self.kv_heads, d), attn.k_norm.weight,
-                               attn.k_norm.variance_epsilon)  # fmt: skip
+                k = self._norm(
+                    qkv[..., nq : nq + nkv].view(rows, width, self.kv_heads, d),
+                    attn.k_norm.weight,
+                    attn.k_norm.variance_epsilon,
+                )
                 qk = torch.cat([q, k], dim=2).transpose(1, 2)
             else:
                 qk = qkv[..., : nq + nkv].view(rows, width, self.heads + self.kv_heads, d).transpose(1, 2)

@@ -144,11 +144,17 @@ class _MetricsCollector:
             ("vllm:prefix_cache_hits", "Prompt tokens whose prefill was shared", c["prefix_cache_hits"]),
             ("telescope:requests_aborted", "Aborted requests", c["requests_aborted"]),
             ("telescope:weight_updates", "Weight updates applied", c["weight_updates"]),
-            ("telescope:engine_steps", "Engine steps (one batched forward: the decoding rows and any prefill)",
-             c["steps"]),
-            ("telescope:batched_tokens", "Tokens through the model over all steps (decoded and prefilled)",
-             c["batched_tokens"]),
-        ]  # fmt: skip
+            (
+                "telescope:engine_steps",
+                "Engine steps (one batched forward: the decoding rows and any prefill)",
+                c["steps"],
+            ),
+            (
+                "telescope:batched_tokens",
+                "Tokens through the model over all steps (decoded and prefilled)",
+                c["batched_tokens"],
+            ),
+        ]
         for name, doc, value in counters:
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self.model_name], float(value))
@@ -418,8 +424,12 @@ def create_app(engine: Engine, served_model_name: str | None = None, access_toke
                     count = await asyncio.to_thread(engine.update_weights, tensors, version, receiver.streams)
                 else:  # held: take part in the transfer, keep the weights
                     count = await asyncio.to_thread(weight_updates.discard, tensors)
-                result = {"policy_version": engine.policy_version, "num_tensors": count,
-                          "seconds": time.perf_counter() - start, "start": started_at}  # fmt: skip
+                result = {
+                    "policy_version": engine.policy_version,
+                    "num_tensors": count,
+                    "seconds": time.perf_counter() - start,
+                    "start": started_at,
+                }
             elif body.method == weight_updates.VERSION_METHOD:
                 result = {"policy_version": engine.policy_version}
             else:
@@ -538,8 +548,10 @@ def _exit_now(sig: int) -> None:
     """End the process at once (uvicorn still waits on a request in flight), its log records written."""
     log.warning(
         "inference server: still stopping %.0f s after signal %d (a request in flight, such as a weight update "
-        "whose sender stopped); exiting without it", STOP_GRACE_S, sig,
-    )  # fmt: skip
+        "whose sender stopped); exiting without it",
+        STOP_GRACE_S,
+        sig,
+    )
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
