@@ -8,8 +8,14 @@ tensors itself.
 Records are immutable once made; each stage makes the next record: generation
 makes :class:`Turn` and an unscored :class:`Rollout`, scoring makes the scored
 rollout (``dataclasses.replace``), the orchestrator makes a :class:`Group`, and
-batching makes a :class:`TrainingSample` per rollout, which is where the
-advantage lives (a rollout has a reward, not an advantage).
+batching makes a :class:`TrainingSample` per token sequence of a rollout, which is
+where the advantage lives (a rollout has a reward, not an advantage).
+
+An episode may train as several token sequences: ``Rollout.turns`` is its main
+sequence and ``Rollout.segments`` holds the others (the earlier context segments of a
+compacted episode, an agent's calls that do not extend the main chain). Each becomes
+its own :class:`TrainingSample` with the episode's advantage; the group, and so the
+advantage, is over episodes, not sequences.
 
 A rollout is a list of :class:`Turn` records. Each turn holds the tokens the
 environment or the prompt added (not trained on) and the tokens the model
@@ -128,6 +134,12 @@ class Rollout:
     error: str | None = None
     filtered: tuple[str, ...] = ()
     overlong_penalty: float = 0.0
+    segments: list[list[Turn]] = field(default_factory=list)
+
+    @property
+    def sequences(self) -> list[list[Turn]]:
+        """Every token sequence the episode trains as: the other segments, then the main one (``turns``)."""
+        return [*self.segments, self.turns]
 
     @property
     def token_ids(self) -> list[int]:
@@ -165,8 +177,8 @@ class Rollout:
 
     @property
     def oldest_policy_version(self) -> int:
-        """The oldest weights that produced any generated token (what staleness is measured on)."""
-        return min(turn.oldest_version for turn in self.turns)
+        """The oldest weights that produced any generated token of any sequence (what staleness is measured on)."""
+        return min(turn.oldest_version for sequence in self.sequences for turn in sequence)
 
     @property
     def prompt_length(self) -> int:
@@ -174,7 +186,7 @@ class Rollout:
 
     @property
     def completion_length(self) -> int:
-        """Generated tokens, summed over turns."""
+        """Generated tokens of the main sequence, summed over its turns."""
         return sum(len(t.output_token_ids) for t in self.turns)
 
     @property
@@ -215,6 +227,7 @@ class TrainingSample:
     policy_version: int = 0
     group_index: int = 0
     rollout_index: int = 0
+    segment_index: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -228,16 +241,45 @@ class TrainingSample:
     def from_rollout(
         cls, rollout: Rollout, advantage: float, group_index: int = 0, rollout_index: int = 0
     ) -> TrainingSample:
-        """The rollout's tokens with its advantage; a filtered rollout's loss mask is all false."""
-        mask = rollout.loss_mask
+        """The rollout's main sequence with its advantage; a filtered rollout's loss mask is all false."""
+        return cls.from_turns(rollout.turns, rollout, advantage, group_index, rollout_index, len(rollout.segments))
+
+    @classmethod
+    def all_from_rollout(
+        cls, rollout: Rollout, advantage: float, group_index: int = 0, rollout_index: int = 0
+    ) -> list[TrainingSample]:
+        """One sample per sequence of the rollout (``Rollout.sequences``), all with the episode's advantage."""
+        return [
+            cls.from_turns(turns, rollout, advantage, group_index, rollout_index, segment_index)
+            for segment_index, turns in enumerate(rollout.sequences)
+        ]
+
+    @classmethod
+    def from_turns(
+        cls,
+        turns: list[Turn],
+        rollout: Rollout,
+        advantage: float,
+        group_index: int = 0,
+        rollout_index: int = 0,
+        segment_index: int = 0,
+    ) -> TrainingSample:
+        """One token sequence of ``rollout`` (its main one or a segment) as a sample.
+
+        Its policy version is the oldest of that sequence's tokens; a filtered rollout's
+        sequences all get an all-false loss mask.
+        """
+        sequence = Rollout(sample=rollout.sample, turns=turns)
+        mask = sequence.loss_mask
         return cls(
-            token_ids=rollout.token_ids,
+            token_ids=sequence.token_ids,
             loss_mask=[False] * len(mask) if rollout.filtered else mask,
-            inference_logprobs=rollout.inference_logprobs,
+            inference_logprobs=sequence.inference_logprobs,
             advantage=float(advantage),
-            policy_version=rollout.oldest_policy_version,
+            policy_version=sequence.oldest_policy_version,
             group_index=group_index,
             rollout_index=rollout_index,
+            segment_index=segment_index,
         )
 
     @property

@@ -5,9 +5,10 @@ declares ``reward_min``/``reward_max`` (so environments with different reward
 scales weigh alike), each rollout's overlong penalty is added (0 unless
 ``overlong_penalty_factor`` is set), then the algorithm turns each group's rewards into
 advantages (:meth:`telescope.api.algorithm.Algorithm.advantages`, which also
-applies ``advantage_norm: batch`` across the batch). Each rollout becomes one
-:class:`~telescope.api.records.TrainingSample` carrying its advantage; the rollout
-records themselves are left as they are.
+applies ``advantage_norm: batch`` across the batch). Each token sequence of a rollout
+(its main one and its ``segments``) becomes one
+:class:`~telescope.api.records.TrainingSample` carrying the rollout's advantage; the
+rollout records themselves are left as they are.
 """
 
 from __future__ import annotations
@@ -44,15 +45,16 @@ def training_rewards(group: Group, reward_ranges: RewardRanges) -> list[float]:
 def build_training_batch(
     step: int, groups: Sequence[Group], algorithm: Algorithm, reward_ranges: RewardRanges
 ) -> TrainingBatch:
-    """The training batch of ``step``: one sample per rollout, with its advantage.
+    """The training batch of ``step``: one sample per rollout's sequence, with the rollout's advantage.
 
     A filtered rollout (``Rollout.filtered``) gets its advantage like the others but an
     all-false loss mask (:meth:`TrainingSample.from_rollout`).
     """
     advantages = algorithm.advantages([training_rewards(g, reward_ranges) for g in groups])
     samples = [
-        TrainingSample.from_rollout(rollout, advantage, group_index, rollout_index)
+        sample
         for group_index, (group, group_advantages) in enumerate(zip(groups, advantages, strict=True))
         for rollout_index, (rollout, advantage) in enumerate(zip(group.rollouts, group_advantages, strict=True))
+        for sample in TrainingSample.all_from_rollout(rollout, advantage, group_index, rollout_index)
     ]
     return TrainingBatch(samples=samples, step=step, policy_version=step)
