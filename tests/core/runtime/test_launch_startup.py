@@ -62,9 +62,15 @@ def test_ctrl_c_leaves_its_reason_in_the_status(monkeypatch: pytest.MonkeyPatch,
         raise AssertionError("SIGINT did not interrupt the run")
 
     monkeypatch.setattr(ray_cluster, "connect_ray", connect)
+    # A test runner started in the background (``cmd &``) inherits SIGINT ignored, and Python then
+    # installs no handler: give this process the handler an interactive ``telescope run`` has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     args = ["--model", "tiny:test", "--environments", "[{name: countdown}]", "--use_wandb", "false"]
     run_dir = tmp_path / "run"
-    code = launch.launch_run(load_config(None, [*args, "--run_dir", str(run_dir)]))
+    try:
+        code = launch.launch_run(load_config(None, [*args, "--run_dir", str(run_dir)]))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted" and status["error"] == "interrupted by SIGINT (Ctrl-C)"
