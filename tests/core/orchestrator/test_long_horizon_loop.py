@@ -62,7 +62,12 @@ def test_a_run_trains_every_segment_and_records_compactions_and_versions(tmp_pat
     finally:
         run.prompts.close()
         store.close()
-    metrics = RunReader(Path(config.run_dir or "")).metrics()
+    reader = RunReader(Path(config.run_dir or ""))
+    metrics = reader.metrics()
+    records = list(reader.rollouts())
+    assert sum(r["compactions"] for r in records) == sum(m["compaction/count"] for m in metrics)
+    assert all(r["segments"] == r["compactions"] for r in records)  # each compaction closed one segment
+    assert any(r["segments"] > 0 and r["segment_tokens"] > 0 for r in records)
     assert len(metrics) == 2
     assert all(m["compaction/count"] > 0 for m in metrics)
     assert all(m["compaction/failed"] >= 0 for m in metrics)
