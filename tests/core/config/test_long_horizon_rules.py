@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_the_summary_room_rule_does_not_apply_to_the_other_compactions() -> None
     from telescope.config.long_horizon import long_horizon_problems
     from telescope.config.schema import TelescopeConfig
 
-    base = {"max_model_len": 1000, "max_tokens": 200, "compaction_threshold": 0.99}
+    base: dict[str, Any] = {"max_model_len": 1000, "max_tokens": 200, "compaction_threshold": 0.99}
     assert long_horizon_problems(TelescopeConfig.model_construct(**base, compaction="sliding")) == []
     assert len(long_horizon_problems(TelescopeConfig.model_construct(**base, compaction="summarize"))) == 1
     off = {**base, "compaction": "none", "compaction_threshold": 0.01}

@@ -74,7 +74,8 @@ def _characters(messages: list[Message]) -> int:
 class CompactorConformance:
     """Inherit and set ``factory`` (a callable from a :class:`CompactionContext` to the compactor)."""
 
-    factory: ClassVar[Callable[[CompactionContext], Compactor]]
+    #: Called with the kit's :attr:`context` (a staticmethod, or the class itself).
+    factory: ClassVar[Callable[..., Compactor]]
     context: ClassVar[CompactionContext] = CompactionContext(
         max_model_len=4096, threshold=0.8, instruction="Summarize the conversation so far.", keep_turns=2
     )
