@@ -129,12 +129,16 @@ def test_without_compaction_the_episode_ends_at_max_model_len(renderer: ChatRend
     assert len(rollout.turns) < LongGame.max_turns
 
 
-def test_summarize_continues_from_the_prompt_and_the_summary_and_trains_the_summary(renderer: ChatRenderer) -> None:
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_summarize_continues_from_the_prompt_and_the_summary_and_trains_the_summary(
+    renderer: ChatRenderer, interleaved: bool
+) -> None:
     policy = Policy(renderer)
     seen: list[dict[str, Any]] = []
     unsubscribe = events.subscribe(seen.append)
+    limits = RolloutLimits(LIMITS.max_tokens, LIMITS.max_model_len, interleaved=interleaved)
     try:
-        rollout = play(renderer, policy, Summarize(CONTEXT))
+        rollout = play(renderer, policy, Summarize(CONTEXT), limits=limits)
     finally:
         unsubscribe()
     assert rollout.error is None and rollout.compactions >= 1 and rollout.compaction_failures == ()
