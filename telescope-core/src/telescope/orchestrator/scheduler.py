@@ -222,7 +222,10 @@ class RolloutScheduler:
         return min(wanted, self._lane_capacity)
 
     def _trainable(self, scheduled: ScheduledGroup) -> bool:
-        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound."""
+        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound.
+
+        With ``stale_token_policy: mask`` an older one may still train, outside the budget (a long episode).
+        """
         return scheduled.dispatch_version + self.config.max_async_rollout >= self.next_step_to_fill
 
     def _open_target(self) -> int | None:
