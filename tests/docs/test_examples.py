@@ -357,6 +357,27 @@ def test_inference_backend(install: Install) -> None:
     assert passed_count(result) == 2
 
 
+# --------------------------------------------------------------------------- compaction.md
+
+
+@pytest.mark.slow
+def test_compaction(install: Install) -> None:
+    import asyncio
+
+    from telescope.config import load_config
+    from telescope.testing.compaction import ScriptedPolicy, long_episode
+
+    project = install("compaction.md")
+    assert entry(project, PluginKind.COMPACTION, "clip_tools").is_lazy
+    args = ["--environments", "[{name: countdown}]", "--compaction", "clip_tools", "--max_tokens", "512"]
+    config = load_config(None, [*args, "--clip_tools_chars", "12", "--compaction_keep_turns", "1"]).config
+    compactor = get_plugins().create_compactor(config)  # as the run builds it
+    assert compactor is not None and compactor.context.keep_turns == 1
+    result = asyncio.run(compactor.compact(long_episode(turns=2), ScriptedPolicy()))
+    assert [m["content"] for m in result.history if m["role"] == "tool"][0] == "result 1; de [...]"
+    assert passed_count(run_project_tests(project)) >= 5
+
+
 # --------------------------------------------------------------------------- hooks.md
 
 

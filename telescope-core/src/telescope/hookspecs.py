@@ -110,6 +110,14 @@ def telescope_register_loggers(register: Registrar) -> None:
     """Register metric loggers (``telescope.api.Logger``), e.g. ``wandb``."""
 
 
+@hookspec
+def telescope_register_compactions(register: Registrar) -> None:
+    """Register context compaction strategies (``telescope.api.compaction.Compactor``), e.g. ``summarize``.
+
+    The name is what the ``compaction`` setting refers to.
+    """
+
+
 # --------------------------------------------------------------------------------------
 # 2. Command line.
 # --------------------------------------------------------------------------------------

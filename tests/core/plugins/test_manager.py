@@ -249,6 +249,10 @@ def test_a_third_party_can_register_every_kind(make_distribution: MakeDist) -> N
             register("every_logger", "every_plugin:Thing")
 
         @hookimpl
+        def telescope_register_compactions(register):
+            register("every_compaction", "every_plugin:Thing")
+
+        @hookimpl
         def telescope_add_commands(cli):
             import click
 

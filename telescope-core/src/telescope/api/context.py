@@ -207,3 +207,30 @@ class LoggerContext(_Context):
             code_max_file_size_mb=config.wandb_code_max_file_size_mb,
             code_exclude_patterns=tuple(config.wandb_code_exclude_patterns),
         )
+
+
+@dataclass(frozen=True)
+class CompactionContext(_Context):
+    """What a compactor reads of the run (its own plugin settings come separately)."""
+
+    max_model_len: int = 4096
+    #: share of ``max_model_len`` at which an episode is compacted
+    threshold: float = 0.8
+    #: the instruction the policy is given to summarise its history (``summarize``)
+    instruction: str = ""
+    #: turns kept verbatim (``sliding``: the last N; ``drop_tool_outputs``: the tool results of the last N)
+    keep_turns: int = 2
+
+    @property
+    def working_limit(self) -> int:
+        """The context length at which an episode is compacted (``floor(threshold x max_model_len)``)."""
+        return int(self.threshold * self.max_model_len)
+
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> CompactionContext:
+        return cls(
+            max_model_len=config.max_model_len,
+            threshold=config.compaction_threshold,
+            instruction=config.compaction_instruction,
+            keep_turns=config.compaction_keep_turns,
+        )

@@ -125,6 +125,11 @@ class Rollout:
     flagged it (``overlong``, ``gibberish``, ``repetition``; its loss is then masked,
     see :meth:`TrainingSample.from_rollout`) and ``overlong_penalty`` is the length
     penalty (<= 0) added to its reward for the advantages.
+
+    A compacted episode (:mod:`telescope.api.compaction`) holds its closed context segments
+    in ``segments``, counts its compactions in ``compactions`` and the reasons of the failed
+    ones (``empty``, ``overflow``) in ``compaction_failures``; ``messages`` is then the
+    conversation of its last segment.
     """
 
     sample: Sample
@@ -135,6 +140,8 @@ class Rollout:
     filtered: tuple[str, ...] = ()
     overlong_penalty: float = 0.0
     segments: list[list[Turn]] = field(default_factory=list)
+    compactions: int = 0
+    compaction_failures: tuple[str, ...] = ()
 
     @property
     def sequences(self) -> list[list[Turn]]:

@@ -4,12 +4,15 @@ Split by what they protect: :func:`_training_problems` (a training run: an envir
 the algorithm's settings, packing, the orchestrator's lanes) and
 :func:`_inference_problems` (the inference servers and the evals, which a standalone
 eval starts too). ``telescope eval`` asks only the second (``purpose="eval"``).
-Rules that need the plugin registry are in :mod:`telescope.config.rules`.
+Rules that need the plugin registry are in :mod:`telescope.config.rules`; those of
+compaction and staleness across weight updates in :mod:`telescope.config.long_horizon`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
+
+from telescope.config.long_horizon import long_horizon_problems
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig
@@ -28,7 +31,11 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False, purpose: Pu
     inference servers and the evals, and :func:`telescope.config.eval_form.eval_problems`
     adds what an eval needs.
     """
-    problems = _training_problems(c, layer=layer) + _schedule_problems(c) if purpose == "run" else []
+    problems = (
+        _training_problems(c, layer=layer) + _schedule_problems(c) + long_horizon_problems(c)
+        if purpose == "run"
+        else []
+    )
     return problems + _inference_problems(c) + _seed_problems(c) + _fixed_upstream_problems(c)
 
 

@@ -90,6 +90,8 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[s
     _check_name(
         registry, PluginKind.WEIGHT_TRANSPORT, config.weight_transport, "weight_transport", problems, allow_auto=True
     )
+    if config.compaction != "none":
+        _check_name(registry, PluginKind.COMPACTION, config.compaction, "compaction", problems)
     if "sandbox_provider" in config.model_fields_set:
         problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
 
@@ -205,6 +207,8 @@ def environment_needs_problems(
     override = kwargs.get("sandbox_provider")
     if override:
         return sandbox_provider_problems(registry, str(override), f"{where}.kwargs.sandbox_provider ({name})")
+    if config.compaction != "none":
+        _check_name(registry, PluginKind.COMPACTION, config.compaction, "compaction", problems)
     if "sandbox_provider" in config.model_fields_set:
         return []  # checked once, as the run's own field
     return sandbox_provider_problems(

@@ -106,7 +106,23 @@ class TelescopeConfig(BaseModel):
         description="Free the inference lane after generation, before reward computation. "
         "Requires enable_individual_sample_lanes",
     )
-    max_off_policy_steps: int = Field(8, ge=1, description="Cancel in-flight rollouts after this many weight updates")
+    max_off_policy_steps: int = Field(
+        8,
+        ge=1,
+        description="Staleness bound: a token produced more than this many weight updates before the step that "
+        "trains it is stale (see stale_token_policy); in-flight groups dispatched that long ago are cancelled "
+        "unless continue_requests_across_updates",
+    )
+    stale_token_policy: Literal["drop_episode", "mask"] = Field(
+        "drop_episode",
+        description='"drop_episode": an episode with a stale token is discarded (max_async); "mask": its stale '
+        "tokens get no loss and the rest trains (discarded only when every token is stale)",
+    )
+    continue_requests_across_updates: bool = Field(
+        False,
+        description="In-flight requests keep generating with the new weights at a weight update instead of being "
+        "cancelled when stale (each token keeps the version that produced it). Requires stale_token_policy: mask",
+    )
     batch_assembly: Literal["first_finished", "deterministic"] = Field(
         "first_finished",
         description='"first_finished": a batch takes the first groups to finish (no waiting for stragglers); '
@@ -230,6 +246,28 @@ class TelescopeConfig(BaseModel):
     max_tokens: int = Field(3700, ge=1, description="Maximum generation tokens per completion (per turn)")
     interleaved_rollouts: bool = Field(
         True, description="Exact token reuse across turns (no re-tokenization in multi-turn environments)"
+    )
+    compaction: str = Field(
+        "none",
+        min_length=1,
+        description='Context compaction of multi-turn episodes: "none", "summarize", "drop_tool_outputs", '
+        '"sliding" or a plugin. An episode whose context reaches compaction_threshold x max_model_len goes on '
+        "in a new context segment instead of ending",
+    )
+    compaction_threshold: float = Field(
+        0.8, gt=0, lt=1, description="Share of max_model_len at which an episode's context is compacted"
+    )
+    compaction_instruction: str = Field(
+        "Summarize the conversation so far: the task, what you have done, what you found and what remains "
+        "to do. Your summary replaces the conversation, so keep every detail you still need.",
+        min_length=1,
+        description="What the policy is asked when compaction: summarize writes a summary of the history",
+    )
+    compaction_keep_turns: int = Field(
+        2,
+        ge=1,
+        description="Turns kept verbatim by compaction: sliding keeps the last N turns, drop_tool_outputs the "
+        "tool results of the last N turns",
     )
 
     # ------------------------------------------------------------------ packing

@@ -46,6 +46,8 @@ _section(
         "enable_individual_sample_lanes",
         "free_lane_after_generation",
         "max_off_policy_steps",
+        "stale_token_policy",
+        "continue_requests_across_updates",
         "batch_assembly",
         "eager_prepare_resources",
     ],
@@ -101,6 +103,10 @@ _section(
     ],
 )
 _section("rollout / sampling", ["group_size", "temperature", "top_p", "max_tokens", "interleaved_rollouts"])
+_section(
+    "compaction",
+    ["compaction", "compaction_threshold", "compaction_instruction", "compaction_keep_turns"],
+)
 _section("sequence packing", ["seq_len", "pad_to_multiple_of"])
 _section(
     "inference server",

@@ -99,4 +99,5 @@ def build_orchestrator(
         recorder,
         RunCheckpoints(config),
         evals,
+        compactor=plugins.create_compactor(config),
     )

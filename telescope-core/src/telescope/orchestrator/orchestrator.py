@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope.api.algorithm import Algorithm
+from telescope.api.compaction import Compactor
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
@@ -92,6 +93,7 @@ from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainerFailure, TrainingService
+from telescope.orchestrator.staleness import Staleness
 from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples, warm_start_batches
 from telescope.orchestrator.watchdog import StuckReport, Watchdog
@@ -137,8 +139,12 @@ class Orchestrator:
         recorder: StepRecorder,
         checkpoints: RunCheckpoints,
         evals: EvalRunner | None = None,
+        *,
+        compactor: Compactor | None = None,
     ) -> None:
         self.config = config
+        self.compactor = compactor
+        self.staleness = Staleness.from_config(config)
         self.generation = generation
         self.training = training
         self.prompts = prompts
@@ -308,6 +314,7 @@ class Orchestrator:
             on_waiting=self.recorder.note,
             available=getattr(self.generation, "is_available", None),
             first_group_id=first_group_id,
+            compactor=self.compactor,
         )
         return scheduler
 
@@ -410,7 +417,8 @@ class Orchestrator:
             ready = await scheduler.next_batch(step)
         waited = time.perf_counter() - step_start
         with events.timed("orchestrator.batch_assembled", component="orchestrator", groups=len(ready)) as event:
-            batch = build_training_batch(step, [g.group for g in ready], self.algorithm, self.reward_ranges)
+            groups, oldest_allowed = [g.group for g in ready], self.staleness.oldest_allowed(step)
+            batch = build_training_batch(step, groups, self.algorithm, self.reward_ranges, oldest_allowed)
             event.update(
                 samples=len(batch.samples),
                 tokens=batch.num_tokens,

@@ -22,7 +22,10 @@
 - The generation lane (``lane``) can be released as soon as generation ends,
   before the reward is computed (``free_lane_after_generation``).
 - Each turn's ``max_tokens`` is capped so that the trajectory stays within
-  ``max_model_len``; a trajectory that reaches it ends with finish reason ``length``.
+  ``max_model_len``; a trajectory that reaches it ends with finish reason ``length``,
+  unless the run compacts (``compaction``): then a multi-turn episode whose context
+  reaches ``compaction_threshold x max_model_len`` goes on in a new context segment
+  (:mod:`telescope.orchestrator.compaction`, the hook point is the top of the turn loop).
 - Timeline: events emitted during a turn's generation and environment reply carry
   ``turn`` (an event context); scoring is one ``reward.compute`` event (``sample_id``,
   ``environment``, ``reward``, ``error``).
@@ -37,9 +40,12 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from telescope.api.compaction import Compactor
 from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
 from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, Turn
+from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.compaction import EpisodeCompaction, Exchange, Segment
 from telescope.orchestrator.deadlines import OperationTimeout, call_with_deadline
 from telescope.recording import events
 
@@ -78,6 +84,17 @@ class RolloutLimits:
     #: seconds ``env_response`` or ``is_done`` may take (None: no limit)
     environment_step_timeout_s: float | None = None
 
+    @classmethod
+    def from_config(cls, config: TelescopeConfig) -> RolloutLimits:
+        """The limits of a training rollout."""
+        return cls(
+            config.max_tokens,
+            config.max_model_len,
+            config.interleaved_rollouts,
+            config.reward_timeout_s,
+            config.environment_step_timeout_s,
+        )
+
 
 class Lane:
     """A generation slot; released once (after generation or at the end, whichever first)."""
@@ -104,54 +121,83 @@ async def run_rollout(
     limits: RolloutLimits,
     lane: Lane | None = None,
     free_lane_after_generation: bool = True,
+    compactor: Compactor | None = None,
 ) -> Rollout:
-    """Run one rollout to completion and score it; environment errors are contained."""
-    turns: list[Turn] = []
-    conversation = [dict(m) for m in messages]
-    input_ids = list(prompt_ids)
+    """Run one rollout to completion and score it; environment errors are contained.
+
+    With a ``compactor`` a multi-turn episode whose context fills is compacted and goes on
+    in a new context segment (:mod:`telescope.orchestrator.compaction`); the closed segments
+    become ``Rollout.segments``.
+    """
     multi_turn = isinstance(environment, MultiTurnEnvironment)
+    segment = Segment(
+        turns=[], conversation=[dict(m) for m in messages], pending_ids=list(prompt_ids), last_exchange=None
+    )
+    closed: list[list[Turn]] = []
+    compaction = (
+        EpisodeCompaction(compactor, messages, renderer, max_tokens=limits.max_tokens, interleaved=limits.interleaved)
+        if compactor is not None and multi_turn
+        else None
+    )
     state = environment.initial_state(sample) if isinstance(environment, MultiTurnEnvironment) else None
     error: str | None = None
+
+    def turn_index() -> int:
+        return sum(len(turns) for turns in closed) + len(segment.turns)
+
+    async def generate_turn(context: list[int], input_ids: list[int], budget: int) -> Turn:
+        dispatched_version = policy_version()
+        # the server sees the whole segment so far: earlier turns' tokens exactly as they were
+        with events.context(turn=turn_index()):
+            generation = await generate(context + input_ids, budget, turn_index())
+        return Turn(
+            input_token_ids=input_ids,
+            output_token_ids=list(generation.token_ids),
+            output_logprobs=list(generation.logprobs),
+            policy_version=dispatched_version,
+            finish_reason=generation.finish_reason,
+            output_text=renderer.decode(generation.token_ids),
+            output_policy_versions=_token_versions(generation),
+        )
+
     try:
         while True:
-            used = sum(len(t.input_token_ids) + len(t.output_token_ids) for t in turns) + len(input_ids)
-            budget = min(limits.max_tokens, limits.max_model_len - used)
+            if compaction is not None and compaction.due(segment.used):
+                compacted = await compaction.compact(segment, generate_turn)
+                if compacted is not None:
+                    closed.append(compacted.closed)
+                    segment = Segment([], compacted.messages, compacted.input_ids, None)
+            limit = compaction.limit if compaction is not None else limits.max_model_len
+            budget = min(limits.max_tokens, limit - segment.used)
             if budget <= 0:
-                if turns:
-                    turns[-1] = dataclasses.replace(turns[-1], finish_reason="length")
+                if segment.turns:
+                    segment.turns[-1] = dataclasses.replace(segment.turns[-1], finish_reason="length")
                 break
-            dispatched_version = policy_version()
-            # the server sees the whole trajectory so far: earlier turns' tokens exactly as they were
-            context = [tok for t in turns for tok in (*t.input_token_ids, *t.output_token_ids)]
-            with events.context(turn=len(turns)):
-                generation = await generate(context + input_ids, budget, len(turns))
-            text = renderer.decode(generation.token_ids)
-            turns.append(
-                Turn(
-                    input_token_ids=input_ids,
-                    output_token_ids=list(generation.token_ids),
-                    output_logprobs=list(generation.logprobs),
-                    policy_version=dispatched_version,
-                    finish_reason=generation.finish_reason,
-                    output_text=text,
-                    output_policy_versions=_token_versions(generation),
-                )
-            )
-            reply: Message = {"role": "assistant", "content": text}
+            turn = await generate_turn(segment.context_ids, segment.pending_ids, budget)
+            segment.turns.append(turn)
+            segment.pending_ids = []
+            reply: Message = {"role": "assistant", "content": turn.output_text}
             if not multi_turn or state is None:
-                conversation.append(reply)
+                segment.conversation.append(reply)
                 break
-            history = list(conversation)
-            conversation.append(reply)
+            history = list(segment.conversation)
+            segment.conversation.append(reply)
+            segment.last_exchange = Exchange(history, reply, list(turn.output_token_ids))
             state.turn += 1
             assert isinstance(environment, MultiTurnEnvironment)
+            if turn.finish_reason == "length":
+                # cut by the working context: compacted at the top of the loop, within the turn limit
+                if compaction is not None and compaction.due(segment.used) and state.turn < environment.max_turns:
+                    continue
+                break
             step_limit = limits.environment_step_timeout_s
             where = f"of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
-            if generation.finish_reason == "length" or await call_with_deadline(
+            conversation = segment.conversation
+            if await call_with_deadline(
                 "environment_step", f"is_done {where}", step_limit, environment.is_done, conversation, state
             ):
                 break
-            with events.context(turn=len(turns) - 1):  # the reply to this turn (its tool calls, sandboxes)
+            with events.context(turn=turn_index() - 1):  # the reply to this turn (its tool calls, sandboxes)
                 new_messages = await call_with_deadline(
                     "environment_step",
                     f"env_response {where}",
@@ -161,14 +207,16 @@ async def run_rollout(
                     state,
                 )
             if limits.interleaved:
-                input_ids = renderer.continuation_ids(history, reply, generation.token_ids, new_messages)
+                segment.pending_ids = renderer.continuation_ids(
+                    history, reply, list(turn.output_token_ids), new_messages
+                )
                 conversation.extend(new_messages)
             else:
                 conversation.extend(new_messages)
                 full = renderer.prompt_ids(conversation)
-                previous = sum(len(t.input_token_ids) + len(t.output_token_ids) for t in turns)
+                previous = len(segment.context_ids)
                 # Re-tokenized: the earlier turns' tokens are whatever the template now gives.
-                input_ids = full[previous:] if len(full) > previous else []
+                segment.pending_ids = full[previous:] if len(full) > previous else []
     except (asyncio.CancelledError, ServerUnavailable):
         raise  # cancelled, or re-dispatched elsewhere by the scheduler
     except OperationTimeout as exc:  # a hung environment step or request: this rollout only
@@ -179,7 +227,18 @@ async def run_rollout(
         if lane is not None and free_lane_after_generation:
             lane.release()
 
-    unscored = Rollout(sample=sample, turns=turns, messages=conversation, error=error)
+    turns = segment.turns
+    if not turns and closed:  # compacted just before the episode ended: the last closed segment is its main one
+        turns = closed.pop()
+    unscored = Rollout(
+        sample=sample,
+        turns=turns,
+        messages=segment.conversation,
+        error=error,
+        segments=closed,
+        compactions=compaction.count if compaction is not None else 0,
+        compaction_failures=tuple(compaction.failures) if compaction is not None else (),
+    )
     if error is None and turns:
         reward = await _score(environment, unscored, renderer, state, limits.reward_timeout_s)
     else:

@@ -29,12 +29,9 @@ same groups. Batches depend on completion times (not reproducible: choose ``dete
 for that), and lean towards short completions, long ones arriving later and staler; the
 ``max_async_rollout`` bound limits how far.
 
-Stale work. When the version moves to ``v``, in-flight groups dispatched before ``v -
-max_off_policy_steps`` are cancelled (their HTTP requests close, which aborts them on the
-server) and counted as ``canceled``; with ``first_finished`` and long-tailed lengths this
-happens at the default settings. A finished group whose oldest token is more than
-``max_off_policy_steps`` behind the step it would train (with ``first_finished``, also one
-dispatched more than ``max_async_rollout`` versions before it) is discarded as ``max_async``.
+Stale work (the rules: :mod:`telescope.orchestrator.staleness`): at a version move, stale in-flight
+groups are cancelled (their HTTP requests close, which aborts them on the server) and counted as
+``canceled``; a finished group too stale for the step it would train is discarded as ``max_async``.
 A finished group first goes through the output checks (:mod:`telescope.orchestrator.filters`);
 groups whose training rewards are all equal are discarded as ``zero_advantage`` when
 ``discard_group_zero_advantage``. Two streaks stop a run that cannot learn
@@ -74,6 +71,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from telescope.api.compaction import Compactor
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.batching import training_rewards
@@ -88,6 +86,7 @@ from telescope.orchestrator.group_records import (
 from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
+from telescope.orchestrator.staleness import Staleness
 from telescope.recording import events
 
 log = logging.getLogger("telescope.orchestrator")
@@ -125,6 +124,7 @@ class RolloutScheduler:
         status_interval_s: float = 15.0,
         available: Callable[[int], bool] | None = None,
         first_group_id: int = 0,
+        compactor: Compactor | None = None,
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
@@ -140,6 +140,7 @@ class RolloutScheduler:
         self.on_waiting = on_waiting
         self.status_interval_s = status_interval_s
         self.first_finished = config.batch_assembly == "first_finished"
+        self.staleness, self.compactor = Staleness.from_config(config), compactor
         self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
         self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
         self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
@@ -208,9 +209,8 @@ class RolloutScheduler:
         """New weights are live on the servers: unlock dispatch, cancel stale work."""
         async with self._changed:
             self.policy_version = version
-            oldest_allowed = version - self.config.max_off_policy_steps
             for scheduled in list(self._in_flight.values()):
-                if scheduled.dispatch_version < oldest_allowed and scheduled.task is not None:
+                if self.staleness.cancels(scheduled.dispatch_version, version) and scheduled.task is not None:
                     scheduled.task.cancel()
             self._changed.notify_all()
 
@@ -222,7 +222,10 @@ class RolloutScheduler:
         return min(wanted, self._lane_capacity)
 
     def _trainable(self, scheduled: ScheduledGroup) -> bool:
-        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound."""
+        """Whether a group dispatched then can still join a batch within the ``max_async_rollout`` bound.
+
+        With ``stale_token_policy: mask`` an older one may still train, outside the budget (a long episode).
+        """
         return scheduled.dispatch_version + self.config.max_async_rollout >= self.next_step_to_fill
 
     def _open_target(self) -> int | None:
@@ -326,13 +329,7 @@ class RolloutScheduler:
     async def _run_group(self, group_id: int, scheduled: ScheduledGroup) -> None:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
-        limits = RolloutLimits(
-            self.config.max_tokens,
-            self.config.max_model_len,
-            self.config.interleaved_rollouts,
-            self.config.reward_timeout_s,
-            self.config.environment_step_timeout_s,
-        )
+        limits = RolloutLimits.from_config(self.config)
         held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
@@ -356,6 +353,7 @@ class RolloutScheduler:
                     limits=limits,
                     lane=lane,
                     free_lane_after_generation=self.config.free_lane_after_generation,
+                    compactor=self.compactor,
                 )
 
         failure: Exception | None = None
@@ -535,14 +533,14 @@ class RolloutScheduler:
     def _discard_stale(self, step: int, candidates: list[ReadyGroup], max_dispatch_lag: int | None) -> list[ReadyGroup]:
         """Drop (and count) the groups too stale to train at ``step``; returns the rest, in order.
 
-        Stale: the oldest token more than ``max_off_policy_steps`` versions behind, or
-        (``max_dispatch_lag`` given) dispatched more than that many versions before ``step``.
+        Stale: :meth:`Staleness.too_stale`, or (``max_dispatch_lag`` given, and bounded by the
+        policy) dispatched more than that many versions before ``step``.
         """
+        lag = max_dispatch_lag if self.staleness.bounds_dispatch else None
         fresh = [
             g
             for g in candidates
-            if step - min(r.oldest_policy_version for r in g.group.rollouts) <= self.config.max_off_policy_steps
-            and (max_dispatch_lag is None or step - g.dispatch_version <= max_dispatch_lag)
+            if not self.staleness.too_stale(g.group, step) and (lag is None or step - g.dispatch_version <= lag)
         ]
         kept = {id(g) for g in fresh}
         for stale in (g for g in candidates if id(g) not in kept):

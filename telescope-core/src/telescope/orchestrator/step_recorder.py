@@ -4,8 +4,10 @@ Per step, :class:`StepRecorder` merges the trainer's metrics (rank-averaged by t
 backend), the rollout metrics of the trained groups (reward, advantage, sample
 metrics, Gini coefficients, token lengths, stop reasons), the discarded and
 canceled counts by reason, timeouts by kind (``timeouts/{reward,environment_step,inference_request}/count``),
-groups re-dispatched because their server failed (``infra/groups_redispatched``), timings and run totals
-(with the services' fault counters), then writes them to the run
+groups re-dispatched because their server failed (``infra/groups_redispatched``), the trained episodes'
+policy versions (``policy/versions_per_episode``, ``policy/tokens_per_version``, ``policy/stale_tokens_masked``:
+:mod:`telescope.orchestrator.staleness`) and compactions (``compaction/count``, ``compaction/failed``),
+timings and run totals (with the services' fault counters), then writes them to the run
 store (``metrics.jsonl``; every trained rollout to ``rollouts/``, and every rollout dropped
 this step with its ``discard_reason``) and to
 each enabled logger (the run store is one :class:`Sink` beside the loggers), to the
@@ -25,6 +27,7 @@ from telescope.api.logger import Logger
 from telescope.api.records import TrainingBatch
 from telescope.orchestrator.deadlines import timeout_metrics
 from telescope.orchestrator.group_records import ReadyGroup, SchedulerStats
+from telescope.orchestrator.staleness import policy_version_metrics
 from telescope.recording.progress import StepProgress
 from telescope.recording.rollout_metrics import rollout_step_metrics
 from telescope.recording.run_store import RunStore, discarded_records, group_records
@@ -106,6 +109,10 @@ class StepRecorder:
                 "policy/version": float(policy_version),
                 "policy/staleness/mean": sum(staleness) / max(len(staleness), 1),
                 "policy/staleness/max": float(max(staleness, default=0)),
+                **policy_version_metrics(rollouts),
+                "policy/stale_tokens_masked": float(outcome.batch.metadata.get("stale_tokens_masked", 0)),
+                "compaction/count": float(sum(r.compactions for r in rollouts)),
+                "compaction/failed": float(sum(len(r.compaction_failures) for r in rollouts)),
                 "progress/samples_trained": float(counters.samples_trained),
                 "progress/tokens_trained": float(counters.tokens_trained),
                 "progress/groups_dispatched": float(stats.groups_dispatched),

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import click
 
     from telescope.api.algorithm import Algorithm
+    from telescope.api.compaction import Compactor
     from telescope.api.environment import EnvironmentBase
     from telescope.api.evals import EvalSpec
     from telescope.api.inference import InferenceBackend
@@ -48,6 +49,7 @@ class PluginTypeError(PluginError):
 
 def _interface(kind: PluginKind) -> type:
     from telescope import api
+    from telescope.api.compaction import Compactor
 
     interfaces: dict[PluginKind, type] = {
         PluginKind.ENVIRONMENT: api.EnvironmentBase,
@@ -58,6 +60,7 @@ def _interface(kind: PluginKind) -> type:
         PluginKind.WEIGHT_TRANSPORT: api.WeightTransport,
         PluginKind.SANDBOX_PROVIDER: api.SandboxProvider,
         PluginKind.LOGGER: api.Logger,
+        PluginKind.COMPACTION: Compactor,
     }
     return interfaces[kind]
 
@@ -126,6 +129,9 @@ class Plugins:
     def logger(self, name: str) -> type[Logger]:
         return self._get(PluginKind.LOGGER, name, type)
 
+    def compactor(self, name: str) -> type[Compactor]:
+        return self._get(PluginKind.COMPACTION, name, type)
+
     def settings_model(self, kind: PluginKind, name: str) -> type[PluginSettings] | None:
         """The settings model a plugin declared at registration, or None."""
         from telescope.api.settings import PluginSettings
@@ -179,6 +185,16 @@ class Plugins:
 
         settings = self.settings_for(PluginKind.WEIGHT_TRANSPORT, name, config)
         return self.weight_transport(name)(TransportContext.from_config(config), settings)
+
+    def create_compactor(self, config: TelescopeConfig) -> Compactor | None:
+        """``config.compaction`` with the compaction context and its own settings; None when it is ``none``."""
+        from telescope.api.context import CompactionContext
+
+        name = config.compaction
+        if name == "none":
+            return None
+        settings = self.settings_for(PluginKind.COMPACTION, name, config)
+        return self.compactor(name)(CompactionContext.from_config(config), settings)
 
     def create_loggers(self, config: TelescopeConfig, run_dir: Path) -> list[Logger]:
         """Every registered logger whose settings enable it; a logger that fails to start is skipped."""

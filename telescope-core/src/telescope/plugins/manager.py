@@ -55,6 +55,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "telescope.inference.plugin",
     "telescope.transports.plugin",
     "telescope.recording.plugin",
+    "telescope.compaction.plugin",
     "telescope.cli.builtin_commands",
 )
 

@@ -43,6 +43,7 @@ class PluginKind(StrEnum):
     WEIGHT_TRANSPORT = "weight_transports"
     SANDBOX_PROVIDER = "sandbox_providers"
     LOGGER = "loggers"
+    COMPACTION = "compactions"
 
     @property
     def label(self) -> str:

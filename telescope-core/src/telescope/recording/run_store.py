@@ -161,7 +161,9 @@ def rollout_record(
     it), ``error`` (the rollout's or the reward function's), ``filtered`` (the output
     filters that masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty
     when trained on) and ``overlong_penalty`` (added to ``reward`` for its advantage;
-    0 when none); ``tags`` when the sample has some (``Sample.metadata["tags"]``: a
+    0 when none); ``segments`` (how many earlier context segments a compacted episode has;
+    the fields above are of its last one) and ``segment_tokens`` (their tokens),
+    ``compactions`` and ``compaction_failures``; ``tags`` when the sample has some (``Sample.metadata["tags"]``: a
     dict of name to value, or a list of names), which the dashboard filters its metrics by.
     """
     reward = rollout.reward
@@ -197,6 +199,10 @@ def rollout_record(
         "error": rollout.error or (reward.error if reward is not None else None),
         "filtered": list(rollout.filtered),
         "overlong_penalty": rollout.overlong_penalty,
+        "segments": len(rollout.segments),
+        "segment_tokens": sum(len(t.input_token_ids) + len(t.output_token_ids) for s in rollout.segments for t in s),
+        "compactions": rollout.compactions,
+        "compaction_failures": len(rollout.compaction_failures),
         **({"tags": tags} if tags else {}),
     }
 
