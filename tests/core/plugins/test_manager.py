@@ -310,3 +310,43 @@ def test_lifecycle_hooks_reach_plugins(make_distribution: MakeDist, tmp_path: Pa
 
 # Hooks are documented in docs/hooks.md, the one reference; tests/docs/test_hooks_documented.py
 # checks that it covers exactly the hooks of hookspecs.py and that a run calls the lifecycle hooks.
+
+
+def test_trace_plugins_shows_every_hook_call_registration_and_lifecycle_included(
+    make_distribution: MakeDist, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``TELESCOPE_TRACE_PLUGINS=1`` traces what the registry and the facade call one plugin at a time."""
+    from telescope.plugins.facade import Plugins
+
+    make_distribution(
+        "traced-dist",
+        "traced_plugin",
+        """
+        from telescope import hookimpl
+
+        @hookimpl
+        def telescope_run_start(config, run_dir):
+            pass
+
+        @hookimpl
+        def telescope_step_end(step, metrics):
+            pass
+
+        @hookimpl
+        def telescope_run_end(run_dir, status, error):
+            pass
+        """,
+    )
+    monkeypatch.setenv("TELESCOPE_TRACE_PLUGINS", "1")
+    manager = TelescopePluginManager()
+    assert "grpo" in manager.registry.names(PluginKind.ALGORITHM)
+    plugins = Plugins(manager)
+    plugins.run_start(None, tmp_path)  # type: ignore[arg-type]
+    plugins.step_end(3, {"reward/mean": 0.5})
+    plugins.run_end(tmp_path, "completed", None)
+    traced = capsys.readouterr().err
+    for kind in PluginKind:
+        assert f"{kind.hook_name} [hook]" in traced, kind.hook_name
+    for hook in ("telescope_run_start", "telescope_step_end", "telescope_run_end"):
+        assert f"{hook} [hook]" in traced, hook
+    assert "status: completed" in traced  # with its arguments, as pluggy traces them

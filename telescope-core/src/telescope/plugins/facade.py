@@ -218,7 +218,7 @@ class Plugins:
         """Call every implementation of a lifecycle hook; one that raises is reported and the others still run."""
         for impl in reversed(getattr(self.manager.pm.hook, hook).get_hookimpls()):  # pluggy's call order
             try:
-                impl.function(**{name: kwargs[name] for name in impl.argnames})
+                self.manager.call_one(hook, impl.plugin_name, **kwargs)
             except Exception as exc:  # an observer never changes how the run goes
                 log.warning("the %s hook of plugin %r failed: %s", hook, impl.plugin_name, exc)
                 print(f"warning: the {hook} hook of plugin {impl.plugin_name!r} failed: {exc}", file=sys.stderr)

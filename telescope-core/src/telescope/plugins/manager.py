@@ -25,10 +25,13 @@ Environment variables:
   built-in module names) or distribution names to block.
 - ``TELESCOPE_TRACE_PLUGINS=1``: print every hook call to stderr.
 
-Why the registration hooks are called one implementation at a time rather than
-through ``pm.hook``: each call gets a registrar that knows which plugin and
-distribution it serves, which is how a duplicate name can name both packages, and a
-failing plugin can be contained without losing the others' names.
+Why the registration and lifecycle hooks are called one implementation at a time
+rather than through ``pm.hook``: each registration call gets a registrar that knows
+which plugin and distribution it serves, which is how a duplicate name can name both
+packages, and a failing plugin can be contained without losing the others' names (an
+observer that raises, likewise, must not stop the others). Each such call still goes
+through pluggy (:meth:`TelescopePluginManager.call_one`, a hook caller restricted to
+one plugin), so that every hook call, registration and lifecycle included, is traced.
 """
 
 from __future__ import annotations
@@ -152,6 +155,15 @@ class TelescopePluginManager:
     def hook(self) -> Any:
         return self.pm.hook
 
+    def call_one(self, hook_name: str, plugin_name: str, **kwargs: Any) -> Any:
+        """Call ``plugin_name``'s implementation of ``hook_name`` alone, through pluggy (traced).
+
+        Returns what it returned (None when the plugin does not implement the hook).
+        """
+        others = [plugin for name, plugin in self.pm.list_name_plugin() if name != plugin_name]
+        results = self.pm.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+        return results[0] if results else None
+
     # ---------------------------------------------------------------- loading
 
     def _is_disabled(self, name: str, distribution: str | None) -> bool:
@@ -236,7 +248,7 @@ class TelescopePluginManager:
                     info.version if info else None,
                 )
                 try:
-                    impl.function(register=registrar)
+                    self.call_one(kind.hook_name, impl.plugin_name, register=registrar)
                 except Exception as exc:  # contained: one broken plugin loses only its names
                     failed.add(impl.plugin_name)
                     registry.remove_plugin(impl.plugin_name)
