@@ -298,3 +298,14 @@ def test_missing_model_folder_and_unknown_environment_kwargs_fail_at_validate_ti
         for p in problems
     )
     assert any(p.startswith("evals[0].kwargs:") and "'max_numbr'" in p and "run.yaml:7)" in p for p in problems)
+
+
+def test_a_validated_config_is_frozen_and_resolution_makes_a_new_one(tmp_path: Path) -> None:
+    """Nothing changes a config after validation; resolved defaults come as a new config (with their reason)."""
+    import pydantic
+
+    loaded = load_config(None, ["--environments", "[{name: countdown}]", "--algorithm", "grpo"])
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        loaded.config.learning_rate = 1.0  # type: ignore[misc]
+    assert loaded.config.advantage_norm is not None  # resolved from the algorithm's default, in a new config
+    assert loaded.provenance["advantage_norm"].startswith("derived: default of algorithm 'grpo'")

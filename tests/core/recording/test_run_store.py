@@ -257,7 +257,7 @@ def test_resolve_run_dir_from_config(tmp_path: Path) -> None:
     target = resolve_run_dir_from_config(config, runs_root=tmp_path)
     (target / "x").write_text("")
     assert resolve_run_dir_from_config(config, runs_root=tmp_path) == tmp_path / "abc"  # resuming
-    config.resume_from_checkpoint = False
+    config = config.model_copy(update={"resume_from_checkpoint": False})
     assert resolve_run_dir_from_config(config, runs_root=tmp_path) == tmp_path / "abc-1"
 
 

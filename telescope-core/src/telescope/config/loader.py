@@ -210,10 +210,10 @@ def load_config(
     except ValidationError as exc:
         raise ConfigError(_translate(exc, provenance, schema.model, yaml_source), source) from None
 
-    derived: dict[str, str] = {}
+    derived: dict[str, tuple[Any, str]] = {}  # {field: (value, reason)}: see config.rules.Derived
     lanes_off = not config.enable_individual_sample_lanes
     if lanes_off and config.free_lane_after_generation is False and "free_lane_after_generation" not in data:
-        derived["free_lane_after_generation"] = "off because enable_individual_sample_lanes is off"
+        derived["free_lane_after_generation"] = (False, "off because enable_individual_sample_lanes is off")
 
     rules = cross_field_problems(config, layer=layer, purpose=purpose)
     if purpose == "eval":
@@ -229,8 +229,9 @@ def load_config(
     if problems:
         raise ConfigError(problems, source)
 
+    config = config.model_copy(update={name: value for name, (value, _) in derived.items()})  # frozen: a new one
     for name in schema.model.model_fields:
         if name in derived:
-            provenance[name] = f"derived: {derived[name]}"
+            provenance[name] = f"derived: {derived[name][1]}"
         provenance.setdefault(name, "default")
     return LoadedConfig(config=config, provenance=provenance, path=config_path)

@@ -66,11 +66,15 @@ def _check_name(
     return True
 
 
-def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: dict[str, str]) -> list[str]:
+#: ``{field: (value, reason)}``: a value resolved after validation, and why (shown by ``telescope config show``).
+Derived = dict[str, tuple[Any, str]]
+
+
+def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: Derived) -> list[str]:
     """Check names and capabilities; resolve capability-dependent defaults.
 
-    Fills ``derived`` with {field: reason} for each value resolved here (shown by
-    ``telescope config show``) and updates ``config`` in place.
+    Fills ``derived`` with each value resolved here; the config itself is frozen, the
+    loader makes the resolved config from it (``model_copy(update=...)``).
     """
     registry = plugins.registry
     problems: list[str] = []
@@ -216,7 +220,7 @@ def environment_needs_problems(
     )
 
 
-def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, derived: dict[str, str]) -> list[str]:
+def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, derived: Derived) -> list[str]:
     problems: list[str] = []
     name = config.algorithm
     if config.use_ppo_clip and not caps.supports_ppo_clip:
@@ -237,8 +241,7 @@ def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, de
             "log-probabilities); set ppo_clip_ref_logprobs: batch or use_tis: false"
         )
     if config.advantage_norm is None:
-        config.advantage_norm = caps.default_advantage_norm
-        derived["advantage_norm"] = f"default of algorithm {name!r}"
+        derived["advantage_norm"] = (caps.default_advantage_norm, f"default of algorithm {name!r}")
     elif config.advantage_norm not in caps.advantage_norms:
         allowed = " or ".join(repr(n) for n in caps.advantage_norms)
         problems.append(

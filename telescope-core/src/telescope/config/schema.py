@@ -42,7 +42,7 @@ class TelescopeConfig(BaseModel):
     code reads plugin fields through :meth:`settings`, typed by the plugin's model.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     def settings(self, model: type[S]) -> S:
         """This config's values of ``model``'s fields, as an instance of ``model`` (a typed slice).
@@ -567,7 +567,8 @@ class TelescopeConfig(BaseModel):
             and not self.enable_individual_sample_lanes
             and "free_lane_after_generation" not in self.model_fields_set
         ):
-            self.free_lane_after_generation = False
+            # still constructing: the frozen model's fields are set once, here (not a later mutation)
+            object.__setattr__(self, "free_lane_after_generation", False)
         if info.context and info.context.get("defer_cross_field_rules"):
             return self  # the loader reports them together with the registry rules
         problems = cross_field_problems(self)

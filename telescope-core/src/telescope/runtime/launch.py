@@ -115,15 +115,18 @@ def _record_metadata(run_dir: Path, config: TelescopeConfig, plugins: Plugins) -
         log.warning("could not write the run metadata: %s: %s", type(exc).__name__, exc)
 
 
-def _prepare_model(config: TelescopeConfig) -> None:
-    """Check the model can be had here, and resolve ``tiny:`` models (built on first use), before Ray starts."""
+def _prepare_model(config: TelescopeConfig) -> TelescopeConfig:
+    """Check the model can be had here, and resolve ``tiny:`` models (built on first use), before Ray starts.
+
+    Returns the config with the resolved model path (configs are frozen).
+    """
     from telescope.config.checks import model_problems
     from telescope.models.tiny import resolve_model_path
 
     problems = model_problems(config.model, hub_cache=True)
     if problems:
         raise FileNotFoundError("; ".join(problems))
-    config.model = resolve_model_path(config.model)
+    return config.model_copy(update={"model": resolve_model_path(config.model)})
 
 
 @dataclasses.dataclass
@@ -268,9 +271,8 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.runtime.ray_cluster import RayStartError, connect_ray, gcs_reachable
     from telescope.runtime.worker_shutdown import bounded
 
-    config = loaded.config.model_copy(deep=True)
-    run_dir = resolve_run_dir_from_config(config)  # resuming continues in the same directory
-    config.run_dir = str(run_dir)
+    run_dir = resolve_run_dir_from_config(loaded.config)  # resuming continues in the same directory
+    config = loaded.config.model_copy(update={"run_dir": str(run_dir)})
     store = RunStore.from_config(run_dir, config)
     store.write_config(render_resolved(loaded.config, loaded.provenance), config.model_dump(mode="json"))
     store.set_status("running", pid=os.getpid(), step=0, error=None, stuck=None)  # a resume clears the last end
@@ -298,7 +300,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     tokenizer_loading: _EarlyTokenizer | None = None
     print(f"telescope: run directory {run_dir}", file=sys.stderr)
     try:
-        _prepare_model(config)
+        config = _prepare_model(config)
         plugins.run_start(config, run_dir)
         started_run = True
         tokenizer_loading = _load_tokenizer_early(config.model)  # beside ray.init
