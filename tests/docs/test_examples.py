@@ -374,7 +374,7 @@ def test_compaction(install: Install) -> None:
     compactor = get_plugins().create_compactor(config)  # as the run builds it
     assert compactor is not None and compactor.context.keep_turns == 1
     result = asyncio.run(compactor.compact(long_episode(turns=2), ScriptedPolicy()))
-    assert [m["content"] for m in result.history if m["role"] == "tool"][0] == "result 1; de [...]"
+    assert next(m["content"] for m in result.history if m["role"] == "tool") == "result 1; de [...]"
     assert passed_count(run_project_tests(project)) >= 5
 
 
