@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError, create_model
 
-from telescope.config.schema import TelescopeConfig
-from telescope.config.sections import SECTIONS
+from telescope.config.schema import SECTIONS, TelescopeConfig
 from telescope.plugins.registry import PluginError
 
 if TYPE_CHECKING:
