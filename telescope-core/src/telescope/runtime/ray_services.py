@@ -105,6 +105,7 @@ if TYPE_CHECKING:
     from telescope.api.settings import PluginSettings
     from telescope.inference.client import InferenceClient
     from telescope.runtime.supervisor import ServerSupervisor
+    from telescope.runtime.workers import TrainStepResult
 
 log = logging.getLogger("telescope.run.workers")
 
@@ -427,12 +428,13 @@ class RayServices(WorkerRecovery):
         return await self._collect(what, tasks)
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        results = await self._step(f"training step {batch.step}", lambda t: t.train_step.remote(batch))
-        metrics: dict[str, float] = results[0]  # the backend already averages over ranks
-        drained = await self._on_ranks("drain_events", lambda t: t.drain_events.remote())
-        for rank, records in enumerate(drained):
-            publish_worker_events(records, component="trainer", rank=rank, step=batch.step)
-        return metrics
+        """One round trip to the ranks: each answers the step's metrics with its timeline records."""
+        results: list[TrainStepResult] = await self._step(
+            f"training step {batch.step}", lambda t: t.train_step.remote(batch)
+        )
+        for rank, result in enumerate(results):
+            publish_worker_events(result.events, component="trainer", rank=rank, step=batch.step)
+        return results[0].metrics  # the backend already averages over ranks
 
     async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         results = await self._step("a warm-start step", lambda t: t.supervised_step.remote(examples, learning_rate))

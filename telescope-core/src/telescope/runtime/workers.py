@@ -73,6 +73,15 @@ def _limit_threads(cpus: float) -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainStepResult:
+    """A rank's answer to a training step: the step's metrics (averaged over the ranks by the
+    backend) and the rank's timeline records since the last step (its phases per micro-batch)."""
+
+    metrics: dict[str, float]
+    events: list[dict[str, Any]]
+
+
 @ray.remote(concurrency_groups={"monitor": 1})  # type: ignore[call-overload]  # Ray's stubs omit the option
 class TrainerWorker:
     """One trainer rank."""
@@ -179,7 +188,8 @@ class TrainerWorker:
         info: dict[str, Any] = self.transport.prepare_sender(num_receivers)
         return info
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Any) -> TrainStepResult:
+        """One training step: its metrics and this rank's timeline records, in one answer (one round trip)."""
         metrics: dict[str, float] = self.backend.train_step(batch)
         self._log.info(
             "step %s: loss %.4g, %.2f s",
@@ -187,11 +197,7 @@ class TrainerWorker:
             metrics.get("loss", float("nan")),
             metrics.get("timing_trainer_step_total", float("nan")),
         )
-        return metrics
-
-    def drain_events(self) -> list[dict[str, Any]]:
-        """The backend's timeline records since the last call (its phases per micro-batch)."""
-        return self.backend.drain_events()
+        return TrainStepResult(metrics=metrics, events=self.backend.drain_events())
 
     def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
         metrics: dict[str, float] = self.backend.supervised_step(examples, learning_rate)
