@@ -21,7 +21,7 @@ from telescope import hookimpl
 from telescope.api import BaseEnvironment, RewardResult, Sample
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
+from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
 from telescope.plugins.registry import Registrar
 from telescope.recording.infra_monitor import InfraMonitor
 
@@ -82,7 +82,7 @@ class FakeRunPlugin:
         register("length_parity", LengthParity)
 
 
-class FakeWorkers:
+class FakeWorkers(GenerationService, TrainingService):
     """Stands in for ``RayServices``: the same constructor and methods, no processes."""
 
     #: The training step whose ``train_step`` raises (None: none does).

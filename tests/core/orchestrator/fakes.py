@@ -23,7 +23,7 @@ from telescope.api.records import RewardResult, Sample, SupervisedExample, Train
 from telescope.config.loader import load_config
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
+from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import Registry
@@ -56,7 +56,7 @@ class ParityEnvironment(BaseEnvironment):
 
 
 @dataclass
-class FakeServices:
+class FakeServices(GenerationService, TrainingService):
     """Services over a fake engine and a fake trainer."""
 
     servers: int = 2

@@ -286,8 +286,7 @@ class FailingTrainer(FakeServices):
         self.fail_at = fail_at
         self.failed = False
         self.restarts = 0
-        if not restartable:
-            self.restart_trainer = None  # type: ignore[assignment]
+        self.can_restart_trainer = restartable  # type: ignore[misc]
 
     async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         if batch.step == self.fail_at and not self.failed:

@@ -34,7 +34,7 @@ from telescope.api import BaseEnvironment, RewardResult, Sample
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
+from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import Registrar
 
@@ -95,7 +95,7 @@ class ReferencePlugin:
         register("reference_parity", ReferenceParity)
 
 
-class InProcessServices:
+class InProcessServices(GenerationService, TrainingService):
     """The generation and training handles over an engine and a trainer backend in this process."""
 
     num_servers = 1

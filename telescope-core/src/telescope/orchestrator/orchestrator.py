@@ -312,7 +312,7 @@ class Orchestrator:
             start_step=self.start_step,
             policy_version=self.start_step,
             on_waiting=self.recorder.note,
-            available=getattr(self.generation, "is_available", None),
+            available=self.generation.is_available,
             first_group_id=first_group_id,
             compactor=self.compactor,
         )
@@ -332,10 +332,9 @@ class Orchestrator:
         """A rank died: new trainer ranks, the last checkpoint, and a new scheduler from its step."""
         self.trainer_restarts += 1
         checkpoint = self.checkpoints.latest()
-        restart = getattr(self.training, "restart_trainer", None)
         limit = self.config.trainer_max_restarts
         why = None
-        if restart is None:
+        if not self.training.can_restart_trainer:
             why = "this training service cannot restart its ranks"
         elif not self.checkpoints.enabled:
             why = "checkpoints are off (checkpoint_every: 0), so there is nothing to restart from"
@@ -345,7 +344,7 @@ class Orchestrator:
             why = f"the trainer group already restarted {limit} time(s) (trainer_max_restarts: {limit})"
         if why is not None:
             raise TrainerLost(f"{failure}; the trainer group cannot restart: {why}", checkpoint) from failure
-        assert restart is not None and checkpoint is not None
+        assert checkpoint is not None
         self.recorder.note(
             f"trainer failed ({failure}); restarting the trainer group from {checkpoint.name} "
             f"(restart {self.trainer_restarts}/{limit})"
@@ -364,7 +363,7 @@ class Orchestrator:
             error=str(failure),
         ):
             with self._doing("restarting the trainer group", "trainer"):
-                await restart()
+                await self.training.restart_trainer()
                 await self.training.load_checkpoint(checkpoint)
             state = self.checkpoints.read_state(checkpoint)
             self.start_step = int(state["step"])
@@ -378,10 +377,9 @@ class Orchestrator:
 
     def _fault_metrics(self) -> dict[str, float]:
         metrics = {"infra/trainer_restarts": float(self.trainer_restarts)}
-        for service in (self.generation, self.training):
-            report = getattr(service, "fault_metrics", None)
-            if report is not None:
-                metrics.update(report())
+        metrics.update(self.generation.fault_metrics())
+        if self.training is not self.generation:  # one object may be both (a fake, an in-process run)
+            metrics.update(self.training.fault_metrics())
         return metrics
 
     # ------------------------------------------------------------- watchdog
@@ -404,8 +402,9 @@ class Orchestrator:
         }
 
     def _probes(self) -> list[Any]:
-        services = [self.generation] if self.generation is self.training else [self.generation, self.training]
-        return [probe for probe in (getattr(s, "probe", None) for s in services) if probe is not None]
+        if self.generation is self.training:  # one object may be both (a fake, an in-process run)
+            return [self.generation.probe]
+        return [self.generation.probe, self.training.probe]
 
     def _report_stuck(self, report: StuckReport) -> None:
         self.recorder.store.set_status("running", stuck=report.as_dict())

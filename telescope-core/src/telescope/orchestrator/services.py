@@ -11,26 +11,29 @@ without Ray or a model.
 
 Faults. A training service raises :class:`TrainerFailure` when a rank died; a
 generation service raises :class:`~telescope.orchestrator.rollouts.ServerUnavailable`
-when a server cannot serve (the group is re-dispatched). Optional methods, looked up
-with ``getattr`` (fakes and ``telescope eval`` have none of them):
+when a server cannot serve (the group is re-dispatched). Both are abstract base
+classes: an implementation subclasses them and writes the abstract methods; the
+optional capabilities are methods with defaults that it overrides when it has them:
 
-- ``GenerationService.is_available(server) -> bool``: whether the server takes work now;
-- ``TrainingService.restart_trainer()`` (async): replace every trainer rank by a new one
-  (raising :class:`TrainerFailure` when it cannot); the orchestrator then loads the last
-  checkpoint;
+- ``GenerationService.is_available(server) -> bool``: whether the server takes work now
+  (default: always);
+- ``TrainingService.can_restart_trainer`` and ``restart_trainer()`` (async): replace every
+  trainer rank by a new one (raising :class:`TrainerFailure` when it cannot); the
+  orchestrator then loads the last checkpoint (default: cannot);
 - ``fault_metrics() -> dict[str, float]`` (either): counters for the step metrics
-  (``infra/server_restarts``);
+  (``infra/server_restarts``; default: none);
 - ``probe() -> list[dict]`` (either, async): the watchdog's findings on each server and
-  trainer rank (see :mod:`telescope.orchestrator.watchdog`).
+  trainer rank (see :mod:`telescope.orchestrator.watchdog`; default: none).
 """
 
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 from telescope.api.records import FinishReason, SupervisedExample, TrainingBatch
 from telescope.orchestrator.deadlines import OperationTimeout
@@ -98,7 +101,91 @@ async def complete_on(
     )
 
 
-class ServerPool:
+class GenerationService(ABC):
+    """The inference servers behind a run (or behind ``telescope eval``)."""
+
+    @property
+    @abstractmethod
+    def num_servers(self) -> int: ...
+
+    @abstractmethod
+    async def generate(
+        self,
+        server: int,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        seed: int,
+        priority: int,
+        sampling: SamplingSettings,
+    ) -> Generation:
+        """One completion of ``prompt_ids`` on server ``server``; cancelling aborts it."""
+
+    def is_available(self, server: int) -> bool:
+        """Whether ``server`` takes work now (a server being restarted does not)."""
+        return True
+
+    def fault_metrics(self) -> dict[str, float]:
+        """Fault counters for the step's metrics."""
+        return {}
+
+    async def probe(self) -> list[dict[str, Any]]:
+        """The watchdog's findings on each server (:mod:`telescope.orchestrator.watchdog`)."""
+        return []
+
+
+class TrainingService(ABC):
+    """The trainer ranks behind a run, and the weight path from them to the servers."""
+
+    #: Whether :meth:`restart_trainer` can replace the ranks (else a rank's death ends the run).
+    can_restart_trainer: ClassVar[bool] = False
+
+    @abstractmethod
+    async def wait_ready(self) -> None:
+        """Return once every rank is set up and the weight path connected; raise if that failed.
+
+        The orchestrator calls it before any other method; the servers may be generating
+        already (see the orchestrator's start-up).
+        """
+
+    @abstractmethod
+    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        """One trainer step on every rank; returns the rank-averaged step metrics."""
+
+    @abstractmethod
+    async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
+        """One supervised (cross-entropy) step on demonstrations, on every rank (the warm start)."""
+
+    @abstractmethod
+    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
+        """Send the trainer's weights to every server as ``version``; returns timings.
+
+        Servers in ``held_servers`` take part in the transfer but keep the weights they
+        have (an eval server while its eval runs: one set of weights per eval).
+        """
+
+    @abstractmethod
+    async def save_checkpoint(self, step: int) -> None:
+        """Every trainer rank saves checkpoint ``step`` (atomic; ``latest``; retention)."""
+
+    @abstractmethod
+    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Every trainer rank restores the checkpoint folder ``path``."""
+
+    async def restart_trainer(self) -> None:
+        """Replace every trainer rank by a new one (only where :attr:`can_restart_trainer`)."""
+        raise TrainerFailure(f"{type(self).__name__} cannot restart its trainer ranks")
+
+    def fault_metrics(self) -> dict[str, float]:
+        """Fault counters for the step's metrics."""
+        return {}
+
+    async def probe(self) -> list[dict[str, Any]]:
+        """The watchdog's findings on each trainer rank (:mod:`telescope.orchestrator.watchdog`)."""
+        return []
+
+
+class ServerPool(GenerationService):
     """The :class:`GenerationService` over one inference client per server (what a run and ``telescope eval`` use).
 
     Failures, told apart for the scheduler: a request that gets no answer within the
@@ -182,59 +269,3 @@ class ServerPool:
             with contextlib.suppress(Exception):
                 await client.aclose()
         self.clients = []
-
-
-class GenerationService(Protocol):
-    """The inference servers behind a run (or behind ``telescope eval``)."""
-
-    @property
-    def num_servers(self) -> int: ...
-
-    async def generate(
-        self,
-        server: int,
-        prompt_ids: list[int],
-        max_tokens: int,
-        *,
-        seed: int,
-        priority: int,
-        sampling: SamplingSettings,
-    ) -> Generation:
-        """One completion of ``prompt_ids`` on server ``server``; cancelling aborts it."""
-        ...
-
-
-class TrainingService(Protocol):
-    """The trainer ranks behind a run, and the weight path from them to the servers."""
-
-    async def wait_ready(self) -> None:
-        """Return once every rank is set up and the weight path connected; raise if that failed.
-
-        The orchestrator calls it before any other method; the servers may be generating
-        already (see the orchestrator's start-up).
-        """
-        ...
-
-    async def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        """One trainer step on every rank; returns the rank-averaged step metrics."""
-        ...
-
-    async def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
-        """One supervised (cross-entropy) step on demonstrations, on every rank (the warm start)."""
-        ...
-
-    async def push_weights(self, version: int, *, held_servers: Sequence[int] = ()) -> dict[str, float]:
-        """Send the trainer's weights to every server as ``version``; returns timings.
-
-        Servers in ``held_servers`` take part in the transfer but keep the weights they
-        have (an eval server while its eval runs: one set of weights per eval).
-        """
-        ...
-
-    async def save_checkpoint(self, step: int) -> None:
-        """Every trainer rank saves checkpoint ``step`` (atomic; ``latest``; retention)."""
-        ...
-
-    async def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Every trainer rank restores the checkpoint folder ``path``."""
-        ...

@@ -79,7 +79,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -87,7 +87,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.services import ServerPool, TrainerFailure
+from telescope.orchestrator.services import ServerPool, TrainerFailure, TrainingService
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.addressing import single_node
@@ -110,8 +110,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("telescope.run.workers")
 
 
-class RayServices(WorkerRecovery):
+class RayServices(WorkerRecovery, TrainingService):
     """Trainer ranks and inference servers as Ray actors (see the module docstring)."""
+
+    can_restart_trainer: ClassVar[bool] = True  # WorkerRecovery.restart_trainer
 
     def __init__(self, config: TelescopeConfig, run_dir: Path) -> None:
         self.config = config
