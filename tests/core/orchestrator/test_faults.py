@@ -370,6 +370,16 @@ def test_a_trainer_failure_without_a_checkpoint_fails_the_run_saying_why(tmp_pat
     assert exhausted.value.checkpoint is not None and exhausted.value.checkpoint.name == "step_00000002"
 
 
+def test_a_training_service_that_cannot_restart_its_ranks_fails_the_run_saying_so(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The capability is the service's typed default (``can_restart_trainer``), not a probed attribute."""
+    services = FailingTrainer(fail_at=3, restartable=False)
+    with pytest.raises(TrainerLost, match="this training service cannot restart its ranks"):
+        run_loop(tmp_path, tokenizer, services, number_of_steps=4, checkpoint_every=2)
+    assert services.restarts == 0
+
+
 # ------------------------------------------------------ checkpoint crashes
 
 
