@@ -94,7 +94,7 @@ class InferenceContext(_Context):
     #: the address servers bind: loopback for a context built by hand or from a config outside Ray
     #: (``inference_host: auto``); a run's inference worker sets it to loopback on the orchestrator's node
     #: and to its node's address elsewhere. An explicit ``inference_host`` is kept; a wildcard
-    #: (``0.0.0.0``) is reached at the node's address (:mod:`telescope.runtime.addressing`)
+    #: (``0.0.0.0``) is reached at the node's address (:mod:`telescope.system.addressing`)
     host: str = "127.0.0.1"
     base_port: int = 8100
     tensor_parallel_size: int = 1
@@ -105,7 +105,7 @@ class InferenceContext(_Context):
     #: The accelerator (CUDA) ids the scheduler assigned this worker, as Ray reports them inside the worker
     #: (``ray.get_runtime_context().get_accelerator_ids()["GPU"]``); set by the run's inference worker.
     #: None: not scheduled (``telescope eval``, tests), so worker ``i`` takes its share of the visible devices
-    #: (:func:`telescope.runtime.devices.worker_visible_devices`).
+    #: (:func:`telescope.system.devices.worker_visible_devices`).
     gpu_ids: tuple[str, ...] | None = None
     #: The run token (:mod:`telescope.system.access`) the servers must ask for on every route but ``/health``
     #: (hand it to the server process in its environment, ``TELESCOPE_RUN_TOKEN``, never on its command

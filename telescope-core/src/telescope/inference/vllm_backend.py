@@ -40,7 +40,7 @@ The server (:func:`serve_command`)
     checks it only on paths under ``/v1``, so ``/collective_rpc``, the other dev-mode
     routes and ``/metrics`` would stay open.
 
-    The worker's GPUs (:mod:`telescope.runtime.devices`): under Ray, exactly the
+    The worker's GPUs (:mod:`telescope.system.devices`): under Ray, exactly the
     ``tp`` ids Ray assigned the worker (``InferenceContext.gpu_ids``; never an index
     into the node's list, which Ray has already narrowed); without a scheduler,
     visible devices ``i * tp .. (i + 1) * tp - 1`` (of ``CUDA_VISIBLE_DEVICES`` when
@@ -100,9 +100,9 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
 from telescope.inference import weight_updates
-from telescope.runtime.devices import worker_visible_devices
-from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 from telescope.system.access import RunTokenMiddleware, with_run_token
+from telescope.system.devices import worker_visible_devices
+from telescope.system.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext

@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any
 from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
 from telescope.config.schema import TelescopeConfig
-from telescope.runtime import event_loop
-from telescope.runtime.garbage_collection import freeze_startup_objects, thaw_startup_objects
+from telescope.system import event_loop
+from telescope.system.garbage_collection import freeze_startup_objects, thaw_startup_objects
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins

@@ -57,7 +57,7 @@ rank to close (together, in one bounded wait: :mod:`telescope.runtime.worker_shu
 run's shared-memory folders (:func:`~telescope.transports.shm_folders.remove_run_folders`),
 whether rank 0 closed or not (also when a trainer group is replaced).
 Nothing is killed by PID from the driver's host: a server process dies with its
-worker, on the worker's node (:func:`telescope.runtime.processes.spawn`), so a
+worker, on the worker's node (:func:`telescope.system.processes.spawn`), so a
 crashed or killed actor leaves no stray process. After SIGTERM to the process group
 (``close(budget_s=...)``) the Ray cleanup gets a bounded time, and none when Ray's
 GCS is already gone.
@@ -90,12 +90,12 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure, TrainingService
 from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
-from telescope.runtime.addressing import single_node
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.ray_recovery import PING_TIMEOUT_S, WorkerRecovery
 from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
 from telescope.system.access import new_run_token
+from telescope.system.addressing import single_node
 from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
@@ -157,8 +157,8 @@ class RayServices(WorkerRecovery, TrainingService):
         from telescope.inference import default_backend_name
         from telescope.plugins.facade import get_plugins
         from telescope.plugins.registry import PluginKind
-        from telescope.runtime.addressing import unreachable_server
         from telescope.runtime.workers import InferenceWorker, TrainerWorker
+        from telescope.system.addressing import unreachable_server
         from telescope.trainer.checkpoint import TrainerCheckpoints
 
         c = self.config
@@ -331,7 +331,7 @@ class RayServices(WorkerRecovery, TrainingService):
 
     def _transport_name(self, gpu: bool, one_node: bool) -> str:
         """``weight_transport``, with ``auto`` resolved for this placement (see the module docstring)."""
-        from telescope.runtime.addressing import memory_transport_error
+        from telescope.system.addressing import memory_transport_error
         from telescope.transports import default_transport_name
 
         name = self.config.weight_transport

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool
-from telescope.runtime import event_loop
 from telescope.runtime.eval_checkpoints import EvalCheckpoint
+from telescope.system import event_loop
 
 if TYPE_CHECKING:
     from telescope.orchestrator.evals import EvalRunner, EvalSink

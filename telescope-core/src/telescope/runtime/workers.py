@@ -16,9 +16,9 @@ gives the actor.
 Where they run is Ray's choice, and each worker works from what Ray tells it, on
 its own node: an inference worker publishes its node's address
 (``ray.util.get_node_ip_address()``, as ``TELESCOPE_NODE_IP``) so its server's URL is
-that address (:mod:`telescope.runtime.addressing`), and hands its backend the GPU ids
+that address (:mod:`telescope.system.addressing`), and hands its backend the GPU ids
 Ray assigned it (``InferenceContext.gpu_ids``); a trainer rank selects the CUDA
-device that is its assigned id (``LOCAL_RANK``, :mod:`telescope.runtime.devices`)
+device that is its assigned id (``LOCAL_RANK``, :mod:`telescope.system.devices`)
 and, when the rendezvous is on another address, binds gloo to the interface that
 reaches it (``GLOO_SOCKET_IFNAME``). :meth:`placement` reports node, GPUs and pid.
 
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from telescope.runtime.garbage_collection import freeze_startup_objects
+from telescope.system.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
@@ -140,7 +140,7 @@ class TrainerWorker:
         Also its start-up: ``started_at`` (the process's start) and ``ready_at`` (set-up's end,
         None before it; asked after ``setup``, the call queues behind it).
         """
-        from telescope.runtime.devices import ray_gpu_ids
+        from telescope.system.devices import ray_gpu_ids
 
         return {
             "node": ray.util.get_node_ip_address(),
@@ -151,8 +151,8 @@ class TrainerWorker:
         }
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        from telescope.runtime.addressing import interface_of, is_loopback, local_address_towards
-        from telescope.runtime.devices import local_cuda_index, ray_gpu_ids
+        from telescope.system.addressing import interface_of, is_loopback, local_address_towards
+        from telescope.system.devices import local_cuda_index, ray_gpu_ids
 
         os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
@@ -272,7 +272,7 @@ class InferenceWorker:
 
     ``orchestrator_node`` (``inference_host: auto``): the node of the orchestrator, the
     servers' one HTTP client; the server binds loopback on that node, this node's
-    address on another (:func:`~telescope.runtime.addressing.server_bind_host`). None
+    address on another (:func:`~telescope.system.addressing.server_bind_host`). None
     keeps the context's ``host``.
     """
 
@@ -287,8 +287,8 @@ class InferenceWorker:
         orchestrator_node: str | None = None,
     ) -> None:
         from telescope.plugins.facade import get_plugins
-        from telescope.runtime.addressing import NODE_IP_ENV, server_bind_host
-        from telescope.runtime.devices import ray_gpu_ids
+        from telescope.system.addressing import NODE_IP_ENV, server_bind_host
+        from telescope.system.devices import ray_gpu_ids
 
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
         self.node = ray.util.get_node_ip_address()

@@ -1,5 +1,8 @@
-"""The ground floor's host-level helpers that every server of a run shares (the run token's check).
+"""The ground floor's host-level helpers, shared by the servers and the launcher.
 
-Below ``inference/``, ``transports/``, ``recording/`` and ``runtime/``: nothing here imports
-from them.
+The run token's check (``access``), addresses and sockets (``addressing``), devices
+(``devices``), server processes (``processes``), the event loop (``event_loop``) and
+the start-up objects' garbage collection (``garbage_collection``). Below
+``inference/``, ``transports/``, ``recording/`` and ``runtime/`` (which launches the
+servers): nothing here imports from them.
 """

@@ -37,7 +37,7 @@ node address (``TransportContext.sender_host``, as Ray reports it), or
 ``TELESCOPE_WEIGHT_BROADCAST_HOST`` when set. The store listens on that address
 only (a socket bound to it, handed to the store), not on every interface. Over
 gloo every rank binds the interface that routes to that host
-(:func:`telescope.runtime.addressing.local_address_towards`),
+(:func:`telescope.system.addressing.local_address_towards`),
 not the address its hostname resolves to, which is often loopback and unreachable
 from another node; NCCL picks its interfaces itself (``NCCL_SOCKET_IFNAME``).
 """
@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from telescope.api.transport import WeightTransport
-from telescope.runtime.addressing import bound_socket, local_address_towards, rendezvous_host
+from telescope.system.addressing import bound_socket, local_address_towards, rendezvous_host
 from telescope.transports.bucketing import Manifest, dtype_from_name, pack, plan, unpack
 
 if TYPE_CHECKING:

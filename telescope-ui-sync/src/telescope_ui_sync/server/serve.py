@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 import uvicorn
 
-from telescope.runtime.addressing import bound_socket
+from telescope.system.addressing import bound_socket
 from telescope_ui_sync.server.app import create_app
 from telescope_ui_sync.server.guards import allowed_hosts
 from telescope_ui_sync.sync.schema import SchemaVersionError, connect

@@ -4,11 +4,11 @@ Worker ``i`` listens on ``inference_host:inference_base_port + i`` and runs
 ``python -m telescope.inference.embedded.server`` with the engine's settings
 (written as JSON next to its log). :meth:`EmbeddedBackend.start_server` returns
 once ``/health`` answers (on another port when that one is taken, say by another
-run's server: :func:`~telescope.runtime.processes.start_on_free_port`). The engine uses
+run's server: :func:`~telescope.system.processes.start_on_free_port`). The engine uses
 CUDA when the process sees a GPU, else the CPU: under Ray, the GPU Ray assigned the
 worker (``InferenceContext.gpu_ids``: the server process sees only those); without
 a scheduler, worker ``i`` takes visible device ``i mod count``
-(:func:`telescope.runtime.devices.embedded_device`). It is the default wherever
+(:func:`telescope.system.devices.embedded_device`). It is the default wherever
 vLLM is not usable (``inference_backend: auto``).
 
 With the run's token (``InferenceContext.access_token``) the server asks for it on
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from telescope.api.inference import InferenceBackend, InferenceServer, ServerAddress
-from telescope.runtime.devices import embedded_device
-from telescope.runtime.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 from telescope.system.access import with_run_token
+from telescope.system.devices import embedded_device
+from telescope.system.processes import ProcessServer, connect_host, log_path, spawn, start_on_free_port
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext

@@ -103,7 +103,7 @@ from telescope.inference.embedded.sampling import make_generator, sample
 from telescope.inference.embedded.scheduler import WaitingQueue
 from telescope.inference.embedded.stats import RequestLatencies
 from telescope.inference.weight_updates import load_named_tensors
-from telescope.runtime.devices import embedded_device
+from telescope.system.devices import embedded_device
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ class EngineSettings:
     model_path: str
     dtype: str = "float32"
     #: a torch device, or "auto": a GPU when there is one, else the CPU (by
-    #: :func:`~telescope.runtime.devices.embedded_device`: the server process with its worker index,
+    #: :func:`~telescope.system.devices.embedded_device`: the server process with its worker index,
     #: an Engine built directly as worker 0)
     device: str = "cpu"
     max_num_seqs: int = 64

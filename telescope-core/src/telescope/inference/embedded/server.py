@@ -91,10 +91,10 @@ from telescope.inference.protocol import (
     UsageInfo,
     new_request_id,
 )
-from telescope.runtime.addressing import is_loopback
-from telescope.runtime.devices import embedded_device
-from telescope.runtime.garbage_collection import freeze_startup_objects
 from telescope.system.access import RUN_TOKEN_ENV, RunTokenMiddleware, token_from_env
+from telescope.system.addressing import is_loopback
+from telescope.system.devices import embedded_device
+from telescope.system.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
     import uvicorn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from telescope.runtime.garbage_collection import freeze_startup_objects, thaw_startup_objects
+from telescope.system.garbage_collection import freeze_startup_objects, thaw_startup_objects
 
 
 class Node:

@@ -8,7 +8,8 @@ import pytest
 
 from telescope.api.context import InferenceContext, TransportContext
 from telescope.config.schema import TelescopeConfig
-from telescope.runtime.addressing import (
+from telescope.runtime.ray_cluster import worker_bundle
+from telescope.system.addressing import (
     NODE_IP_ENV,
     advertised_host,
     interface_of,
@@ -18,8 +19,7 @@ from telescope.runtime.addressing import (
     server_bind_host,
     single_node,
 )
-from telescope.runtime.processes import choose_port, connect_host
-from telescope.runtime.ray_cluster import worker_bundle
+from telescope.system.processes import choose_port, connect_host
 from telescope.transports import default_transport_name
 from telescope.transports.nccl import NCCLTransport
 

@@ -16,12 +16,12 @@ from typing import cast
 import pytest
 
 from telescope.api.inference import InferenceServer, ServerAddress
-from telescope.runtime.processes import PortInUseError, ProcessServer, listens_on, spawn, start_on_free_port
+from telescope.system.processes import PortInUseError, ProcessServer, listens_on, spawn, start_on_free_port
 
 PARENT = """
 import sys, time
 from pathlib import Path
-from telescope.runtime.processes import spawn
+from telescope.system.processes import spawn
 child = spawn([sys.executable, "-c", "import time; time.sleep(120)"], {}, Path(sys.argv[1]))
 print(child.pid, flush=True)
 time.sleep(120)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from telescope.runtime import event_loop
+from telescope.system import event_loop
 
 
 async def loop_module() -> str:

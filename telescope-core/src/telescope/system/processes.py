@@ -10,7 +10,7 @@ configured port unless something (another run's server) holds it, and starts the
 server again on another port when it lost a race for it; the health check counts only
 an answer from the server's own process (:func:`listens_on`), never from another
 run's server on that port. :func:`connect_host` is the address clients dial, the
-node's own address for a wildcard bind (:mod:`telescope.runtime.addressing`), never
+node's own address for a wildcard bind (:mod:`telescope.system.addressing`), never
 an assumed loopback.
 
 How it ends: whoever started it stops it (:meth:`ProcessServer.stop`, which the
@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from telescope.api.inference import InferenceServer, ServerAddress
-from telescope.runtime.addressing import advertised_host, bound_socket, is_wildcard
+from telescope.system.addressing import advertised_host, bound_socket, is_wildcard
 
 log = logging.getLogger("telescope.run.servers")
 

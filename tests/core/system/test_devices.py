@@ -16,7 +16,7 @@ import pytest
 from telescope.api.context import InferenceContext
 from telescope.inference.embedded.backend import EmbeddedBackend
 from telescope.inference.vllm_backend import serve_env
-from telescope.runtime.devices import embedded_device, local_cuda_index, ray_gpu_ids, worker_visible_devices
+from telescope.system.devices import embedded_device, local_cuda_index, ray_gpu_ids, worker_visible_devices
 
 #: (workers x TP): per worker, the ids Ray assigns and the CUDA_VISIBLE_DEVICES it sets in the actor.
 RAY_ASSIGNMENTS = {
