@@ -15,7 +15,7 @@ import pytest
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import bind_context
 from telescope.api.records import Sample
-from telescope.recording import events
+from telescope.system import events
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
 

@@ -27,7 +27,7 @@ from telescope.orchestrator.services import GenerationService, SamplingSettings,
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import Registry
-from telescope.recording import events
+from telescope.system import events
 from telescope.trainer import checkpoint as trainer_ckpt
 
 

@@ -23,7 +23,7 @@ from telescope.orchestrator.group_records import ScheduledGroup
 from telescope.orchestrator.rollouts import Generation, ServerUnavailable
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
 from telescope.plugins.registry import PluginKind, Registrar, Registry
-from telescope.recording import events
+from telescope.system import events
 
 from .fakes import ParityEnvironment, loop_config, plugins_for
 

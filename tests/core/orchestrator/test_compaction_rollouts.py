@@ -22,7 +22,7 @@ from telescope.compaction.builtins import SUMMARY_HEADER, TOOL_OUTPUT_MARKER, Dr
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
-from telescope.recording import events
+from telescope.system import events
 
 INSTRUCTION = "Summarize."
 LIMITS = RolloutLimits(max_tokens=32, max_model_len=160)

@@ -16,8 +16,8 @@ import pytest
 
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.plugins.registry import PluginKind, Registrar, Registry
-from telescope.recording import events
 from telescope.recording.run_reader import RunReader
+from telescope.system import events
 
 from .fakes import FakeServices, ParityEnvironment
 from .test_orchestrator import run_loop

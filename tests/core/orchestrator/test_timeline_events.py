@@ -15,7 +15,7 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.rollouts import Generation, _score
 from telescope.orchestrator.services import SamplingSettings
-from telescope.recording import events
+from telescope.system import events
 
 from .fakes import FakeServices, ParityEnvironment
 from .test_orchestrator import registry_with_parity, run_loop

@@ -17,8 +17,8 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.services import SamplingSettings
 from telescope.orchestrator.watchdog import StuckError
-from telescope.recording import events
 from telescope.recording.run_reader import RunReader
+from telescope.system import events
 
 from .fakes import FakeServices, ParityEnvironment
 from .fault_loop import HANG_GUARD, run_loop, status

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from telescope.api.records import FinishReason, Group, RewardResult, Rollout, Sample, Turn
-from telescope.recording import events
 from telescope.recording.run_reader import JsonlFollower, RunReader
 from telescope.recording.run_store import (
     RunStore,
@@ -22,6 +21,7 @@ from telescope.recording.run_store import (
     resolve_run_dir_from_config,
     rollout_record,
 )
+from telescope.system import events
 
 
 def make_rollout(reward: float, *, versions: tuple[int, ...] = (3,), finish: FinishReason = "stop") -> Rollout:

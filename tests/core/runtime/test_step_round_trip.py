@@ -12,9 +12,9 @@ from typing import Any
 
 from telescope.api.records import TrainingBatch
 from telescope.config.schema import TelescopeConfig
-from telescope.recording import events
 from telescope.runtime.ray_services import RayServices
 from telescope.runtime.workers import TrainStepResult
+from telescope.system import events
 
 
 class FakeRank:

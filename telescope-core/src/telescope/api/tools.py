@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message
-from telescope.recording.events import timed
+from telescope.system.events import timed
 
 _JSON_TYPES: dict[Any, str] = {
     int: "integer",

@@ -42,7 +42,7 @@ from telescope.api.compaction import (
 )
 from telescope.api.records import Message, Turn
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.recording import events
+from telescope.system import events
 
 #: generate_turn(context token ids of the segment, the turn's input ids, max_tokens) -> the generated turn
 TurnGenerator = Callable[[list[int], list[int], int], Awaitable[Turn]]

@@ -170,7 +170,7 @@ async def call_with_deadline(
     ``sample_id``, ...), as with ``asyncio.to_thread``. Cancelling the caller stops
     the waiting, not the call.
     """
-    from telescope.recording.events import current_context
+    from telescope.system.events import current_context
 
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()

@@ -52,7 +52,7 @@ from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUna
 from telescope.orchestrator.services import GenerationService, SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
-from telescope.recording import events
+from telescope.system import events
 
 #: Times an eval rollout whose server became unavailable (it died, it is restarting) is tried again,
 #: on the next of the eval's servers, EVAL_RETRY_WAIT_S apart (a restart takes seconds to minutes).

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from telescope.api.records import Group, Rollout
 from telescope.orchestrator.prompts import PromptItem
-from telescope.recording import events
 from telescope.recording.rollout_metrics import DiscardLog
+from telescope.system import events
 
 
 class NoLearningSignal(RuntimeError):

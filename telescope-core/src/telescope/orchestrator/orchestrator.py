@@ -97,7 +97,7 @@ from telescope.orchestrator.staleness import Staleness
 from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples, warm_start_batches
 from telescope.orchestrator.watchdog import StuckReport, Watchdog
-from telescope.recording import events
+from telescope.system import events
 
 log = logging.getLogger("telescope.orchestrator")
 

@@ -47,7 +47,7 @@ from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.compaction import EpisodeCompaction, Exchange, Segment
 from telescope.orchestrator.deadlines import OperationTimeout, call_with_deadline
-from telescope.recording import events
+from telescope.system import events
 
 
 @dataclass

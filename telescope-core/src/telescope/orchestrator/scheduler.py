@@ -87,7 +87,7 @@ from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvanta
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
 from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
 from telescope.orchestrator.staleness import Staleness
-from telescope.recording import events
+from telescope.system import events
 
 log = logging.getLogger("telescope.orchestrator")
 

@@ -6,7 +6,7 @@ Layout of a run directory (``runs/<wandb_run_name>/`` unless ``run_dir`` is set)
     config.json     the same config as a JSON object
     metrics.jsonl   one object per step: {"step": int, "time": float, <metric>: value, ...}
     evals.jsonl     one object per eval run: {"name", "step", "time", "metrics": {...}, ...}
-    events/         timeline events from :mod:`telescope.recording.events`, in blocks of
+    events/         timeline events from :mod:`telescope.system.events`, in blocks of
                     ``event_block_duration_seconds``: block-<N>.parquet (sealed) and
                     tail-<N>.jsonl + tail-<N>.idx (the open block), _meta.json
     rollouts/       one record per rollout (see :func:`rollout_record`), in blocks of
@@ -52,7 +52,7 @@ mutate a logged event or rollout record (:func:`group_records` builds fresh ones
 readable, and the next writer on the directory seals the crashed run's open block. There
 is no ``fsync`` (a power loss may lose more). Only one process should write a run
 directory at a time (the orchestrator; other processes hand their events to it, see
-:func:`telescope.recording.events.publish`); nothing enforces it.
+:func:`telescope.system.events.publish`); nothing enforces it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from telescope.api.records import Group, Rollout
-from telescope.recording import events as telescope_events
 from telescope.recording.block_format import EVENTS_SCHEMA, ROLLOUTS_SCHEMA
 from telescope.recording.block_writer import BlockStream, Clock, Flusher
 from telescope.recording.jsonl import (
@@ -82,6 +81,7 @@ from telescope.recording.jsonl import (
     write_atomic,
 )
 from telescope.recording.run_attempts import ATTEMPT_FIELD, AttemptReason, record_attempt
+from telescope.system import events as telescope_events
 
 if TYPE_CHECKING:
     from telescope.config.schema import TelescopeConfig
@@ -407,7 +407,7 @@ class RunStore:
         self._evals.write(record)
 
     def capture_events(self) -> Callable[[], None]:
-        """Write every :func:`telescope.recording.events.emit` event to ``events/`` from now on.
+        """Write every :func:`telescope.system.events.emit` event to ``events/`` from now on.
 
         Returns the function that stops it (``close`` also stops it). A write that fails
         (the store closed meanwhile) is dropped by the event bus, never raised at the emitter.

@@ -182,9 +182,9 @@ async def _train(
     tokenizer_loading: _EarlyTokenizer,
 ) -> dict[str, Any]:
     from telescope.orchestrator.assembly import build_orchestrator
-    from telescope.recording import events
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
+    from telescope.system import events
 
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -265,11 +265,11 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.orchestrator.run_checkpoints import RunCheckpointError
     from telescope.plugins.facade import get_plugins
     from telescope.plugins.registry import PluginError
-    from telescope.recording import events
     from telescope.recording.run_logs import SandboxLog
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
     from telescope.runtime.ray_cluster import RayStartError, connect_ray, gcs_reachable
     from telescope.runtime.worker_shutdown import bounded
+    from telescope.system import events
 
     run_dir = resolve_run_dir_from_config(loaded.config)  # resuming continues in the same directory
     config = loaded.config.model_copy(update={"run_dir": str(run_dir)})

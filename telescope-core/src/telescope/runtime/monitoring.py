@@ -225,7 +225,7 @@ def record_placements(servers: Sequence[dict[str, Any]], trainers: Sequence[dict
     first answer, a rank's set-up end: its imports, the model's load and the prewarm);
     a placement without both times gets none.
     """
-    from telescope.recording.events import emit
+    from telescope.system.events import emit
 
     def startup(placed: dict[str, Any], **fields: Any) -> None:
         if placed.get("started_at") is not None and placed.get("ready_at") is not None:

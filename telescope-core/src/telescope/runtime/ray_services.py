@@ -88,7 +88,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from telescope.api.records import SupervisedExample, TrainingBatch
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import ServerPool, TrainerFailure, TrainingService
-from telescope.recording.events import publish_worker_events
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.ray_recovery import PING_TIMEOUT_S, WorkerRecovery
@@ -96,6 +95,7 @@ from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
 from telescope.system.access import new_run_token
 from telescope.system.addressing import single_node
+from telescope.system.events import publish_worker_events
 from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ class RayServices(WorkerRecovery, TrainingService):
     def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
         :meth:`connect_weights` and :meth:`supervise`; ``run.workers_start`` spans ``started`` to its end."""
-        from telescope.recording import events
+        from telescope.system import events
 
         async def finish() -> None:
             fields: dict[str, Any] = {"component": "orchestrator"}

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from telescope.recording import events
+from telescope.system import events
 
 if TYPE_CHECKING:
     from telescope.orchestrator.services import ServerPool
