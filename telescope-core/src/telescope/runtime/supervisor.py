@@ -34,7 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
@@ -42,7 +42,6 @@ from telescope.system import events
 
 if TYPE_CHECKING:
     from telescope.orchestrator.services import ServerPool
-    from telescope.runtime.ray_recovery import WorkerRecovery
 
 log = logging.getLogger("telescope.run.supervisor")
 
@@ -54,6 +53,25 @@ UNRESPONSIVE_RESTART_S = 30.0
 CHECK_TIMEOUT_S = 5.0
 
 
+class SupervisedServers(Protocol):
+    """What the supervisor needs of the run's workers (``RayServices``, through its ``WorkerRecovery``).
+
+    Declared here, by its user, so that the supervisor does not import the recovery that
+    starts it.
+    """
+
+    servers: list[Any]  # the servers' Ray actor handles, by index
+    generation: ServerPool
+
+    async def restart_server(self, index: int) -> str:
+        """Start server ``index`` again on its placement; returns its new URL."""
+        ...
+
+    async def resync_weights(self, index: int) -> None:
+        """Give server ``index`` the weights every other server holds."""
+        ...
+
+
 class ServerLost(RuntimeError):
     """An inference server could not be kept running; the message says which and why."""
 
@@ -62,7 +80,11 @@ class ServerSupervisor:
     """Keeps the inference servers of a run alive (see the module docstring)."""
 
     def __init__(
-        self, services: WorkerRecovery, interval_s: float, max_restarts: int, on_fatal: Callable[[BaseException], None]
+        self,
+        services: SupervisedServers,
+        interval_s: float,
+        max_restarts: int,
+        on_fatal: Callable[[BaseException], None],
     ) -> None:
         self.services = services
         self.interval_s = interval_s
