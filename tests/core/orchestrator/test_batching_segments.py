@@ -53,3 +53,18 @@ def test_staleness_counts_every_sequence_and_filtering_masks_them_all() -> None:
     samples = TrainingSample.all_from_rollout(segmented, 0.5)
     assert [s.loss_mask for s in samples] == [[False, False], [False, False]]
     assert TrainingSample.from_rollout(segmented, 0.5).segment_index == 1
+
+
+def test_a_scored_group_carries_its_scaled_rewards_and_everything_reads_them() -> None:
+    """Scaled once when the group is scored: the advantages and the normalized metrics use the carried values."""
+    from telescope.orchestrator.batching import normalized_reward_metrics, scored, training_rewards
+
+    rollouts = [Rollout(SAMPLE, [turn([1], [2], 0)], reward=RewardResult(v)) for v in (0.0, 2.0)]
+    group = scored(Group(SAMPLE, rollouts), {"e": (0.0, 4.0)})
+    assert group.scaled_rewards == [0.0, 0.5]
+    carried = Group(SAMPLE, rollouts, scaled_rewards=[1.0, 0.0])  # not what scaling would give
+    assert training_rewards(carried, {"e": (0.0, 4.0)}) == [1.0, 0.0]
+    algorithm = GRPO(AlgorithmConfig(advantage_norm="group"))
+    batch = build_training_batch(0, [carried], algorithm, {"e": (0.0, 4.0)})
+    assert batch.samples[0].advantage > 0 > batch.samples[1].advantage  # the carried order, not the rewards'
+    assert normalized_reward_metrics([carried], {}) == {"reward/normalized/mean": 0.5}

@@ -8,12 +8,12 @@ import math
 import pytest
 
 from telescope.api.records import FinishReason, Group, RewardResult, Rollout, Sample, Turn
+from telescope.orchestrator.batching import normalize_reward, normalized_reward_metrics, scored
 from telescope.recording.rollout_metrics import (
     DiscardLog,
     describe,
     discard_metrics,
     gini,
-    normalize_reward,
     rollout_step_metrics,
 )
 
@@ -105,7 +105,9 @@ def two_groups() -> list[Group]:
 
 def test_rollout_step_metrics_hand_computed() -> None:
     advantages = [-1.0, -1.0, 1.0, 1.0, 0.0, 0.0]  # from the training batch
-    m = rollout_step_metrics(two_groups(), {"countdown": (0.0, 1.0), "math": (0.0, 4.0)}, advantages)
+    ranges = {"countdown": (0.0, 1.0), "math": (0.0, 4.0)}
+    m = rollout_step_metrics(two_groups(), advantages)
+    m.update(normalized_reward_metrics([scored(g, ranges) for g in two_groups()], ranges))
     assert m["rollouts/count"] == 6 and m["groups/count"] == 2 and m["rollouts/error_count"] == 0
     # rewards [0,0,1,1,2,2]: mean 1, variance (1+1+0+0+1+1)/6 = 2/3
     assert m["reward/mean"] == pytest.approx(1.0)
@@ -148,7 +150,7 @@ def test_rollout_step_metrics_hand_computed() -> None:
 def test_single_environment_has_no_per_environment_keys() -> None:
     m = rollout_step_metrics([two_groups()[0]])
     assert not any(key.startswith("reward/countdown") for key in m)
-    assert "reward/normalized/mean" not in m
+    assert "reward/normalized/mean" not in m  # the batching's (normalized_reward_metrics)
     assert m["reward/gini_mean"] == pytest.approx(0.5)
 
 

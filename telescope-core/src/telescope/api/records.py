@@ -207,10 +207,13 @@ class Rollout:
 
 @dataclass(frozen=True)
 class Group:
-    """All rollouts sampled for one prompt (``group_size`` of them)."""
+    """All rollouts sampled for one prompt (``group_size`` of them), and once scored their scaled rewards."""
 
     sample: Sample
     rollouts: list[Rollout]
+    #: Each rollout's reward scaled to its environment's declared range, set once when the
+    #: group is scored (:func:`telescope.orchestrator.batching.scored`); None before.
+    scaled_rewards: list[float] | None = None
 
     @property
     def rewards(self) -> list[float]:

@@ -2,32 +2,56 @@
 
 Per environment, rewards are first mapped to [0, 1] when the environment entry
 declares ``reward_min``/``reward_max`` (so environments with different reward
-scales weigh alike), each rollout's overlong penalty is added (0 unless
-``overlong_penalty_factor`` is set), then the algorithm turns each group's rewards into
-advantages (:meth:`telescope.api.algorithm.Algorithm.advantages`, which also
-applies ``advantage_norm: batch`` across the batch). Each token sequence of a rollout
-(its main one and its ``segments``) becomes one
+scales weigh alike). That scaling is done once, when a group is scored
+(:func:`scored`, by the scheduler as the group finishes): the group carries its
+``scaled_rewards``, which the zero-advantage check, the advantages and the
+``reward/normalized/*`` metrics all read. Each rollout's overlong penalty is added
+(0 unless ``overlong_penalty_factor`` is set), then the algorithm turns each group's
+rewards into advantages (:meth:`telescope.api.algorithm.Algorithm.advantages`, which
+also applies ``advantage_norm: batch`` across the batch). Each token sequence of a
+rollout (its main one and its ``segments``) becomes one
 :class:`~telescope.api.records.TrainingSample` carrying the rollout's advantage; the
 rollout records themselves are left as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from telescope.api.algorithm import Algorithm
 from telescope.api.records import Group, TrainingBatch, TrainingSample
 from telescope.orchestrator.staleness import mask_stale_tokens
-from telescope.recording.rollout_metrics import normalize_reward
 
 #: ``{environment: (reward_min, reward_max)}``; a bound may be None (not declared).
 RewardRanges = Mapping[str, tuple[float | None, float | None]]
 
 
+def normalize_reward(value: float, reward_min: float | None, reward_max: float | None) -> float:
+    """``value`` mapped from [reward_min, reward_max] to [0, 1], clamped; identity if a bound is ``None``.
+
+    Raises ``ValueError`` when ``reward_max <= reward_min`` (the config rejects such ranges too).
+    """
+    if reward_min is None or reward_max is None:
+        return value
+    if reward_max <= reward_min:
+        raise ValueError(f"reward_max ({reward_max}) must be greater than reward_min ({reward_min})")
+    scaled = (value - reward_min) / (reward_max - reward_min)
+    return min(max(scaled, 0.0), 1.0)
+
+
 def scaled_rewards(group: Group, reward_ranges: RewardRanges) -> list[float]:
-    """The group's rewards, scaled to [0, 1] by its environment's declared range (as is otherwise)."""
+    """The group's rewards scaled by its environment's declared range: carried once scored, else computed."""
+    if group.scaled_rewards is not None:
+        return list(group.scaled_rewards)
     low, high = reward_ranges.get(group.sample.environment, (None, None))
     return [normalize_reward(r.reward.total_reward if r.reward else 0.0, low, high) for r in group.rollouts]
+
+
+def scored(group: Group, reward_ranges: RewardRanges) -> Group:
+    """The group with its scaled rewards computed, once, and carried (:attr:`Group.scaled_rewards`)."""
+    return dataclasses.replace(group, scaled_rewards=scaled_rewards(group, reward_ranges))
 
 
 def training_rewards(group: Group, reward_ranges: RewardRanges) -> list[float]:
@@ -41,6 +65,26 @@ def training_rewards(group: Group, reward_ranges: RewardRanges) -> list[float]:
         r + rollout.overlong_penalty
         for r, rollout in zip(scaled_rewards(group, reward_ranges), group.rollouts, strict=True)
     ]
+
+
+def normalized_reward_metrics(groups: Sequence[Group], reward_ranges: RewardRanges) -> dict[str, float]:
+    """``reward/normalized/mean`` and, with several environments, ``reward/<env>/normalized_mean``.
+
+    Over the rollouts that have a reward (scoring did not fail), from the scaled rewards.
+    """
+    by_environment: dict[str, list[float]] = defaultdict(list)
+    for group in groups:
+        for rollout, value in zip(group.rollouts, scaled_rewards(group, reward_ranges), strict=True):
+            if rollout.reward is not None:
+                by_environment[rollout.sample.environment].append(value)
+    every = [value for values in by_environment.values() for value in values]
+    if not every:
+        return {}
+    metrics = {"reward/normalized/mean": sum(every) / len(every)}
+    if len(by_environment) > 1:
+        for environment, values in sorted(by_environment.items()):
+            metrics[f"reward/{environment or 'unknown'}/normalized_mean"] = sum(values) / len(values)
+    return metrics
 
 
 def build_training_batch(

@@ -74,7 +74,7 @@ from collections.abc import Awaitable, Callable
 from telescope.api.compaction import Compactor
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.batching import training_rewards
+from telescope.orchestrator.batching import scored, training_rewards
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.group_records import (
@@ -448,8 +448,9 @@ class RolloutScheduler:
         all_errored = self._errored_streak.observe(slot.name, group.rollouts)
         self.stats.discards.add_dropped("error", errored)
         # overlong / gibberish / repetition filters and the overlong penalty (filters.py)
-        group = Group(sample=group.sample, rollouts=[self.checks.apply(r) for r in group.rollouts if not r.error])
         ranges = {group.sample.environment: (slot.reward_min, slot.reward_max)}
+        checked = [self.checks.apply(r) for r in group.rollouts if not r.error]
+        group = scored(Group(sample=group.sample, rollouts=checked), ranges)  # scaled once, carried
         async with self._changed:
             # leaves in-flight and enters the pool at once: first_finished's budget counts both
             self._in_flight.pop(group_id, None)

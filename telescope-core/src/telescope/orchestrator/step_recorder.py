@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from telescope.api.logger import Logger
 from telescope.api.records import TrainingBatch
+from telescope.orchestrator.batching import normalized_reward_metrics
 from telescope.orchestrator.deadlines import timeout_metrics
 from telescope.orchestrator.group_records import ReadyGroup, SchedulerStats
 from telescope.orchestrator.staleness import policy_version_metrics
@@ -94,7 +95,8 @@ class StepRecorder:
         staleness = [policy_version - r.oldest_policy_version for r in rollouts]
         metrics: dict[str, float] = dict(outcome.trainer_metrics)
         advantages = [s.advantage for s in outcome.batch.samples]
-        metrics.update(rollout_step_metrics(groups, self.reward_ranges, advantages))
+        metrics.update(rollout_step_metrics(groups, advantages))
+        metrics.update(normalized_reward_metrics(groups, self.reward_ranges))
         filtered = [r for r in rollouts if r.filtered]
         stats.discards.add_filtered(filtered)
         stats.discards.add_trained(len(rollouts) - len(filtered))

@@ -4,8 +4,8 @@ Names follow the metrics reference (docs "Metrics"):
 
 - rewards: ``reward/{mean,std,min,max}``, ``reward/gini_mean`` (Gini of the rewards within
   each prompt group, averaged over groups); with several environments also
-  ``reward/<env>/{mean,std,min,max}``; with reward ranges given also
-  ``reward/normalized/mean`` and ``reward/<env>/normalized_mean`` (see :func:`normalize_reward`).
+  ``reward/<env>/{mean,std,min,max}`` (the rewards scaled to the environments' declared
+  ranges, ``reward/normalized/*``, are the batching's: :mod:`telescope.orchestrator.batching`).
 - advantages: ``advantage/{mean,std,min,max}``.
 - sample metrics: for every key of ``RewardResult.sample_metrics``,
   ``sample_metrics/<key>/{mean,std,min,max,gini_mean}``.
@@ -27,16 +27,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from telescope.api.records import Group, Rollout
-
-#: ``{environment: (reward_min, reward_max)}``; either bound may be ``None`` (not declared).
-RewardRanges = Mapping[str, tuple[float | None, float | None]]
-
 
 # ------------------------------------------------------------------ primitives
 
@@ -88,21 +84,6 @@ def describe(values: Sequence[float], prefix: str) -> dict[str, float]:
     }
 
 
-def normalize_reward(value: float, reward_min: float | None, reward_max: float | None) -> float:
-    """``value`` mapped from [reward_min, reward_max] to [0, 1], clamped; identity if a bound is ``None``.
-
-    Used so that environments with different reward scales (0-2 for one, 0-1 for another)
-    weigh alike in the normalised reward metrics. Raises ``ValueError`` when
-    ``reward_max <= reward_min`` (the config rejects such ranges too).
-    """
-    if reward_min is None or reward_max is None:
-        return value
-    if reward_max <= reward_min:
-        raise ValueError(f"reward_max ({reward_max}) must be greater than reward_min ({reward_min})")
-    scaled = (value - reward_min) / (reward_max - reward_min)
-    return min(max(scaled, 0.0), 1.0)
-
-
 def _mean(values: Sequence[float]) -> float | None:
     finite = [v for v in values if math.isfinite(v)]
     return sum(finite) / len(finite) if finite else None
@@ -115,14 +96,11 @@ def _reward(rollout: Rollout) -> float | None:
 # ------------------------------------------------------------------ step metrics
 
 
-def rollout_step_metrics(
-    groups: Sequence[Group], reward_ranges: RewardRanges | None = None, advantages: Sequence[float] = ()
-) -> dict[str, float]:
+def rollout_step_metrics(groups: Sequence[Group], advantages: Sequence[float] = ()) -> dict[str, float]:
     """Every per-step metric of the rollouts in ``groups`` (the groups trained on this step).
 
     Rollouts without a reward (scoring failed) count in the token and stop-reason metrics
-    but not in the reward and sample-metric ones. ``reward_ranges`` (per environment)
-    adds the normalised reward metrics. Per-environment reward statistics are reported
+    but not in the reward and sample-metric ones. Per-environment reward statistics are reported
     only when the rollouts come from more than one environment.
     """
     rollouts = [rollout for group in groups for rollout in group.rollouts]
@@ -143,7 +121,7 @@ def rollout_step_metrics(
     ]
     if group_reward_ginis:
         metrics["reward/gini_mean"] = float(np.mean(group_reward_ginis))
-    metrics.update(_environment_reward_metrics(rollouts, reward_ranges))
+    metrics.update(_environment_reward_metrics(rollouts))
 
     metrics.update(describe(list(advantages), "advantage"))
 
@@ -183,7 +161,7 @@ def token_metrics(rollouts: Sequence[Rollout], prefix: str) -> dict[str, float]:
     return metrics
 
 
-def _environment_reward_metrics(rollouts: Sequence[Rollout], reward_ranges: RewardRanges | None) -> dict[str, float]:
+def _environment_reward_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     by_environment: dict[str, list[float]] = defaultdict(list)
     for rollout in rollouts:
         value = _reward(rollout)
@@ -193,16 +171,6 @@ def _environment_reward_metrics(rollouts: Sequence[Rollout], reward_ranges: Rewa
     if len(by_environment) > 1:
         for environment, values in sorted(by_environment.items()):
             metrics.update(describe(values, f"reward/{environment or 'unknown'}"))
-    if reward_ranges is not None:
-        normalized_all: list[float] = []
-        for environment, values in sorted(by_environment.items()):
-            low, high = reward_ranges.get(environment, (None, None))
-            normalized = [normalize_reward(v, low, high) for v in values]
-            normalized_all.extend(normalized)
-            if len(by_environment) > 1:
-                metrics[f"reward/{environment or 'unknown'}/normalized_mean"] = float(np.mean(normalized))
-        if normalized_all:
-            metrics["reward/normalized/mean"] = float(np.mean(normalized_all))
     return metrics
 
 
