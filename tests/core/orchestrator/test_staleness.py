@@ -20,7 +20,12 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.staleness import Staleness, mask_stale_tokens, policy_version_metrics
+from telescope.orchestrator.staleness import (
+    Staleness,
+    generated_versions,
+    mask_stale_tokens,
+    policy_version_metrics,
+)
 
 from .test_batch_assembly import LongTailed, make_scheduler
 
@@ -125,7 +130,11 @@ def drive_across_updates(tmp_path: Path, renderer: ChatRenderer, **overrides: An
                 fake.release.set()
             ready = await asyncio.wait_for(scheduler.next_batch(step), 60)
             batch = build_training_batch(step, [g.group for g in ready], GRPO(AlgorithmConfig()), {}, step - 2)
-            trained.append((step, [g.dispatch_version for g in ready], batch.metadata["stale_tokens_masked"]))
+            older = sum(
+                version < step - 2 for g in ready for r in g.group.rollouts for version in generated_versions(r)
+            )
+            dispatched = [g.dispatch_version for g in ready]
+            trained.append((step, dispatched, batch.metadata["stale_tokens_masked"], older))
             fake.version = step + 1
             await scheduler.set_policy_version(step + 1)
             canceled += scheduler.take_stats().canceled_rollouts
@@ -142,12 +151,15 @@ def test_requests_continue_across_updates_and_their_stale_tokens_are_masked(
     result = drive_across_updates(tmp_path, renderer, stale_token_policy="mask", continue_requests_across_updates=True)
     assert result["canceled"] == 0 and result["requests_cancelled"] == 0
     # a group dispatched more than max_off_policy_steps versions before its step trained, its old tokens masked
-    spanned = [(step, masked) for step, versions, masked in result["trained"] if min(versions) < step - 2]
+    spanned = [step for step, versions, _, _ in result["trained"] if min(versions) < step - 2]
     assert spanned, f"no group spanning the updates was trained: {result['trained']}"
-    assert all(masked > 0 for _, masked in spanned)
+    # what was masked is exactly the generated tokens older than the step allows (counted from the tokens,
+    # not from the dispatch version: a request may start after its group was dispatched)
+    assert all(masked == expected for _, _, masked, expected in result["trained"])
+    assert sum(masked for _, _, masked, _ in result["trained"]) > 0
 
 
 def test_by_default_stale_requests_are_cancelled(tmp_path: Path, renderer: ChatRenderer) -> None:
     result = drive_across_updates(tmp_path, renderer)
     assert result["canceled"] > 0 and result["requests_cancelled"] > 0
-    assert all(min(versions) >= step - 2 for step, versions, _ in result["trained"])
+    assert all(min(versions) >= step - 2 for step, versions, _, _ in result["trained"])
