@@ -4,6 +4,7 @@ Import from here (``from telescope.api import BaseEnvironment, RewardResult``);
 nothing here imports torch.
 """
 
+from telescope.api.agent import AgentEnvironment
 from telescope.api.algorithm import Algorithm, AlgorithmCapabilities, AlgorithmConfig
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import (
@@ -31,6 +32,7 @@ from telescope.api.trainer import TrainerBackend
 from telescope.api.transport import WeightTransport
 
 __all__ = [
+    "AgentEnvironment",
     "Algorithm",
     "AlgorithmCapabilities",
     "AlgorithmConfig",

@@ -130,6 +130,10 @@ class Rollout:
     in ``segments``, counts its compactions in ``compactions`` and the reasons of the failed
     ones (``empty``, ``overflow``) in ``compaction_failures``; ``messages`` is then the
     conversation of its last segment.
+
+    An agent episode (:mod:`telescope.api.agent`) keeps its model calls in order in
+    ``agent_calls`` (per call: messages, reply, tokens, log-probabilities, latency, and
+    ``sequence``, the index in :attr:`sequences` it trains in).
     """
 
     sample: Sample
@@ -142,6 +146,7 @@ class Rollout:
     segments: list[list[Turn]] = field(default_factory=list)
     compactions: int = 0
     compaction_failures: tuple[str, ...] = ()
+    agent_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sequences(self) -> list[list[Turn]]:

@@ -85,6 +85,7 @@ from typing import Any
 from telescope.api.algorithm import Algorithm
 from telescope.api.compaction import Compactor
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.agent_gateway import AgentGateway, start_agent_gateway
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner
@@ -160,6 +161,7 @@ class Orchestrator:
         self._eval_tasks: list[asyncio.Task[Any]] = []
         self.trainer_restarts = 0
         self.scheduler: RolloutScheduler | None = None
+        self.agents: AgentGateway | None = None
         self._phase = "starting"
         self._waiting_on: str | None = None
         self.watchdog = Watchdog(
@@ -226,6 +228,21 @@ class Orchestrator:
                 await self.warm_start()
             await self._publish(self.start_step)
         self.recorder.store.begin_attempt(self.start_step, "start" if resume is None else "resume")
+        self.agents = await start_agent_gateway(
+            (slot.environment for slot in self.prompts.slots),
+            self.renderer.tokenizer,
+            chat_template=self.config.chat_template,
+            max_model_len=self.config.max_model_len,
+            model_name=self.config.model,
+        )
+        try:
+            await self._generate_and_train(early)
+        finally:
+            if self.agents is not None:
+                await self.agents.close()
+
+    async def _generate_and_train(self, early: bool) -> None:
+        """Generate and train every step (``early``: the trainer's first weights are published once it is ready)."""
         scheduler = await self._start_generating()
         try:
             if early:
@@ -315,6 +332,7 @@ class Orchestrator:
             available=self.generation.is_available,
             first_group_id=first_group_id,
             compactor=self.compactor,
+            agents=self.agents,
         )
         return scheduler
 

@@ -157,7 +157,7 @@ async def run_rollout(
             policy_version=dispatched_version,
             finish_reason=generation.finish_reason,
             output_text=renderer.decode(generation.token_ids),
-            output_policy_versions=_token_versions(generation),
+            output_policy_versions=token_versions(generation),
         )
 
     try:
@@ -257,7 +257,7 @@ def raised_at(exc: BaseException) -> str:
     return f"raised at {last.filename}:{last.lineno} in {last.name}"
 
 
-def _token_versions(generation: Generation) -> list[int]:
+def token_versions(generation: Generation) -> list[int]:
     """Per generated token, the version the server reports (its start version for all if it gave none)."""
     versions = generation.token_policy_versions
     if versions is not None and len(versions) == len(generation.token_ids):

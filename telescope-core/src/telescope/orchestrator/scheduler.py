@@ -52,9 +52,9 @@ failure is logged once until a group on it succeeds again; a group re-dispatched
 Lanes. Each training server takes ``max_concurrent_prompts_per_server`` lanes: a group holds
 one, or with individual sample lanes each sample holds one (released after generation with
 ``free_lane_after_generation``, else after scoring). New work goes to the server with the most
-free lanes. Bounded waits use ``asyncio.timeout``: Python 3.11's ``wait_for`` drops a cancel
-(Ctrl-C, SIGTERM, the watchdog) that arrives as its wait completes, common for a condition
-notified at every finished group (test: ``tests/core/orchestrator/test_batch_assembly.py``).
+free lanes. Episodes run by their environment's kind (:mod:`telescope.orchestrator.episodes`).
+Bounded waits use ``asyncio.timeout``: Python 3.11's ``wait_for`` drops a cancel (Ctrl-C,
+SIGTERM, the watchdog) arriving as its wait completes.
 
 Timeline events (component ``orchestrator``, with ``group_id``, ``sample_id``, ``server``,
 ``target_step``): ``group_dispatched``, then ``group_completed``, ``group_discarded``
@@ -74,18 +74,15 @@ from collections.abc import Awaitable, Callable
 from telescope.api.compaction import Compactor
 from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.agent_gateway import AgentGateway
 from telescope.orchestrator.batching import scored, training_rewards
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.episodes import EpisodeRunner
 from telescope.orchestrator.filters import OutputChecks
-from telescope.orchestrator.group_records import (
-    ReadyGroup,
-    ScheduledGroup,
-    SchedulerStats,
-    request_seed,
-)
+from telescope.orchestrator.group_records import ReadyGroup, ScheduledGroup, SchedulerStats, request_seed
 from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
-from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none, run_rollout
+from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none
 from telescope.orchestrator.staleness import Staleness
 from telescope.system import events
 
@@ -125,6 +122,7 @@ class RolloutScheduler:
         available: Callable[[int], bool] | None = None,
         first_group_id: int = 0,
         compactor: Compactor | None = None,
+        agents: AgentGateway | None = None,
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
@@ -141,6 +139,9 @@ class RolloutScheduler:
         self.status_interval_s = status_interval_s
         self.first_finished = config.batch_assembly == "first_finished"
         self.staleness, self.compactor = Staleness.from_config(config), compactor
+        self.episodes = EpisodeRunner(
+            renderer, RolloutLimits.from_config(config), compactor, agents, config.free_lane_after_generation
+        )
         self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
         self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
         self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
@@ -329,7 +330,6 @@ class RolloutScheduler:
     async def _run_group(self, group_id: int, scheduled: ScheduledGroup) -> None:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
-        limits = RolloutLimits.from_config(self.config)
         held = self._lanes_per_group()
         individual = self.config.enable_individual_sample_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
@@ -342,18 +342,14 @@ class RolloutScheduler:
 
             lane = lanes[index] if individual and index < len(lanes) else None
             with events.context(group_id=group_id, sample_id=item.sample.sample_id, rollout_index=index):
-                return await run_rollout(
+                return await self.episodes.run(
                     slot.environment,
                     item.sample,
                     item.messages,
                     item.prompt_token_ids,
-                    renderer=self.renderer,
                     generate=generate,
                     policy_version=lambda: self.policy_version,
-                    limits=limits,
                     lane=lane,
-                    free_lane_after_generation=self.config.free_lane_after_generation,
-                    compactor=self.compactor,
                 )
 
         failure: Exception | None = None

@@ -163,8 +163,10 @@ def rollout_record(
     when trained on) and ``overlong_penalty`` (added to ``reward`` for its advantage;
     0 when none); ``segments`` (how many earlier context segments a compacted episode has;
     the fields above are of its last one) and ``segment_tokens`` (their tokens),
-    ``compactions`` and ``compaction_failures``; ``tags`` when the sample has some (``Sample.metadata["tags"]``: a
-    dict of name to value, or a list of names), which the dashboard filters its metrics by.
+    ``compactions`` and ``compaction_failures``; ``agent_calls`` for an agent episode (its model calls
+    in order, each with the ``sequence`` it trains in: see :class:`~telescope.api.records.Rollout`);
+    ``tags`` when the sample has some (``Sample.metadata["tags"]``: a dict of name to value, or a list
+    of names), which the dashboard filters its metrics by.
     """
     reward = rollout.reward
     tags = rollout.sample.metadata.get("tags") if isinstance(rollout.sample.metadata, dict) else None
@@ -204,6 +206,7 @@ def rollout_record(
         "compactions": rollout.compactions,
         "compaction_failures": len(rollout.compaction_failures),
         **({"tags": tags} if tags else {}),
+        **({"agent_calls": rollout.agent_calls} if rollout.agent_calls else {}),
     }
 
 

@@ -79,25 +79,43 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def render(self, request: ChatCompletionRequest) -> tuple[str, str]:
-        """The prompt's text and the reply's forced prefix (``""`` when the model starts freely)."""
-        messages = [template_message(m) for m in request.messages]
-        use_tools = bool(request.tools) and request.tool_choice != "none"
+    def render_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, generation_prompt: bool = True
+    ) -> str:
+        """Template messages (:func:`template_message`) as the prompt's text.
+
+        ``generation_prompt``: end with the assistant's turn opened (or, when the last message
+        is the assistant's, inside it); False: end after the last message, closed.
+        """
         kwargs: dict[str, Any] = {"tokenize": False}
-        if use_tools:
-            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools or ()]
+        if tools:
+            kwargs["tools"] = tools
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
-        if messages[-1]["role"] == "assistant":
+        if generation_prompt and messages[-1]["role"] == "assistant":
             kwargs["continue_final_message"] = True
-        else:
+        elif generation_prompt:
             kwargs["add_generation_prompt"] = True
         try:
-            text = str(self.tokenizer.apply_chat_template(messages, **kwargs))
+            return str(self.tokenizer.apply_chat_template(messages, **kwargs))
         except Exception as exc:  # the template's own checks (raise_exception) and Jinja errors
             raise GatewayError(
                 400, f"the model's chat template cannot render these messages: {exc}", param="messages"
             ) from None
+
+    @staticmethod
+    def rendered_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+        """The tools as the template is given them (None when none are rendered: ``tool_choice: none``)."""
+        if not request.tools or request.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in request.tools]
+
+    def render(self, request: ChatCompletionRequest) -> tuple[str, str]:
+        """The prompt's text and the reply's forced prefix (``""`` when the model starts freely)."""
+        messages = [template_message(m) for m in request.messages]
+        tools = self.rendered_tools(request)
+        text = self.render_messages(messages, tools)
+        use_tools = tools is not None
         forced = request.forced_tool if use_tools else None
         prefix = forced_call_prefix(self.parser_name, forced) if forced is not None else ""
         return text + prefix, prefix
@@ -106,6 +124,38 @@ class ChatFormat:
         """The prompt's token ids and the reply's forced prefix."""
         text, prefix = self.render(request)
         return self.encode(text), prefix
+
+    def continuation_ids(
+        self,
+        history: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        reply: dict[str, Any],
+        generated_ids: list[int],
+        new_messages: list[dict[str, Any]],
+    ) -> list[int] | None:
+        """The tokens that follow a reply's own ``generated_ids`` when a conversation goes on.
+
+        ``history`` was rendered (with ``tools``) and answered with ``generated_ids``; the
+        caller now sends ``history + [reply] + new_messages``. The answer is what the
+        template closes the reply with and the model did not generate (found by rendering a
+        placeholder reply, less what the model's own tokens already end with, such as its
+        end-of-turn token), then the new messages' text and the next generation prompt,
+        tokenized. None when the template does not render the longer conversation as an
+        extension of the shorter one (a template that rewrites earlier turns): the tokens
+        cannot be reused.
+        """
+        placeholder = "\x00reply\x00"
+        closed = self.render_messages(
+            [*history, {"role": "assistant", "content": placeholder}], tools, generation_prompt=False
+        )
+        with_reply = self.render_messages([*history, reply], tools, generation_prompt=False)
+        with_next = self.render_messages([*history, reply, *new_messages], tools)
+        if placeholder not in closed or not with_next.startswith(with_reply):
+            return None
+        closing = closed[closed.index(placeholder) + len(placeholder) :]
+        generated = str(self.tokenizer.decode(generated_ids, skip_special_tokens=False))
+        already = max((n for n in range(len(closing), 0, -1) if generated.endswith(closing[:n])), default=0)
+        return self.encode(closing[already:] + with_next[len(with_reply) :])
 
     def reply(self, request: ChatCompletionRequest, prefix: str, text: str) -> ParsedReply:
         """The assistant message of a completion: content and the tool calls the model wrote."""

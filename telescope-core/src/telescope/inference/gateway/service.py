@@ -30,7 +30,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -71,6 +71,12 @@ class GatewayCall:
 CallObserver = Callable[[GatewayCall], Awaitable[None] | None]
 
 
+class CompletionBackend(Protocol):
+    """Where a call is generated instead of the gateway's own client (a training episode)."""
+
+    async def complete(self, prompt_ids: list[int], options: SamplingOptions) -> CompletionResult: ...
+
+
 class Gateway:
     """One backend server behind an OpenAI-compatible front (see the module docstring)."""
 
@@ -97,6 +103,27 @@ class Gateway:
         self.observers = list(observers)
         self.in_flight = 0
         self._token_text: dict[int, str] = {}
+        self._episodes: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- episodes
+    def open_episode(self, episode_id: str, backend: Any) -> None:
+        """Serve ``backend`` (an :class:`~.episodes.EpisodeBackend`) under ``/episodes/{episode_id}/v1``."""
+        self._episodes[episode_id] = backend
+
+    def close_episode(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
+
+    def episode(self, episode_id: str) -> Any:
+        """The backend of a running episode; a 404 naming it when it is not running."""
+        backend = self._episodes.get(episode_id)
+        if backend is None:
+            raise GatewayError(
+                404,
+                f"episode {episode_id!r} is not running (it ended, timed out, or never started); "
+                "an episode's client is valid only while its run() is running",
+                code="episode_not_found",
+            )
+        return backend
 
     @classmethod
     async def connect(cls, client: InferenceClient, tokenizer: Any, **options: Any) -> Gateway:
@@ -145,8 +172,10 @@ class Gateway:
         return text
 
     # ---------------------------------------------------------------- the call
-    async def generate(self, route: str, prompt_ids: list[int], options: SamplingOptions) -> CompletionResult:
-        """Complete ``prompt_ids`` on the backend; every gateway call goes through here (module docstring)."""
+    async def generate(
+        self, route: str, prompt_ids: list[int], options: SamplingOptions, backend: CompletionBackend | None = None
+    ) -> CompletionResult:
+        """Complete ``prompt_ids`` on the backend (or ``backend``); every gateway call goes through here."""
         if self.in_flight >= self.max_concurrent_requests:
             raise GatewayError(
                 429,
@@ -155,16 +184,19 @@ class Gateway:
             )
         self.in_flight += 1
         try:
-            result = await self.client.complete(
-                prompt_ids,
-                max_tokens=options.max_tokens,
-                temperature=options.temperature,
-                top_p=options.top_p,
-                n=options.n,
-                stop=list(options.stop),
-                seed=options.seed,
-                num_logprobs=options.top_logprobs,
-            )
+            if backend is not None:
+                result = await backend.complete(prompt_ids, options)
+            else:
+                result = await self.client.complete(
+                    prompt_ids,
+                    max_tokens=options.max_tokens,
+                    temperature=options.temperature,
+                    top_p=options.top_p,
+                    n=options.n,
+                    stop=list(options.stop),
+                    seed=options.seed,
+                    num_logprobs=options.top_logprobs,
+                )
         except InferenceServerError as exc:
             raise _backend_error(exc) from None
         except httpx.HTTPError as exc:
