@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_the_quick_starts_warm_start_leaves_the_plateau_on_seed_1() -> None:
     plugins = get_plugins()
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(config.model)))
     steps, size = config.warm_start_steps, config.warm_start_batch_size
-    examples = demonstration_examples(build_slots(config, plugins), renderer, size * steps, config.seed)
+    examples = asyncio.run(demonstration_examples(build_slots(config, plugins), renderer, size * steps, config.seed))
     backend = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the run's trainer worker (one CPU)

@@ -29,6 +29,12 @@ zero reward, excluded from training). ``max_calls`` bounds the model calls of on
 episode; calls beyond it are refused with a 400 the program sees. The client makes no
 retries of its own (``max_retries=0``).
 
+Warm start: ``demonstration_replies(sample)`` may return the replies a good policy gives to
+the program's calls, in order (the text of each, tool calls in the model's markup). The
+warm start runs the program once per sample with a policy that answers those replies and
+fine-tunes on the calls as recorded, so the demonstrations are in the exact prompts the
+program builds (its instructions, its tools, its history).
+
 ``run`` must be ``async def`` and must not block the event loop (the gateway serves on
 it): call blocking code through ``asyncio.to_thread``.
 """
@@ -58,3 +64,7 @@ class AgentEnvironment(EnvironmentBase):
     @abstractmethod
     async def run(self, client: openai.AsyncOpenAI, sample: Sample) -> float | RewardResult:
         """Run the agent program on ``sample`` with ``client`` and return its reward."""
+
+    def demonstration_replies(self, sample: Sample) -> list[str] | None:
+        """The replies to the program's calls that solve ``sample``, for the warm start (None: none)."""
+        return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import math
 import secrets
 import time
@@ -33,12 +34,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from telescope.api.agent import AgentEnvironment
-from telescope.api.records import RewardResult, Rollout, Sample
+from telescope.api.records import RewardResult, Rollout, Sample, SupervisedExample
 from telescope.inference.gateway.app import create_gateway_app
 from telescope.inference.gateway.service import Gateway
 from telescope.orchestrator.agent_episodes import AgentEpisode, assemble
-from telescope.orchestrator.rollouts import GenerateFn, Lane, RolloutLimits, raised_at
+from telescope.orchestrator.rollouts import GenerateFn, Generation, Lane, RolloutLimits, raised_at
 from telescope.system import events
+
+log = logging.getLogger("telescope.orchestrator")
 
 
 class _LoopServer:
@@ -220,3 +223,36 @@ def _reward(outcome: Any, where: str) -> RewardResult:
     if not math.isfinite(float(result.total_reward)):
         return RewardResult(total_reward=0.0, error=f"run {where} returned a non-finite reward ({result.total_reward})")
     return result
+
+
+async def record_demonstration(
+    environment: AgentEnvironment, sample: Sample, replies: list[str], *, gateway: AgentGateway, max_model_len: int
+) -> list[SupervisedExample]:
+    """The program's calls on ``sample`` answered with ``replies`` (in order), each as a warm-start example.
+
+    A program that fails, or makes more calls than there are replies, gives no example (logged).
+    """
+    tokenizer = gateway.gateway.chat.tokenizer
+    eos = tokenizer.eos_token_id
+
+    async def answer(prompt_ids: list[int], max_tokens: int, call: int) -> Generation:
+        if call >= len(replies):
+            raise RuntimeError(f"the program made more calls than its {len(replies)} demonstration replies")
+        ids = [*tokenizer(replies[call], add_special_tokens=False)["input_ids"], *([eos] if eos is not None else [])]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+    limits = RolloutLimits(max_tokens=max_model_len, max_model_len=max_model_len)
+    rollout = await run_agent_episode(
+        environment, sample, gateway=gateway, generate=answer, policy_version=lambda: 0, limits=limits
+    )
+    if rollout.error is not None:
+        log.warning("warm start: the demonstration of sample %r gave no example: %s", sample.sample_id, rollout.error)
+        return []
+    examples: list[SupervisedExample] = []
+    for turns in rollout.sequences:
+        context: list[int] = []
+        for turn in turns:
+            context.extend(turn.input_token_ids)
+            examples.append(SupervisedExample(list(context), list(turn.output_token_ids)))
+            context.extend(turn.output_token_ids)
+    return examples

@@ -46,9 +46,11 @@ from telescope.api.environment import EnvironmentBase, bind_context
 from telescope.api.records import Rollout, Sample
 from telescope.config.entries import EvalEntry
 from telescope.config.schema import TelescopeConfig
+from telescope.orchestrator.agent_gateway import AgentGateway, start_agent_gateway
 from telescope.orchestrator.chat import ChatRenderer
+from telescope.orchestrator.episodes import EpisodeRunner
 from telescope.orchestrator.group_records import request_seed
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
+from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable
 from telescope.orchestrator.services import GenerationService, SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
@@ -191,6 +193,9 @@ class EvalRunner:
         self.generation = generation
         self.sink = sink
         self._environments: dict[int, tuple[EnvironmentBase, list[Sample]]] = {}
+        #: the run's agent gateway (the orchestrator sets it); without it an eval of an agent
+        #: environment starts one for its own run_all
+        self.agents: AgentGateway | None = None
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
         if index not in self._environments:
@@ -198,13 +203,35 @@ class EvalRunner:
             self._environments[index] = (environment, eval_items(environment, entry))
         return self._environments[index]
 
+    def environments(self) -> list[EnvironmentBase]:
+        """Every eval's environment (built now if not yet)."""
+        return [self._environment(index, entry)[0] for index, entry in enumerate(self.config.evals)]
+
     async def run_all(
         self, *, step: int, servers: Sequence[int], phase: str, entries: Sequence[EvalEntry] | None = None
     ) -> dict[str, dict[str, float]]:
+        chosen = [(i, e) for i, e in enumerate(self.config.evals) if entries is None or e in entries]
+        own = None
+        if self.agents is None:
+            own = self.agents = await start_agent_gateway(
+                (self._environment(index, entry)[0] for index, entry in chosen),
+                self.renderer.tokenizer,
+                chat_template=self.config.chat_template,
+                max_model_len=self.config.max_model_len,
+                model_name=self.config.model,
+            )
+        try:
+            return await self._run_all(chosen, step=step, servers=servers, phase=phase)
+        finally:
+            if own is not None:
+                self.agents = None
+                await own.close()
+
+    async def _run_all(
+        self, chosen: list[tuple[int, EvalEntry]], *, step: int, servers: Sequence[int], phase: str
+    ) -> dict[str, dict[str, float]]:
         results: dict[str, dict[str, float]] = {}
-        for index, entry in enumerate(self.config.evals):
-            if entries is not None and entry not in entries:
-                continue
+        for index, entry in chosen:
             with (
                 events.context(eval_step=step, eval_phase=phase),
                 events.timed(
@@ -236,6 +263,7 @@ class EvalRunner:
             self.config.reward_timeout_s,
             self.config.environment_step_timeout_s,
         )
+        episodes = EpisodeRunner(self.renderer, limits, agents=self.agents)
         gates = {server: asyncio.Semaphore(max(1, self.per_server_limit)) for server in servers}
 
         async def one(item_index: int, sample: Sample, draw: int) -> Rollout:
@@ -248,15 +276,13 @@ class EvalRunner:
 
                 messages = environment.format_prompt(sample)
                 with events.context(eval=entry.name, sample_id=sample.sample_id, rollout_index=draw):
-                    return await run_rollout(
+                    return await episodes.run(
                         environment,
                         sample,
                         messages,
                         self.renderer.prompt_ids(messages),
-                        renderer=self.renderer,
                         generate=generate,
                         policy_version=lambda: -1,
-                        limits=limits,
                     )
 
             for attempt in range(EVAL_SERVER_RETRIES + 1):  # a server that died: the next one, a bit later

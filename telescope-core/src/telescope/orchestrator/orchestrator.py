@@ -82,10 +82,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.api.agent import AgentEnvironment
 from telescope.api.algorithm import Algorithm
 from telescope.api.compaction import Compactor
+from telescope.api.records import Sample, SupervisedExample
 from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.agent_gateway import AgentGateway, start_agent_gateway
+from telescope.orchestrator.agent_gateway import AgentGateway, record_demonstration, start_agent_gateway
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner
@@ -199,8 +201,16 @@ class Orchestrator:
     async def warm_start(self) -> None:
         """``warm_start_steps`` supervised steps on demonstrations, through the trainer backend."""
         c = self.config
-        examples = demonstration_examples(
-            self.prompts.slots, self.renderer, c.warm_start_batch_size * c.warm_start_steps, c.seed
+        agents = self.agents
+
+        async def record(environment: AgentEnvironment, sample: Sample, replies: list[str]) -> list[SupervisedExample]:
+            assert agents is not None  # started for any agent environment
+            return await record_demonstration(
+                environment, sample, replies, gateway=agents, max_model_len=c.max_model_len
+            )
+
+        examples = await demonstration_examples(
+            self.prompts.slots, self.renderer, c.warm_start_batch_size * c.warm_start_steps, c.seed, record
         )
         batches = warm_start_batches(examples, c.warm_start_steps, c.warm_start_batch_size, c.seed)
         for step, batch in enumerate(batches):
@@ -217,6 +227,22 @@ class Orchestrator:
         await self.watchdog.guard(self._run())
 
     async def _run(self) -> None:
+        self.agents = await start_agent_gateway(
+            [*(slot.environment for slot in self.prompts.slots), *(self.evals.environments() if self.evals else ())],
+            self.renderer.tokenizer,
+            chat_template=self.config.chat_template,
+            max_model_len=self.config.max_model_len,
+            model_name=self.config.model,
+        )
+        if self.evals is not None:
+            self.evals.agents = self.agents
+        try:
+            await self._start_and_train()
+        finally:
+            if self.agents is not None:
+                await self.agents.close()
+
+    async def _start_and_train(self) -> None:
         # A fresh run's servers already hold version 0 (their own load of the model), so they
         # generate while the trainer ranks start; a resume or a warm start changes the weights first.
         resume = self.checkpoints.resume_path()
@@ -228,18 +254,7 @@ class Orchestrator:
                 await self.warm_start()
             await self._publish(self.start_step)
         self.recorder.store.begin_attempt(self.start_step, "start" if resume is None else "resume")
-        self.agents = await start_agent_gateway(
-            (slot.environment for slot in self.prompts.slots),
-            self.renderer.tokenizer,
-            chat_template=self.config.chat_template,
-            max_model_len=self.config.max_model_len,
-            model_name=self.config.model,
-        )
-        try:
-            await self._generate_and_train(early)
-        finally:
-            if self.agents is not None:
-                await self.agents.close()
+        await self._generate_and_train(early)
 
     async def _generate_and_train(self, early: bool) -> None:
         """Generate and train every step (``early``: the trainer's first weights are published once it is ready)."""

@@ -24,17 +24,25 @@ rounding (the host's vector kernels); at 1.5e-3 every seed tried left it by step
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
-from telescope.api.records import SupervisedExample
+from telescope.api.agent import AgentEnvironment
+from telescope.api.records import Sample, SupervisedExample
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.prompts import EnvironmentSlot
 
+#: record(environment, sample, replies) -> the program's calls answered with ``replies``, as examples
+RecordAgent = Callable[[AgentEnvironment, Sample, list[str]], Awaitable[list[SupervisedExample]]]
 
-def demonstration_examples(
-    slots: list[EnvironmentSlot], renderer: ChatRenderer, limit: int, seed: int
+
+async def demonstration_examples(
+    slots: list[EnvironmentSlot], renderer: ChatRenderer, limit: int, seed: int, record_agent: RecordAgent | None = None
 ) -> list[SupervisedExample]:
-    """Up to ``limit`` (prompt ids, completion ids) examples from the environments' demonstrations."""
+    """Up to ``limit`` (prompt ids, completion ids) examples from the environments' demonstrations.
+
+    An agent environment's demonstration is its program run with a policy that answers its
+    ``demonstration_replies``: ``record_agent`` runs it, and each recorded call is an example.
+    """
     rng = random.Random(seed)
     examples: list[SupervisedExample] = []
     eos = renderer.eos_token_id
@@ -42,11 +50,17 @@ def demonstration_examples(
     rng.shuffle(candidates)
     for slot, index in candidates:
         sample = slot.samples[index]
-        demo = slot.environment.demonstration(sample)
-        if demo is None:
-            continue
-        completion = renderer.encode(demo) + ([eos] if eos is not None else [])
-        examples.append(SupervisedExample(renderer.prompt_ids(slot.environment.format_prompt(sample)), completion))
+        environment = slot.environment
+        if isinstance(environment, AgentEnvironment):
+            replies = environment.demonstration_replies(sample)
+            if replies is not None and record_agent is not None:
+                examples.extend(await record_agent(environment, sample, replies))
+        else:
+            demo = environment.demonstration(sample)
+            if demo is None:
+                continue
+            completion = renderer.encode(demo) + ([eos] if eos is not None else [])
+            examples.append(SupervisedExample(renderer.prompt_ids(environment.format_prompt(sample)), completion))
         if len(examples) >= limit:
             break
     if not examples:
