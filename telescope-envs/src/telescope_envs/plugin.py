@@ -7,6 +7,7 @@ from telescope.plugins.registry import Registrar
 
 ENVIRONMENTS: dict[str, str] = {
     "countdown": "telescope_envs.countdown:CountdownEnvironment",
+    "countdown_agent": "telescope_envs.countdown_agent:CountdownAgentEnvironment",
     "hendrycks_math": "telescope_envs.hendrycks_math:HendrycksMathEnvironment",
     "dapo_math": "telescope_envs.math_sets:DapoMathEnvironment",
     "deepscaler": "telescope_envs.math_sets:DeepScalerEnvironment",
