@@ -378,6 +378,20 @@ def test_compaction(install: Install) -> None:
     assert passed_count(run_project_tests(project)) >= 5
 
 
+# --------------------------------------------------------------------------- agent-environment.md
+
+
+@pytest.mark.slow
+def test_agent_environment(install: Install) -> None:
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install 'telescope-core[agents]'")
+    from telescope.api import AgentEnvironment
+
+    project = install("agent-environment.md")
+    check_environment(project, "unit_agent")
+    assert issubclass(get_plugins().environment("unit_agent"), AgentEnvironment)
+    assert passed_count(run_project_tests(project)) >= 6
+
+
 # --------------------------------------------------------------------------- hooks.md
 
 
