@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,12 @@ def free_port() -> int:
 
 
 def write_run(
-    run_dir: Path, steps: int = 4, *, status: str = "completed", completion: str = "<answer>4</answer>"
+    run_dir: Path,
+    steps: int = 4,
+    *,
+    status: str = "completed",
+    completion: str = "<answer>4</answer>",
+    first_rollout: dict[str, Any] | None = None,
 ) -> Path:
     """A small run directory written through the real :class:`RunStore`."""
     store = RunStore(run_dir)
@@ -112,6 +118,7 @@ def write_run(
                         {"role": "user", "content": "q"},
                         {"role": "tool", "content": f"tool output {step}-{g}-{i}"},
                     ],
+                    **((first_rollout or {}) if g == i == 0 else {}),
                 }
                 for g in range(2)
                 for i in range(4)

@@ -548,3 +548,55 @@ def test_a_huge_completion_is_cut_with_a_way_to_see_all(page, serve, tmp_path: P
     completion.filter(has_text="THE-END").wait_for()
     assert completion.locator(".show-all").count() == 0
     assert page.errors == []
+
+
+def test_an_agent_episode_shows_its_calls_and_the_samples_they_train_in(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    call = {"role": "assistant", "content": None}
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    first = {"role": "user", "content": "add 2 and 3"}
+    calls = [
+        {
+            "index": 0,
+            "route": "chat",
+            "sequence": 0,
+            "continues": None,
+            "mismatch": False,
+            "start": 1.0,
+            "latency_s": 0.012,
+            "prompt_tokens": 20,
+            "completion_tokens": 9,
+            "finish_reason": "stop",
+            "messages": [first],
+            "reply": {**call, "tool_calls": [tool_call]},
+            "logprobs": [-0.5, -1.5],
+        },
+        {
+            "index": 1,
+            "route": "chat",
+            "sequence": 0,
+            "continues": 0,
+            "mismatch": True,
+            "start": 1.1,
+            "latency_s": 0.02,
+            "prompt_tokens": 35,
+            "completion_tokens": 3,
+            "finish_reason": "stop",
+            "messages": [first, {**call, "tool_calls": [tool_call]}, {"role": "tool", "content": "TOOL-SAYS-5"}],
+            "reply": {"role": "assistant", "content": "FINAL-5"},
+            "logprobs": [-0.25],
+        },
+    ]
+    run = write_run(tmp_path / "runs" / "agent", steps=1, first_rollout={"agent_calls": calls})
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/rollouts?step=0")
+    page.get_by_text("Agent calls (2), trained as 1 sample").wait_for()
+    second = page.locator(".agent-call[data-call='1']")
+    assert "continues call 0" in second.inner_text() and "re-tokenization differs" in second.inner_text()
+    second.locator("summary").click()
+    second.filter(has_text="TOOL-SAYS-5").filter(has_text="FINAL-5").wait_for()
+    assert "mean -0.25" in second.inner_text()
+    first_call = page.locator(".agent-call[data-call='0']")
+    first_call.locator("summary").click()
+    first_call.locator(".tool-call").filter(has_text="tool call: add").wait_for()
+    assert page.errors == []

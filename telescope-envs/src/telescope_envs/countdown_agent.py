@@ -1,11 +1,13 @@
 """Countdown as an agent program: an OpenAI Agents SDK ``Agent`` that must ask a tool for the target.
 
 The prompt gives the numbers only (``"3 5"``); the target is known to the agent's one
-function tool, ``target``. The program is plain Agents SDK code: an ``Agent`` with
+function tool, ``target``, which answers the numbers and the target (``"3 5 -> 8"``). The program is plain Agents SDK code: an ``Agent`` with
 instructions and the tool, run by ``Runner.run`` with the episode's client
 (``OpenAIChatCompletionsModel``), as it would run against any OpenAI-compatible server.
-A policy that does well calls ``target``, reads the number, and answers with an equation
-of the given numbers in ``<answer>...</answer>``.
+Its first call forces the tool (``tool_choice="target"``, which the SDK resets once the
+tool ran): the gateway puts the call's opening markup in the model's mouth and the model
+writes the rest. A policy that does well then reads the numbers and the target and
+answers with an equation of the given numbers in ``<answer>...</answer>``.
 
 Reward (``reward_min`` 0, ``reward_max`` 2), as Countdown's
 (:func:`telescope_envs.countdown.score_answer`) on the agent's final output: format 1
@@ -34,7 +36,9 @@ from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs.countdown import generate_problems, score_answer, solve
 
 INSTRUCTIONS = "Call target, then answer <answer>equation</answer> with each number once."
-TARGET_CALL = '<tool_call>{"name": "target", "arguments": {}}</tool_call>'
+#: What the model writes of its first call: ``tool_choice`` puts the call's opening in its mouth
+#: (``<tool_call>{"name": "target", "arguments": ``), so it completes the arguments and the markup.
+TARGET_CALL = "{}}</tool_call>"
 
 
 class CountdownAgentEnvironment(AgentEnvironment):
@@ -103,7 +107,7 @@ class CountdownAgentEnvironment(AgentEnvironment):
 
         def reveal() -> str:
             asked.append(1)
-            return str(target)
+            return f"{sample.prompt} -> {target}"  # the numbers again, beside the target: a short copy for a tiny model
 
         tool = agents.function_tool(reveal, name_override="target", description_override="The target number.")
         agent = agents.Agent(
@@ -111,6 +115,7 @@ class CountdownAgentEnvironment(AgentEnvironment):
             instructions=INSTRUCTIONS,
             tools=[tool],
             model=agents.OpenAIChatCompletionsModel(model="policy", openai_client=client),
+            model_settings=agents.ModelSettings(tool_choice="target"),  # the SDK resets it once the tool ran
         )
         try:
             result = await agents.Runner.run(

@@ -86,6 +86,27 @@ def test_a_tool_loop_trains_as_one_sequence_of_the_recorded_tokens(tokenizer: An
     assert rollout.reward.sample_metrics["agent/retokenization_mismatches"] == 0.0
 
 
+def test_each_call_and_each_tool_call_is_a_timeline_event(tokenizer: Any) -> None:
+    from telescope.system import events
+
+    seen: list[Any] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        with events.context(group_id=7):
+            run_episode(tokenizer, ToolLoop(), ScriptedPolicy(tokenizer, [CALL_ADD, "The sum is 5."]))
+    finally:
+        unsubscribe()
+    calls = [e for e in seen if e["kind"] == "agent.call"]
+    tools = [e for e in seen if e["kind"] == "agent.tool_call"]
+    assert [(e["call"], e["continues"], e["tool_calls"]) for e in calls] == [(0, None, ["add"]), (1, 0, [])]
+    assert all(e["group_id"] == 7 for e in calls + tools)  # the rollout's ids, though the gateway answers elsewhere
+    (tool,) = tools
+    assert tool["tool"] == "add" and tool["call"] == 0 and tool["result_read_by"] == 1
+    assert tool["start"] >= calls[0]["start"] and tool["duration_s"] >= 0
+    (episode,) = [e for e in seen if e["kind"] == "agent.episode"]
+    assert episode["calls"] == 2 and episode["sequences"] == 1 and episode["reward"] == 1.0
+
+
 def test_a_reply_the_template_renders_otherwise_keeps_its_tokens_and_is_counted(tokenizer: Any) -> None:
     compact = '<tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>'  # the template adds spaces
     policy = ScriptedPolicy(tokenizer, [compact, "5"])

@@ -37,7 +37,7 @@ from telescope.api.agent import AgentEnvironment
 from telescope.api.records import RewardResult, Rollout, Sample, SupervisedExample
 from telescope.inference.gateway.app import create_gateway_app
 from telescope.inference.gateway.service import Gateway
-from telescope.orchestrator.agent_episodes import AgentEpisode, assemble
+from telescope.orchestrator.agent_episodes import AgentEpisode, RecordedCall, assemble
 from telescope.orchestrator.rollouts import GenerateFn, Generation, Lane, RolloutLimits, raised_at
 from telescope.system import events
 
@@ -203,6 +203,7 @@ async def run_agent_episode(
         reward=float(reward.total_reward),
         error=reward.error,
     )
+    _emit_tool_calls(episode.calls)
     reward = dataclasses.replace(reward, sample_metrics={**episode.metrics(), **reward.sample_metrics})
     last_chat = next((c for c in reversed(episode.calls) if c.messages is not None and c.reply is not None), None)
     messages = [*last_chat.messages, last_chat.reply] if last_chat is not None else []  # type: ignore[misc]
@@ -217,6 +218,41 @@ async def run_agent_episode(
         segments=segments,
         agent_calls=[call.summary() for call in episode.calls],
     )
+
+
+def _emit_tool_calls(calls: list[RecordedCall]) -> None:
+    """One ``agent.tool_call`` event per tool call a reply made, from the reply's end to the call that read its result.
+
+    The program runs its tools itself; what the gateway sees is the call asked for (in a
+    reply) and its result (a ``tool`` message of a later request with that ``tool_call_id``).
+    A tool call whose result no later call sent (the episode ended) is not emitted.
+    """
+    for call in calls:
+        for tool_call in (call.reply or {}).get("tool_calls") or ():
+            reader = next(
+                (
+                    later
+                    for later in calls
+                    if later.start >= call.start + call.latency_s
+                    and any(
+                        m.get("role") == "tool" and m.get("tool_call_id") == tool_call["id"]
+                        for m in later.messages or ()
+                    )
+                ),
+                None,
+            )
+            if reader is None:
+                continue
+            start = call.start + call.latency_s
+            events.emit(
+                "agent.tool_call",
+                start=start,
+                duration_s=max(0.0, reader.start - start),
+                component="orchestrator",
+                call=call.index,
+                tool=tool_call["function"]["name"],
+                result_read_by=reader.index,
+            )
 
 
 def _reward(outcome: Any, where: str) -> RewardResult:

@@ -157,6 +157,12 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
       pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
       for (const message of turns) pane.append(renderMessage(message));
     }
+    const calls = Array.isArray(record.agent_calls) ? (record.agent_calls as Record<string, unknown>[]) : [];
+    if (calls.length) {
+      const sequences = new Set(calls.map((c) => c.sequence)).size;
+      pane.append(h("h4", null, `Agent calls (${calls.length}), trained as ${sequences} sample${sequences === 1 ? "" : "s"}`));
+      for (const call of calls) pane.append(renderAgentCall(call, calls));
+    }
     pane.append(h("details", { class: "raw-record" }, h("summary", null, "Raw record"), h("pre", { class: "raw" }, JSON.stringify(record, null, 2))));
     return pane;
   }
@@ -177,6 +183,30 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
         h("pre", { class: "raw" }, typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments ?? call, null, 2))));
     }
     return box;
+  }
+
+  /** One model call of an agent episode: which sample it trains in, what it was sent (what is new
+   * since the call it continues) and what it answered, its tokens, log-probabilities and latency. */
+  function renderAgentCall(call: Record<string, unknown>, calls: Record<string, unknown>[]): HTMLElement {
+    const continued = typeof call.continues === "number" ? calls.find((c) => c.index === call.continues) : undefined;
+    const messages = Array.isArray(call.messages) ? (call.messages as Record<string, unknown>[]) : [];
+    const known = continued && Array.isArray(continued.messages) ? continued.messages.length + 1 : 0;
+    const logprobs = Array.isArray(call.logprobs) ? (call.logprobs as number[]) : [];
+    const mean = logprobs.length ? logprobs.reduce((a, b) => a + b, 0) / logprobs.length : null;
+    const head = [
+      `call ${String(call.index)}`,
+      `sample ${String(call.sequence)}`,
+      continued ? `continues call ${String(call.continues)}` : "new sequence",
+      `${String(call.prompt_tokens)} prompt + ${String(call.completion_tokens)} completion tokens`,
+      `${fmt(Number(call.latency_s) * 1000, 0)} ms`,
+    ].join(" · ");
+    const reply = call.reply as Record<string, unknown> | null;
+    return h("details", { class: "agent-call", "data-call": String(call.index) },
+      h("summary", null, head, call.mismatch ? h("span", { class: "badge", title: "the chat template renders this conversation with other tokens than the recorded ones; the recorded ones were used" }, "re-tokenization differs") : null),
+      h("div", { class: "muted" }, known ? `new messages since call ${String(call.continues)}:` : `${messages.length} messages sent:`),
+      ...messages.slice(known).map((m) => renderMessage(m)),
+      reply ? renderMessage(reply) : h("p", { class: "muted" }, `${String(call.route)} call (no chat reply)`),
+      h("div", { class: "muted" }, `log-probabilities: mean ${fmt(mean, 3)}, min ${fmt(logprobs.length ? Math.min(...logprobs) : null, 3)} over ${logprobs.length} tokens · finish ${String(call.finish_reason)}`));
   }
 
   async function renderPanes(): Promise<void> {
