@@ -1,9 +1,10 @@
 """Countdown as an agent program: an OpenAI Agents SDK ``Agent`` that must ask a tool for the target.
 
 The prompt gives the numbers only (``"3 5"``); the target is known to the agent's one
-function tool, ``target``, which answers the numbers and the target (``"3 5 -> 8"``). The program is plain Agents SDK code: an ``Agent`` with
-instructions and the tool, run by ``Runner.run`` with the episode's client
-(``OpenAIChatCompletionsModel``), as it would run against any OpenAI-compatible server.
+function tool, ``target``, which answers the numbers and the target (``"3 5 -> 8"``).
+The program is plain Agents SDK code: an ``Agent`` with instructions and the tool, run
+by ``Runner.run`` with the episode's client (``OpenAIChatCompletionsModel``), as it would
+run against any OpenAI-compatible server.
 Its first call forces the tool (``tool_choice="target"``, which the SDK resets once the
 tool ran): the gateway puts the call's opening markup in the model's mouth and the model
 writes the rest. A policy that does well then reads the numbers and the target and

@@ -1,4 +1,4 @@
-"""Registers the built-in inference backends (``embedded``, ``vllm``) and the settings vLLM owns."""
+"""Registers the built-in inference backends (``embedded``, ``vllm``) and the settings each owns."""
 
 from __future__ import annotations
 
@@ -23,9 +23,22 @@ class VLLMSettings(PluginSettings):
     )
 
 
+class EmbeddedSettings(PluginSettings):
+    """The fields only the ``embedded`` backend reads."""
+
+    section = "inference server"
+
+    embedded_prefix_cache_tokens: int = Field(
+        16384,
+        ge=0,
+        description="Prompt tokens whose KV the embedded engine keeps for later prompts that start with them "
+        "(an agent's later calls, a shared system prompt); 0 turns the prefix cache off",
+    )
+
+
 @hookimpl
 def telescope_register_inference_backends(register: Registrar) -> None:
-    register("embedded", "telescope.inference.embedded.backend:EmbeddedBackend")
+    register("embedded", "telescope.inference.embedded.backend:EmbeddedBackend", settings=EmbeddedSettings)
     register(
         "vllm",
         "telescope.inference.vllm_backend:VLLMBackend",

@@ -21,6 +21,7 @@ of the current process instead (no process start-up, shares the GIL).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -62,6 +63,7 @@ class EmbeddedBackend(InferenceBackend):
 
     def _start(self, worker_index: int, run_dir: Path | None, port: int) -> InferenceServer:
         from telescope.inference.embedded.records import EngineSettings
+        from telescope.inference.plugin import EmbeddedSettings
 
         context = self.context
         log_file = log_path(run_dir, worker_index, self.name, console=True)
@@ -74,6 +76,11 @@ class EmbeddedBackend(InferenceBackend):
             config_file = Path(name)
             cleanup.append(config_file)
         settings = EngineSettings.from_context(context, device=self._device())
+        if isinstance(self.settings, EmbeddedSettings):
+            settings = dataclasses.replace(settings, prefix_cache_tokens=self.settings.embedded_prefix_cache_tokens)
+        else:  # built without a config (telescope serve): the field's default
+            default = EmbeddedSettings.model_fields["embedded_prefix_cache_tokens"].default
+            settings = dataclasses.replace(settings, prefix_cache_tokens=default)
         config_file.write_text(settings.to_json(), encoding="utf-8")
         command = [
             sys.executable,

@@ -14,16 +14,16 @@ iteration is one *step*:
    one forward (a request's ``n`` samples share one prefill, and so do requests
    admitted together whose whole prompts are the same tokens, as a GRPO group's
    are; the KV rows are replicated, the shared tokens counted as prefix-cache
-   hits; there is no cache across steps): when a prefill ends, each sample gets
-   its first token and joins the batch at the next step;
+   hits), and a prompt that starts with one prefilled before continues from that
+   one's keys and values (:mod:`.prefix_cache`, ``prefix_cache_tokens``): when a
+   prefill ends, each sample gets its first token and joins the batch at the next step;
 4. one decode step for every running sequence together: each feeds its last
    token, the model extends the shared KV cache by one position;
 5. finished sequences (EOS / stop token / stop string / ``max_tokens`` /
    ``max_model_len``) leave the batch; a request completes when all its ``n``
    sequences have.
 
-So new requests join between decode steps (continuous batching) and sequences
-of different lengths decode together.
+So new requests join between decode steps and sequences of different lengths decode together.
 
 Token budget (``max_num_batched_tokens``, vLLM's meaning): a step processes at most
 that many tokens, the decode step's one per running sequence plus the prompt
@@ -36,44 +36,29 @@ too (each decodes one token per step). :attr:`Engine.step_log` keeps the tokens
 and running sequences of recent steps.
 
 KV cache and model calls: a :mod:`.runners` runner holds the batch. For dense
-Llama-layout models (Llama, Qwen2, Qwen3, Mistral without sliding window) it is
-the compact forward of :mod:`.compact`: a preallocated cache written in place, one
-forward for all of a step's prompt chunks, fused projections over the model's own
-weights, loaded from the safetensors files without transformers' modeling code
-(:mod:`.light_model`, which says when it falls back to ``AutoModelForCausalLM``).
-Other models use Hugging Face's forward and a left-padded
-``DynamicCache`` (``EngineSettings.forward`` chooses). Either way a sequence's
-logits equal those of running it alone up to float rounding; a step computes
-attention over the longest row for every row (padded batching; a paged,
-variable-length kernel, as vLLM's, avoids that). Without a token budget a long
-prompt stalls the running batch for its prefill. Models whose Hugging Face cache
-layers are not plain ``DynamicLayer`` (full attention) fail with a clear error.
+Llama-layout models (Llama, Qwen2, Qwen3, Mistral without sliding window) it is the
+compact forward of :mod:`.compact` (a preallocated cache written in place, one forward
+for a step's prompt chunks, weights loaded by :mod:`.light_model`); other models use
+Hugging Face's forward and a left-padded ``DynamicCache`` (``EngineSettings.forward``
+chooses; caches other than full attention fail with a clear error). Either way a
+sequence's logits equal those of running it alone up to float rounding; a step computes
+attention over the longest row for every row (padded batching; vLLM's paged kernel avoids
+that), and without a token budget a long prompt stalls the batch for its prefill.
 
-Log-probabilities and sampling: see :mod:`.sampling` (those of the distribution
-sampled from: temperature-scaled, then top-p truncated and renormalised; one
-host RNG per seeded sequence, the engine's own for the others, one uniform per
-row and step). A request with ``seed``
-and ``n > 1`` seeds sample ``i`` with ``seed + i``. Seeded results are the
-same whether the request runs alone or in a batch as long as padding does not
-change its logits' last bits (true in float32 in practice; not guaranteed in
-bfloat16 on GPU).
+Log-probabilities and sampling: see :mod:`.sampling` (those of the distribution sampled
+from: temperature-scaled, then top-p truncated and renormalised). A request with ``seed``
+and ``n > 1`` seeds sample ``i`` with ``seed + i``; seeded results are the same alone or
+in a batch as long as padding does not change the logits' last bits (true in float32 in
+practice; not guaranteed in bfloat16 on GPU).
 
-Weight updates and in-flight requests: :meth:`Engine.update_weights` first
-receives every tensor (for NCCL, the network transfer happens here while
-decoding goes on), then waits for the current step to end, copies all weights
-in place at once and sets the policy version. With a transport that streams
-(the memory transport: each tensor can be read as soon as the sender wrote it)
-it waits for the first tensor, then pauses and copies each as it arrives, so its
-copy overlaps the sender's. Running sequences continue with
-the new weights; the KV entries they computed before the update are kept (not
-recomputed), as vLLM does. Every generated token records the version of the
-weights that produced its logits, and a result reports the versions of its
-first and last token.
+Weight updates (:meth:`Engine.update_weights`, which says how a transfer overlaps decoding):
+running sequences continue with the new weights and keep the KV entries computed before
+(as vLLM does); every generated token records the version of the weights that produced
+it. The prefix cache is emptied.
 
-Timing: each request records when it was queued, admitted (prefill start), got its
-first token and finished (:class:`RequestTiming`, wall-clock seconds); the server
-returns it with the response so the orchestrator can draw queue, prefill and decode
-phases without an event per token.
+Timing: each request records when it was queued, admitted, got its first token and
+finished (:class:`RequestTiming`); the server returns it with the response, so the
+orchestrator draws queue, prefill and decode phases without an event per token.
 """
 
 from __future__ import annotations
@@ -91,6 +76,7 @@ from typing import Any
 import torch
 
 from telescope.inference.embedded.light_model import load_engine_model
+from telescope.inference.embedded.prefix_cache import PrefixCache
 from telescope.inference.embedded.records import (
     EngineSettings,
     GenerationParams,
@@ -170,6 +156,7 @@ class Engine:
             "batched_tokens": 0,
         }
         self.latencies = RequestLatencies()  # TTFT and inter-token latency, for /metrics
+        self.prefix_cache = PrefixCache(settings.prefix_cache_tokens)
 
     # ------------------------------------------------------------------ control
     def start(self) -> Engine:
@@ -293,6 +280,7 @@ class Engine:
                     log.error("a streamed weight update failed part-way: the engine waits for one that loads whole")
                 raise
             self.runner.weights_updated()
+            self.prefix_cache.clear()  # the kept keys and values are the old weights'
             self.policy_version = version
             self.stats["weight_updates"] += 1
             self._weights_incomplete = False
@@ -397,7 +385,8 @@ class Engine:
             if not self._start_prefill(req):
                 continue
             prefill = self._prefilling[-1]
-            chunk = len(req.prompt) if budget is None else min(len(req.prompt), budget - fed)
+            left = len(req.prompt) - prefill.done  # a cached prefix is not fed again
+            chunk = left if budget is None else min(left, budget - fed)
             batch.append((prefill, chunk))
             fed += chunk
         if batch:
@@ -417,8 +406,14 @@ class Engine:
                 seq.finish = "length"
             self._complete(req)
             return False
+        prefill = Prefill(req)
+        cached = self.prefix_cache.lookup(req.prompt) if self.prefix_cache.max_tokens else None
+        if cached is not None:  # the prompt starts with one prefilled before: continue from its keys and values
+            stored, length = cached
+            prefill.state, prefill.done = self.runner.prefix_state(stored, length), length
+            self.stats["prefix_cache_hits"] += length
         with self._wakeup:
-            self._prefilling.append(Prefill(req))
+            self._prefilling.append(prefill)
         return True
 
     def _prefill(self, batch: list[tuple[Prefill, int]]) -> None:
@@ -452,6 +447,7 @@ class Engine:
             prefill.done += chunk
             if prefill.done == len(prefill.req.prompt):
                 finished.append((prefill, row))
+                self._keep_prefix(prefill)
                 rows.extend([row] * prefill.req.params.n)
                 seqs.extend(prefill.req.seqs)
         if not finished:
@@ -471,6 +467,12 @@ class Engine:
                 self._complete(req)
         with self._wakeup:
             self._joining.extend(joining.values())
+
+    def _keep_prefix(self, prefill: Prefill) -> None:
+        """Offer a finished prompt's keys and values to the prefix cache (copied only if kept)."""
+        if self.prefix_cache.max_tokens:
+            state, length = prefill.state, prefill.done
+            self.prefix_cache.insert(prefill.req.prompt, lambda: self.runner.detach_prefix(state, length))
 
     def _merge(self, seqs: list[Seq], state: Any, length: int) -> None:
         self.runner.join(state, len(seqs))

@@ -41,6 +41,9 @@ class EngineSettings:
     forward: Literal["auto", "compact", "hf"] = "auto"
     #: on CUDA, replay the compact forward's decode step as CUDA graphs (:mod:`.cuda_graphs`)
     cuda_graphs: bool = True
+    #: prompt tokens whose keys and values are kept across requests for later prompts that start
+    #: with them (:mod:`.prefix_cache`); 0 keeps none
+    prefix_cache_tokens: int = 0
 
     @classmethod
     def from_context(cls, context: InferenceContext, device: str | None = None) -> EngineSettings:

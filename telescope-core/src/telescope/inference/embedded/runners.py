@@ -11,7 +11,11 @@ batch's KV cache and runs the model:
   the running batch (a request's ``n`` samples share one prefill);
 - :meth:`BatchRunner.decode` feeds one token per running row, in row order;
 - :meth:`BatchRunner.keep` keeps some rows and returns their new order (a runner
-  may reorder rows to avoid copies; the engine reorders its sequences to match).
+  may reorder rows to avoid copies; the engine reorders its sequences to match);
+- :meth:`BatchRunner.detach_prefix` copies a finished prefill's first ``length``
+  tokens of keys and values out (for :mod:`.prefix_cache`; None where the runner
+  keeps no prefixes), and :meth:`BatchRunner.prefix_state` makes such a copy's first
+  ``length`` tokens the state a prompt's prefill continues from.
 
 :class:`CompactRunner` (the default where :func:`.compact.unsupported_reason` allows)
 runs the compact forward over a preallocated :class:`~.compact.SlotCache`: all
@@ -51,6 +55,10 @@ class BatchRunner(Protocol):
     def clear(self) -> None: ...
 
     def weights_updated(self) -> None: ...
+
+    def detach_prefix(self, state: Any, length: int) -> Any | None: ...
+
+    def prefix_state(self, stored: Any, length: int) -> Any: ...
 
 
 def make_runner(
@@ -126,6 +134,22 @@ class CompactRunner:
         if self.graphs is not None:
             self.graphs.weights_updated()
 
+    def detach_prefix(self, state: Any, length: int) -> PrefixKV:
+        source, row = state
+        keys = [k[row : row + 1, :, :length].clone() for k in source.keys]
+        values = [v[row : row + 1, :, :length].clone() for v in source.values]
+        return PrefixKV(keys, values, [length])
+
+    def prefix_state(self, stored: Any, length: int) -> Any:
+        return PrefixKV(stored.keys, stored.values, [length]), 0
+
+
+class PrefixKV:
+    """One prompt's keys and values, shaped as a one-row :class:`SlotCache` to continue a prefill from."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: list[int]) -> None:
+        self.keys, self.values, self.lengths = keys, values, lengths
+
 
 class HFRunner:
     """Hugging Face's forward over one left-padded ``DynamicCache`` (the fallback; see the module doc)."""
@@ -169,6 +193,12 @@ class HFRunner:
                 nk, nv = F.pad(nk, (0, 0, total - length, 0)), F.pad(nv, (0, 0, total - length, 0))
             old.keys, old.values = torch.cat([ok, nk]), torch.cat([ov, nv])
         self.pads = [p + total - cur for p in self.pads] + [total - length] * count
+
+    def detach_prefix(self, state: Any, length: int) -> None:
+        return None  # prefixes are kept by the compact runner only
+
+    def prefix_state(self, stored: Any, length: int) -> Any:
+        raise NotImplementedError("the Hugging Face runner keeps no prefixes")
 
     def decode(self, tokens: list[int]) -> torch.Tensor:
         length = self.cache.layers[0].keys.shape[2]
