@@ -1,9 +1,11 @@
-"""The CPU quick start over several seeds: wall time and held-out eval before/after RL.
+"""The CPU quick start (or another example with evals) over several seeds: wall time and held-out eval before/after RL.
 
-Runs ``telescope run configs/examples/countdown_tiny.yaml --seed S`` for each seed
-and reports, per seed and as mean +- standard deviation, the eval's mean reward and
-correct rate before training (after the warm start) and after the RL steps, and the
-run's wall time. Run by hand: ``python bench/bench_quickstart.py --seeds 0 1 2``.
+Runs ``telescope run CONFIG --seed S`` for each seed (``--config``, default the quick
+start ``configs/examples/countdown_tiny.yaml``; the agent example is
+``configs/examples/cpu/countdown_agent_tiny.yaml``) and reports, per seed and as mean +-
+standard deviation, its first eval's mean reward and correct rate before training (after
+the warm start) and after the RL steps, and the run's wall time. Run by hand:
+``python bench/bench_quickstart.py --seeds 0 1 2``.
 
 A run whose held-out correct rate gains less than ``--keep-below`` points (default 15,
 issue 14's bar) is kept: its run directory is moved to ``runs/bench_quickstart/`` (the
@@ -30,14 +32,20 @@ from cores_check import report
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(seed: int, workdir: Path, extra: list[str]) -> dict[str, float]:
+QUICK_START = REPO / "configs" / "examples" / "countdown_tiny.yaml"
+
+
+def run(seed: int, workdir: Path, extra: list[str], config: Path = QUICK_START) -> dict[str, float]:
+    import yaml
+
     run_dir = workdir / f"seed{seed}"
+    name = yaml.safe_load(config.read_text())["evals"][0]["name"]
     command = [
         sys.executable,
         "-c",
         "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
         "run",
-        str(REPO / "configs" / "examples" / "countdown_tiny.yaml"),
+        str(config),
         "--seed",
         str(seed),
         "--run_dir",
@@ -53,16 +61,17 @@ def run(seed: int, workdir: Path, extra: list[str]) -> dict[str, float]:
     after = next(e["metrics"] for e in evals if e["phase"] == "after")
     return {
         "wall_s": wall,
-        "reward_before": before["eval/countdown/reward_mean"],
-        "reward_after": after["eval/countdown/reward_mean"],
-        "correct_before": before["eval/countdown/correct_rate"],
-        "correct_after": after["eval/countdown/correct_rate"],
+        "reward_before": before[f"eval/{name}/reward_mean"],
+        "reward_after": after[f"eval/{name}/reward_mean"],
+        "correct_before": before[f"eval/{name}/correct_rate"],
+        "correct_after": after[f"eval/{name}/correct_rate"],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--config", type=Path, default=QUICK_START, help="the example to run (it must have evals)")
     parser.add_argument(
         "--keep-below",
         dest="keep_below",
@@ -75,7 +84,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            results.append(run(seed, Path(tmp), extra))
+            results.append(run(seed, Path(tmp), extra, args.config))
             r = results[-1]
             print(
                 f"seed {seed}: wall {r['wall_s']:.0f} s | reward {r['reward_before']:.3f} -> {r['reward_after']:.3f}"
@@ -84,7 +93,8 @@ def main() -> None:
             )
             gain = 100 * (r["correct_after"] - r["correct_before"])
             if gain < args.keep_below:
-                kept = REPO / "runs" / "bench_quickstart" / f"seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+                stamp = f"{args.config.stem}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+                kept = REPO / "runs" / "bench_quickstart" / stamp
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(Path(tmp) / f"seed{seed}"), kept)
                 print(f"  gained {gain:+.1f} points (< {args.keep_below:g}): run directory kept at {kept}", flush=True)

@@ -70,7 +70,9 @@ def run_example(name: str, run_dir: Path, port: int, *args: str) -> RunReader:
 # ---------------------------------------------------------------------- the GPU recipes
 
 
-@pytest.mark.parametrize("name", ["countdown", "hendrycks_math", "hendrycks_math_with_eval", "wordle", "i3_code"])
+@pytest.mark.parametrize(
+    "name", ["countdown", "countdown_agent", "hendrycks_math", "hendrycks_math_with_eval", "wordle", "i3_code"]
+)
 def test_every_upstream_recipe_is_shipped_and_validates(name: str) -> None:
     config = EXAMPLES / f"example_{name}.yaml"
     result = telescope("config", "validate", str(config), timeout=120)
