@@ -87,6 +87,11 @@ class OrchestratorFields(SectionFields):
         description="Free the inference lane after generation, before reward computation. "
         "Requires enable_individual_sample_lanes",
     )
+    episode_server_affinity: bool = Field(
+        True,
+        description="Every request of an episode (each turn, each agent call) goes to its group's server, where its "
+        "earlier requests' prefix is cached; false: each request goes to the least busy training server",
+    )
     max_off_policy_steps: int = Field(
         8,
         ge=1,

@@ -76,6 +76,7 @@ from telescope.api.records import Group, Rollout
 from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.agent_gateway import AgentGateway
 from telescope.orchestrator.batching import scored, training_rewards
+from telescope.orchestrator.call_routing import CallRouter
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.episodes import EpisodeRunner
 from telescope.orchestrator.filters import OutputChecks
@@ -157,6 +158,7 @@ class RolloutScheduler:
         self._ledger = DrawLedger(prompts)
         self._consecutive_failures = 0
         self.available = available if available is not None else (lambda server: True)
+        self.calls = CallRouter(self.servers, self.available, config.episode_server_affinity)
         self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
         self._servers_down: set[int] = set()  # servers whose failure was logged (once per outage)
         self._zero_advantage_streak = ZeroAdvantageStreak(
@@ -338,7 +340,9 @@ class RolloutScheduler:
         async def one(index: int) -> Rollout:
             async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
                 seed = request_seed(self.config.seed, item.draw, index, turn)
-                return await self.generate(scheduled.server, prompt_ids, max_tokens, seed, turn)
+                return await self.calls.call(
+                    scheduled.server, lambda server: self.generate(server, prompt_ids, max_tokens, seed, turn)
+                )
 
             lane = lanes[index] if individual and index < len(lanes) else None
             with events.context(group_id=group_id, sample_id=item.sample.sample_id, rollout_index=index):
