@@ -593,10 +593,10 @@ def test_an_agent_episode_shows_its_calls_and_the_samples_they_train_in(page, se
     page.get_by_text("Agent calls (2), trained as 1 sample").wait_for()
     second = page.locator(".agent-call[data-call='1']")
     assert "continues call 0" in second.inner_text() and "re-tokenization differs" in second.inner_text()
-    second.locator("summary").click()
+    second.locator(":scope > summary").click()
     second.filter(has_text="TOOL-SAYS-5").filter(has_text="FINAL-5").wait_for()
     assert "mean -0.25" in second.inner_text()
     first_call = page.locator(".agent-call[data-call='0']")
-    first_call.locator("summary").click()
+    first_call.locator(":scope > summary").click()
     first_call.locator(".tool-call").filter(has_text="tool call: add").wait_for()
     assert page.errors == []
