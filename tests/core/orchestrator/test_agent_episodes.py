@@ -82,6 +82,9 @@ def test_a_tool_loop_trains_as_one_sequence_of_the_recorded_tokens(tokenizer: An
     trained = [t for t, keep in zip(sample.token_ids, sample.loss_mask, strict=True) if keep]
     assert trained == [*completion, *rollout.turns[1].output_token_ids]  # only what the model produced
     assert [c["continues"] for c in rollout.agent_calls] == [None, 0]
+    # the store keeps each call's new messages only: the history is the continued call's
+    assert [c["first_message"] for c in rollout.agent_calls] == [0, 2]
+    assert [m["role"] for m in rollout.agent_calls[1]["messages"]] == ["tool"]
     assert rollout.reward.sample_metrics["agent/calls_continued"] == 1.0
     assert rollout.reward.sample_metrics["agent/retokenization_mismatches"] == 0.0
 

@@ -85,8 +85,14 @@ class RecordedCall:
             output_policy_versions=list(self.token_versions),
         )
 
-    def summary(self) -> dict[str, Any]:
-        """What the run store keeps of the call (the dashboard's view of an episode)."""
+    def summary(self, previous: RecordedCall | None = None) -> dict[str, Any]:
+        """What the run store keeps of the call (the dashboard's view of an episode).
+
+        ``messages`` are the request's messages from ``first_message`` on: after the messages
+        and the reply of ``previous`` (the call it continues), so that an episode's history
+        is stored once, not once per call.
+        """
+        known = len(previous.messages) + 1 if previous is not None and previous.messages is not None else 0
         return {
             "index": self.index,
             "route": self.route,
@@ -98,7 +104,8 @@ class RecordedCall:
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.completion_ids),
             "finish_reason": self.finish_reason,
-            "messages": self.messages,
+            "first_message": known,
+            "messages": None if self.messages is None else self.messages[known:],
             "reply": self.reply,
             "logprobs": self.logprobs,
         }

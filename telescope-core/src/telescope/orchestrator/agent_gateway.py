@@ -205,8 +205,12 @@ async def run_agent_episode(
     )
     _emit_tool_calls(episode.calls)
     reward = dataclasses.replace(reward, sample_metrics={**episode.metrics(), **reward.sample_metrics})
-    last_chat = next((c for c in reversed(episode.calls) if c.messages is not None and c.reply is not None), None)
-    messages = [*last_chat.messages, last_chat.reply] if last_chat is not None else []  # type: ignore[misc]
+    messages: list[dict[str, Any]] = []
+    for call in reversed(episode.calls):  # the last chat call's conversation, its reply included
+        if call.messages is not None and call.reply is not None:
+            messages = [*call.messages, call.reply]
+            break
+    by_index = {call.index: call for call in episode.calls}
     if lane is not None:
         lane.release()
     return Rollout(
@@ -216,7 +220,9 @@ async def run_agent_episode(
         reward=reward,
         error=reward.error,
         segments=segments,
-        agent_calls=[call.summary() for call in episode.calls],
+        agent_calls=[
+            call.summary(by_index.get(call.continues) if call.continues is not None else None) for call in episode.calls
+        ],
     )
 
 

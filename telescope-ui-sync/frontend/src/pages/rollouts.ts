@@ -190,7 +190,7 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
   function renderAgentCall(call: Record<string, unknown>, calls: Record<string, unknown>[]): HTMLElement {
     const continued = typeof call.continues === "number" ? calls.find((c) => c.index === call.continues) : undefined;
     const messages = Array.isArray(call.messages) ? (call.messages as Record<string, unknown>[]) : [];
-    const known = continued && Array.isArray(continued.messages) ? continued.messages.length + 1 : 0;
+    const known = Number(call.first_message ?? 0);  // the messages before it are the continued call's and its reply
     const logprobs = Array.isArray(call.logprobs) ? (call.logprobs as number[]) : [];
     const mean = logprobs.length ? logprobs.reduce((a, b) => a + b, 0) / logprobs.length : null;
     const head = [
@@ -204,7 +204,7 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
     return h("details", { class: "agent-call", "data-call": String(call.index) },
       h("summary", null, head, call.mismatch ? h("span", { class: "badge", title: "the chat template renders this conversation with other tokens than the recorded ones; the recorded ones were used" }, "re-tokenization differs") : null),
       h("div", { class: "muted" }, known ? `new messages since call ${String(call.continues)}:` : `${messages.length} messages sent:`),
-      ...messages.slice(known).map((m) => renderMessage(m)),
+      ...messages.map((m) => renderMessage(m)),
       reply ? renderMessage(reply) : h("p", { class: "muted" }, `${String(call.route)} call (no chat reply)`),
       h("div", { class: "muted" }, `log-probabilities: mean ${fmt(mean, 3)}, min ${fmt(logprobs.length ? Math.min(...logprobs) : null, 3)} over ${logprobs.length} tokens · finish ${String(call.finish_reason)}`));
   }
