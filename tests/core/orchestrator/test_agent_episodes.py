@@ -270,34 +270,48 @@ def test_a_program_that_succeeds_returns_its_reward_and_metrics(tokenizer: Any) 
 
 
 def test_an_ended_episode_and_a_caller_without_the_key_are_refused(tokenizer: Any) -> None:
-    environment = Failing()
-    environment.mode = "ok"
+    from telescope.orchestrator.agent_gateway import AgentGateway, run_agent_episode
+    from telescope.orchestrator.rollouts import RolloutLimits
+
     captured: dict[str, Any] = {}
 
     class Probe(Failing):
         async def run(self, client: openai.AsyncOpenAI, sample: Sample) -> Any:
             url = str(client.base_url)
+            auth = {"Authorization": f"Bearer {client.api_key}"}
             async with httpx.AsyncClient() as plain:
+                if "first" in captured:  # the second episode: the first one's URL has ended
+                    captured["ended"] = (await plain.get(captured["first"] + "models", headers=auth)).status_code
+                captured.setdefault("first", url)
                 captured["no_key"] = (await plain.get(url + "models")).status_code
-                auth = {"Authorization": f"Bearer {client.api_key}"}
-                captured["other_episode"] = (
-                    await plain.get(url.replace("/episodes/", "/episodes/x") + "models", headers=auth)
-                ).status_code
-                captured["no_default_backend"] = (
-                    await plain.post(
-                        url.split("/episodes/")[0] + "/v1/completions",
-                        json={"model": "policy", "prompt": "x"},
-                        headers=auth,
-                    )
-                ).status_code
-            captured["client"] = client
+                other = url.replace("/episodes/", "/episodes/x") + "models"
+                captured["other_episode"] = (await plain.get(other, headers=auth)).status_code
+                plain_route = url.split("/episodes/")[0] + "/v1/completions"
+                answer = await plain.post(plain_route, json={"model": "policy", "prompt": "x"}, headers=auth)
+                captured["no_default_backend"] = answer.status_code
             return await super().run(client, sample)
 
-    probe = Probe()
-    probe.mode = "ok"
-    run_episode(tokenizer, probe, ScriptedPolicy(tokenizer, ["ok"]))
-    assert captured["no_key"] == 401 and captured["other_episode"] == 404
-    assert captured["no_default_backend"] == 503
+    async def two_episodes() -> None:
+        gateway = await AgentGateway(tokenizer, chat_template=None, max_model_len=1024, model_name="policy").start()
+        try:
+            for _ in range(2):
+                probe = Probe()
+                probe.mode = "ok"
+                policy = ScriptedPolicy(tokenizer, ["ok"])
+                await run_agent_episode(
+                    probe,
+                    SAMPLE,
+                    gateway=gateway,
+                    generate=policy,
+                    policy_version=lambda: 0,
+                    limits=RolloutLimits(8, 1024),
+                )
+        finally:
+            await gateway.close()
+
+    asyncio.run(two_episodes())
+    assert captured["ended"] == 404 and captured["other_episode"] == 404
+    assert captured["no_key"] == 401 and captured["no_default_backend"] == 503
 
 
 def test_a_server_that_fails_under_the_episode_is_raised_for_redispatch(tokenizer: Any) -> None:
