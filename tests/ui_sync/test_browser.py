@@ -601,3 +601,32 @@ def test_an_agent_episode_shows_its_calls_and_the_samples_they_train_in(page, se
     first_call.locator(":scope > summary").click()
     first_call.locator(".tool-call").filter(has_text="tool call: add").wait_for()
     assert page.errors == []
+
+
+def test_a_compacted_episode_shows_its_segments_and_each_tokens_policy_version(page, serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def turn(inputs: int, runs: list[list[int]]) -> dict[str, object]:
+        outputs = sum(count for _, count in runs)
+        return {
+            "input_tokens": inputs,
+            "output_tokens": outputs,
+            "policy_version": runs[0][0],
+            "finish_reason": "stop",
+            "versions": runs,
+        }
+
+    episode = {
+        "segment_turns": [[turn(20, [[1, 6]]), turn(4, [[1, 2], [2, 3]])]],
+        "turns": [turn(30, [[2, 4]]), turn(5, [[3, 7]])],
+        "segments": 1,
+        "compactions": 1,
+    }
+    run = write_run(tmp_path / "runs" / "compacted", steps=1, first_rollout=episode)
+    served = serve([tmp_path / "runs"])
+    select(page, served.url, [run_id_for(run)])
+    page.goto(f"{served.url}/#/rollouts?step=0")
+    page.get_by_text("Context segments (2), compacted 1 times").wait_for()
+    first, last = page.locator(".segment[data-segment='0']"), page.locator(".segment[data-segment='1']")
+    assert "compacted into segment 1" in first.inner_text() and "the episode's end" in last.inner_text()
+    assert [r.inner_text() for r in first.locator(".version-run").all()] == ["v1×6", "v1×2", "v2×3"]
+    assert [r.inner_text() for r in last.locator(".version-run").all()] == ["v2×4", "v3×7"]
+    assert page.errors == []

@@ -106,6 +106,17 @@ def test_a_sample_s_tags_go_into_its_rollout_records() -> None:
     assert record["tags"] == {"level": 3, "subject": "algebra"}
 
 
+def test_each_turn_records_its_tokens_versions_as_runs_and_segments_theirs() -> None:
+    across = Turn([1, 2], [5, 6, 7, 8], [-0.1] * 4, policy_version=3, output_policy_versions=[3, 3, 4, 4])
+    closed = Turn([1], [9], [-0.2], policy_version=2)
+    rollout = Rollout(Sample("p", sample_id="s"), [across], segments=[[closed]], compactions=1)
+    record = rollout_record(rollout, step=0, group_index=0, rollout_index=0)
+    assert record["turns"][0]["versions"] == [[3, 2], [4, 2]]
+    assert record["segment_turns"] == [
+        [{"input_tokens": 1, "output_tokens": 1, "policy_version": 2, "finish_reason": "stop", "versions": [[2, 1]]}]
+    ]
+
+
 def test_events_are_captured_until_unsubscribed(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     unsubscribe = store.capture_events()

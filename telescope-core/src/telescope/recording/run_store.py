@@ -70,7 +70,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from telescope.api.records import Group, Rollout
+from telescope.api.records import Group, Rollout, Turn
 from telescope.recording.block_format import EVENTS_SCHEMA, ROLLOUTS_SCHEMA
 from telescope.recording.block_writer import BlockStream, Clock, Flusher
 from telescope.recording.jsonl import (
@@ -158,7 +158,9 @@ def rollout_record(
     turn: ``input_tokens`` added before it, the prompt or the environment's reply;
     ``output_tokens`` generated; its ``policy_version`` and ``finish_reason``: the
     trajectory is these tokens in order, each turn's request the whole trajectory before
-    it), ``error`` (the rollout's or the reward function's), ``filtered`` (the output
+    it; ``versions``: its generated tokens' policy versions, run-length encoded),
+    ``segment_turns`` (the same per turn of each earlier context segment of a compacted
+    episode), ``error`` (the rollout's or the reward function's), ``filtered`` (the output
     filters that masked its loss: ``overlong``, ``gibberish``, ``repetition``; empty
     when trained on) and ``overlong_penalty`` (added to ``reward`` for its advantage;
     0 when none); ``segments`` (how many earlier context segments a compacted episode has;
@@ -189,15 +191,8 @@ def rollout_record(
         "prompt_tokens": rollout.prompt_length,
         "completion_tokens": rollout.completion_length,
         "total_tokens": len(rollout.token_ids),
-        "turns": [
-            {
-                "input_tokens": len(t.input_token_ids),
-                "output_tokens": len(t.output_token_ids),
-                "policy_version": t.policy_version,
-                "finish_reason": t.finish_reason,
-            }
-            for t in rollout.turns
-        ],
+        "turns": [turn_record(t) for t in rollout.turns],
+        "segment_turns": [[turn_record(t) for t in segment] for segment in rollout.segments],
         "error": rollout.error or (reward.error if reward is not None else None),
         "filtered": list(rollout.filtered),
         "overlong_penalty": rollout.overlong_penalty,
@@ -207,6 +202,27 @@ def rollout_record(
         "compaction_failures": len(rollout.compaction_failures),
         **({"tags": tags} if tags else {}),
         **({"agent_calls": rollout.agent_calls} if rollout.agent_calls else {}),
+    }
+
+
+def turn_record(turn: Turn) -> dict[str, Any]:
+    """A turn's token counts, dispatch version, finish reason, and its tokens' versions as runs.
+
+    ``versions`` is ``[[version, count], ...]`` in token order: the weights that produced each
+    generated token, run-length encoded (one run unless a request spanned a weight update).
+    """
+    runs: list[list[int]] = []
+    for version in turn.token_versions:
+        if runs and runs[-1][0] == version:
+            runs[-1][1] += 1
+        else:
+            runs.append([version, 1])
+    return {
+        "input_tokens": len(turn.input_token_ids),
+        "output_tokens": len(turn.output_token_ids),
+        "policy_version": turn.policy_version,
+        "finish_reason": turn.finish_reason,
+        "versions": runs,
     }
 
 

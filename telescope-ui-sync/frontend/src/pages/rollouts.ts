@@ -157,6 +157,15 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
       pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
       for (const message of turns) pane.append(renderMessage(message));
     }
+    const segments = Array.isArray(record.segment_turns) ? (record.segment_turns as Record<string, unknown>[][]) : [];
+    const lastTurns = Array.isArray(record.turns) ? (record.turns as Record<string, unknown>[]) : [];
+    const spans = (t: Record<string, unknown>) => (Array.isArray(t.versions) ? t.versions.length : 0);
+    if (segments.length || lastTurns.length > 1 || lastTurns.some((t) => spans(t) > 1)) {
+      pane.append(h("h4", null, segments.length
+        ? `Context segments (${segments.length + 1}), compacted ${String(record.compactions ?? segments.length)} times`
+        : "Turns and policy versions"));
+      [...segments, lastTurns].forEach((turns, i) => pane.append(renderSegment(turns, i, segments.length)));
+    }
     const calls = Array.isArray(record.agent_calls) ? (record.agent_calls as Record<string, unknown>[]) : [];
     if (calls.length) {
       const sequences = new Set(calls.map((c) => c.sequence)).size;
@@ -183,6 +192,20 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
         h("pre", { class: "raw" }, typeof fn.arguments === "string" ? fn.arguments : JSON.stringify(fn.arguments ?? call, null, 2))));
     }
     return box;
+  }
+
+  /** One context segment of an episode (the last one is its main sequence): per turn, the tokens
+   * added and generated, and the policy version of the generated tokens as runs ("v3×12 v4×5"). */
+  function renderSegment(turns: Record<string, unknown>[], index: number, closed: number): HTMLElement {
+    const link = index < closed ? ` → compacted into segment ${index + 1}` : closed ? " (the last context: the episode's end)" : "";
+    return h("div", { class: "segment", "data-segment": String(index) },
+      h("div", { class: "muted" }, closed ? `segment ${index}${link}` : ""),
+      ...turns.map((t, j) => {
+        const runs = Array.isArray(t.versions) ? (t.versions as [number, number][]) : [];
+        return h("div", { class: "segment-turn" },
+          `turn ${j}: +${String(t.input_tokens)} tokens in, ${String(t.output_tokens)} generated (${String(t.finish_reason)}) · `,
+          ...runs.map(([version, count]) => h("span", { class: "version-run", title: `${count} tokens by the weights of version ${version}` }, `v${version}×${count}`)));
+      }));
   }
 
   /** One model call of an agent episode: which sample it trains in, what it was sent (what is new
