@@ -115,18 +115,19 @@ print("torch" in sys.modules)
 
 
 def _embedded_config(model: Path) -> TelescopeConfig:
-    """A run's config for one embedded server of ``model`` on a free local port."""
-    return TelescopeConfig.model_validate(
-        {
-            "environments": [{"name": "countdown"}],
-            "model": str(model),
-            "max_model_len": 256,
-            "max_tokens": 32,
-            "seq_len": 256,
-            "inference_host": "127.0.0.1",
-            "inference_base_port": _free_port(),
-        }
-    )
+    """A run's config for one embedded server of ``model`` on a free local port (as a run loads it)."""
+    from telescope.config.loader import load_config
+
+    values = {
+        "environments": [{"name": "countdown"}],
+        "model": str(model),
+        "max_model_len": 256,
+        "max_tokens": 32,
+        "seq_len": 256,
+        "inference_host": "127.0.0.1",
+        "inference_base_port": _free_port(),
+    }
+    return load_config(None, values, check_plugins=False).config
 
 
 @pytest.mark.slow
