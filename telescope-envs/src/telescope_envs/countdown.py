@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
@@ -176,6 +176,21 @@ def solve(nums: Sequence[int], target: int) -> str | None:
     return search([(Fraction(n), str(n)) for n in nums])
 
 
+def load_problems(source: Any) -> list[tuple[list[int], int]]:
+    """The (numbers, target) problems ``source``'s data settings name.
+
+    ``source`` has ``dataset_name`` (``"generated"`` or a file / hub dataset with ``nums`` and
+    ``target``), ``dataset_split``, ``num_samples``, ``num_numbers``, ``max_number``, ``seed`` and
+    ``max_samples``: the settings Countdown and its agent variant share.
+    """
+    if source.dataset_name == "generated":
+        problems = generate_problems(source.num_samples, source.num_numbers, source.max_number, source.seed)
+    else:
+        rows = load_rows(source.dataset_name, source.dataset_split, fields=("nums", "target"))
+        problems = [([int(n) for n in row["nums"]], int(row["target"])) for row in rows]
+    return problems if source.max_samples is None else problems[: source.max_samples]
+
+
 class CountdownEnvironment(ThinkingPrefix, BaseEnvironment):
     """Reach the target with the given numbers; reward = format (0/1) + correct (0/1)."""
 
@@ -226,13 +241,7 @@ class CountdownEnvironment(ThinkingPrefix, BaseEnvironment):
         )
 
     def load_dataset(self) -> list[Sample]:
-        if self.dataset_name == "generated":
-            problems = generate_problems(self.num_samples, self.num_numbers, self.max_number, self.seed)
-        else:
-            rows = load_rows(self.dataset_name, self.dataset_split, fields=self.data_files["dataset_name"])
-            problems = [([int(n) for n in row["nums"]], int(row["target"])) for row in rows]
-        if self.max_samples is not None:
-            problems = problems[: self.max_samples]
+        problems = load_problems(self)
         ids = unique_ids([stable_id("countdown", nums, target) for nums, target in problems])
         return [
             Sample(

@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 from telescope.api.agent import AgentEnvironment
 from telescope.api.records import RewardResult, Sample
-from telescope_envs._data import load_rows, stable_id, unique_ids
-from telescope_envs.countdown import generate_problems, score_answer, solve
+from telescope_envs._data import stable_id, unique_ids
+from telescope_envs.countdown import load_problems, score_answer, solve
 
 INSTRUCTIONS = "Call target, then answer <answer>equation</answer> with each number once."
 #: What the model writes of its first call: ``tool_choice`` puts the call's opening in its mouth
@@ -82,13 +82,7 @@ class CountdownAgentEnvironment(AgentEnvironment):
         self.max_turns = max_turns
 
     def load_dataset(self) -> list[Sample]:
-        if self.dataset_name == "generated":
-            problems = generate_problems(self.num_samples, self.num_numbers, self.max_number, self.seed)
-        else:
-            rows = load_rows(self.dataset_name, self.dataset_split, fields=self.data_files["dataset_name"])
-            problems = [([int(n) for n in row["nums"]], int(row["target"])) for row in rows]
-        if self.max_samples is not None:
-            problems = problems[: self.max_samples]
+        problems = load_problems(self)
         ids = unique_ids([stable_id("countdown_agent", nums, target) for nums, target in problems])
         return [
             Sample(

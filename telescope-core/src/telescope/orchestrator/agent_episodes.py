@@ -39,7 +39,7 @@ from typing import Any
 
 from telescope.api.records import FinishReason, Turn
 from telescope.inference.client import Completion, CompletionResult
-from telescope.inference.gateway.chat import ChatFormat, template_message
+from telescope.inference.gateway.chat import ChatFormat, template_message, template_tool_call
 from telescope.inference.gateway.errors import GatewayError
 from telescope.inference.gateway.schema import ChatCompletionRequest, TextCompletionRequest
 from telescope.inference.gateway.service import SamplingOptions
@@ -125,16 +125,8 @@ def reply_message(reply: ParsedReply) -> dict[str, Any]:
     """A parsed reply as the template message the program will send back."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
-        message["tool_calls"] = [template_message_call(call.id, call.name, call.arguments) for call in reply.tool_calls]
+        message["tool_calls"] = [template_tool_call(call.id, call.name, call.arguments) for call in reply.tool_calls]
     return message
-
-
-def template_message_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    try:
-        parsed: Any = json.loads(arguments)
-    except json.JSONDecodeError:
-        parsed = arguments
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
 
 
 @dataclass

@@ -34,18 +34,18 @@ def _arguments(text: str) -> Any:
         return text
 
 
+def template_tool_call(call_id: str | None, name: str, arguments: str) -> dict[str, Any]:
+    """One tool call (its ``arguments`` JSON text on the wire) in the shape Hugging Face chat templates read."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(arguments)}}
+
+
 def template_message(message: ChatMessage) -> dict[str, Any]:
     """One OpenAI message in the shape Hugging Face chat templates read."""
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
     out["content"] = message.text()
     if message.tool_calls:
         out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
-            }
-            for call in message.tool_calls
+            template_tool_call(call.id, call.function.name, call.function.arguments) for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
