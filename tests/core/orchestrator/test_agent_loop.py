@@ -19,7 +19,7 @@ from telescope.api.records import RewardResult, Sample
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 
-from .fakes import FakeServices
+from .fakes import FakeServices, ParityEnvironment
 from .test_orchestrator import run_loop
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,6 +55,7 @@ def tokenizer() -> Any:
 def registry() -> Registry:
     registry = Registry()
     Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("two_calls", TwoCalls)
+    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", ParityEnvironment)
     Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
     return registry
 
@@ -115,3 +116,21 @@ def test_the_gateway_is_closed_with_the_run(tmp_path: Path, tokenizer: Any, monk
     (port,) = ports
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+
+
+def test_an_agent_eval_of_a_run_that_trains_no_agent_starts_its_own_gateway(tmp_path: Path, tokenizer: Any) -> None:
+    _, reader = run_loop(
+        tmp_path,
+        tokenizer,
+        FakeServices(),
+        registry(),
+        environments=[{"name": "parity"}],
+        number_of_steps=1,
+        max_model_len=256,
+        seq_len=256,
+        evals=[{"name": "two_calls", "num_samples": 2}],
+        eval_after_training=True,
+    )
+    (after,) = [e for e in reader.evals() if e["phase"] == "after"]
+    assert after["metrics"]["eval/two_calls/num_items"] == 2.0
+    assert after["metrics"]["eval/two_calls/errors"] == 0.0

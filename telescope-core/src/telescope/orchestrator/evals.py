@@ -193,8 +193,8 @@ class EvalRunner:
         self.generation = generation
         self.sink = sink
         self._environments: dict[int, tuple[EnvironmentBase, list[Sample]]] = {}
-        #: the run's agent gateway (the orchestrator sets it); without it an eval of an agent
-        #: environment starts one for its own run_all
+        #: the run's agent gateway (the orchestrator sets it when it trains an agent environment);
+        #: without it an eval of an agent environment starts one for its own run_all
         self.agents: AgentGateway | None = None
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
@@ -202,10 +202,6 @@ class EvalRunner:
             environment = build_eval_environment(self.plugins, entry, EnvironmentContext.from_config(self.config))
             self._environments[index] = (environment, eval_items(environment, entry))
         return self._environments[index]
-
-    def environments(self) -> list[EnvironmentBase]:
-        """Every eval's environment (built now if not yet)."""
-        return [self._environment(index, entry)[0] for index, entry in enumerate(self.config.evals)]
 
     async def run_all(
         self, *, step: int, servers: Sequence[int], phase: str, entries: Sequence[EvalEntry] | None = None

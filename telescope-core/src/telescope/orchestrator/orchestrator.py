@@ -228,7 +228,7 @@ class Orchestrator:
 
     async def _run(self) -> None:
         self.agents = await start_agent_gateway(
-            [*(slot.environment for slot in self.prompts.slots), *(self.evals.environments() if self.evals else ())],
+            (slot.environment for slot in self.prompts.slots),
             self.renderer.tokenizer,
             chat_template=self.config.chat_template,
             max_model_len=self.config.max_model_len,
