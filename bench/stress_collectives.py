@@ -100,7 +100,7 @@ def _cp_rank(rank: int, world_size: int, model: str) -> None:
         try:
             batch = synthetic_batch(num_groups=4, completion_lengths=(5, 20))
             rows = backend._local_sequences(backend._pack(batch.samples))
-            backend._reference_logprobs([rows], SectionTimers(backend.device))
+            backend.reference_logprobs([rows], SectionTimers(backend.device))
             backend.train_step(batch)
         finally:
             backend.close()

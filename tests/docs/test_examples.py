@@ -392,6 +392,19 @@ def test_agent_environment(install: Install) -> None:
     assert passed_count(run_project_tests(project)) >= 6
 
 
+# --------------------------------------------------------------------------- trainer-backends.md
+
+
+@pytest.mark.slow
+def test_trainer_backends(install: Install) -> None:
+    from telescope.trainer.public import PackedTrainerBackend
+
+    project = install("trainer-backends.md")
+    assert entry(project, PluginKind.TRAINER_BACKEND, "replicated").is_lazy
+    assert issubclass(get_plugins().trainer_backend("replicated"), PackedTrainerBackend)
+    assert passed_count(run_project_tests(project)) >= 8
+
+
 # --------------------------------------------------------------------------- hooks.md
 
 

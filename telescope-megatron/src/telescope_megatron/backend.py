@@ -12,8 +12,8 @@ loads the Hugging Face weights into this rank's shards
 data-parallel ranks with ``megatron_use_distributed_optimizer``:
 :mod:`telescope_megatron.optimizer`) and the LR schedule.
 
-The training step is the FSDP backend's, shared through its parallelism hooks
-(:class:`~telescope.trainer.fsdp.FSDPBackend`): the same packing, dealing of
+The training step is :class:`~telescope.trainer.packed_backend.PackedTrainerBackend`'s,
+the base the FSDP backend shares, with this backend's parallelism hooks: the same packing, dealing of
 sequences to *data-parallel* ranks, global loss normalisation, algorithm calls,
 metrics and timeline records. So for the same batch the loss and the update equal
 the FSDP backend's up to float32 rounding. What differs:
@@ -37,7 +37,7 @@ the FSDP backend's up to float32 rounding. What differs:
 - MoE models (:mod:`telescope_megatron.moe`): with ``megatron_expert_parallel_size`` each
   rank holds some of each layer's experts; an expert's gradient is summed over the
   ranks holding the same experts (the expert-data-parallel group) and divided by the
-  data-parallel size, and counts once in the gradient norm (see :meth:`MegatronBackend._clip_and_step`);
+  data-parallel size, and counts once in the gradient norm (see :meth:`MegatronBackend.clip_and_step`);
 - ``named_weights`` gathers one weight at a time over the tensor-parallel group (a
   layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
   names in the Hugging Face model's order (a layer at most is held back), so the weight
@@ -70,13 +70,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from telescope.trainer.distributed import destroy_process_group, init_process_group, resolve_device
-from telescope.trainer.fsdp import DTYPES, FSDPBackend
-from telescope.trainer.logprobs import token_logprobs
-from telescope.trainer.metrics import LOSS_PART_KEYS, SectionTimers
-from telescope.trainer.microbatch import MicroBatch
-from telescope.trainer.packing import PackedSequence
-from telescope.trainer.schedule import build_lr_scheduler
+from telescope.trainer.public import (
+    DTYPES,
+    MicroBatch,
+    MinibatchLoss,
+    PackedSequence,
+    PackedTrainerBackend,
+    SectionTimers,
+    init_process_group,
+    resolve_device,
+    token_logprobs,
+)
 from telescope_megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
@@ -94,9 +98,8 @@ from telescope_megatron.pipeline import (
 from telescope_megatron.plugin import MegatronSettings, inactive_settings
 
 if TYPE_CHECKING:
-    from telescope.api.algorithm import Algorithm, LossCounts
+    from telescope.api.algorithm import Algorithm
     from telescope.api.context import TrainerContext
-    from telescope.api.records import SupervisedExample, TrainingBatch, TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +122,14 @@ def _environment_kept() -> Iterator[None]:
         os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
 
 
-class MegatronBackend(FSDPBackend):
+class MegatronBackend(PackedTrainerBackend):
     """megatron-core GPT model, tensor x pipeline x context x expert x data parallel, CPU (gloo) or CUDA (NCCL)."""
 
     name = "megatron"
 
     def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: MegatronSettings | None = None) -> None:
-        super().__init__(context, algorithm, None)
-        self.settings = settings
+        super().__init__(context, algorithm, settings)
         self.megatron = settings or MegatronSettings()
-        self.global_rank = 0
-        self.global_world_size = 1
         self.tp_rank = 0
         self.tp_size = 1
         self.pp_rank = 0
@@ -219,25 +219,19 @@ class MegatronBackend(FSDPBackend):
         self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
         self._load_hf_state(self._read_hf_state(self.model_path))
         self.model.train()
-        self.optimizer = self._build_optimizer(self.context.learning_rate, self.context.weight_decay)
-        self.scheduler = build_lr_scheduler(
-            self.optimizer,
-            self.context.lr_scheduler,
-            self.context.warmup_steps,
-            self.context.number_of_steps,
-            self.context.min_lr_ratio,
-        )
+        self.optimizer = self.build_optimizer(self.context.learning_rate, self.context.weight_decay)
+        self.scheduler = self.build_scheduler(self.optimizer)
         pad = self.hf_config.pad_token_id if self.hf_config.pad_token_id is not None else self.hf_config.eos_token_id
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
 
-    def _build_optimizer(self, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    def build_optimizer(self, learning_rate: float, weight_decay: float) -> torch.optim.Optimizer:
         """AdamW, its states sharded over the data- (and context-) parallel ranks with the distributed optimizer."""
         from megatron.core import parallel_state
 
         group = None
         if self.megatron.megatron_use_distributed_optimizer and self.ep_size == 1:
             group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        return build_optimizer(self.model.parameters(), lr=lr, weight_decay=weight_decay, shard_group=group)
+        return build_optimizer(self.model.parameters(), lr=learning_rate, weight_decay=weight_decay, shard_group=group)
 
     def _check_divisible(self, tp: int, pp: int, ep: int) -> None:
         s = self.shape
@@ -296,46 +290,39 @@ class MegatronBackend(FSDPBackend):
 
     # ------------------------------------------------------ parallelism hooks
 
-    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+    def logits(self, mb: MicroBatch) -> torch.Tensor:
         return packed_logits(self.model, mb.input_ids, mb.position_ids, self.shape.padding_idx)
 
-    def _forward_backward_minibatch(
+    def forward_backward_minibatch(
         self,
         sequences: list[PackedSequence],
-        ref_logprobs: list[torch.Tensor] | None,
-        denominator: float,
+        loss: MinibatchLoss,
         timers: SectionTimers,
         minibatch: int = 0,
         first_microbatch: int = 0,
     ) -> list[dict[str, float]]:
         """Pipeline parallel: the minibatch through megatron-core's schedule, the loss on the last stage."""
         if self.pp_size == 1:
-            return super()._forward_backward_minibatch(
-                sequences, ref_logprobs, denominator, timers, minibatch, first_microbatch
-            )
+            return super().forward_backward_minibatch(sequences, loss, timers, minibatch, first_microbatch)
         with timers.section("data_to_device", minibatch=minibatch):
             batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
         index = {id(mb): i for i, mb in enumerate(batches)}
-        keys = ("loss", "entropy", "kl", "tokens", *LOSS_PART_KEYS)
 
-        def loss(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-            i = index[id(mb)]
-            ref = ref_logprobs[i] if ref_logprobs is not None else None
-            ids = {"minibatch": minibatch, "microbatch": first_microbatch + i}
-            value, sums = self._micro_loss(mb, logits, ref, denominator, timers, **ids)
-            # summed over data-parallel ranks, averaged in _clip_and_step (as the FSDP backend does)
-            return value * self.world_size, [sums[k] for k in keys]
+        def stage_loss(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+            value, sums = loss.compute(index[id(mb)], mb, logits)
+            # summed over data-parallel ranks, averaged in clip_and_step (as the base loop does)
+            return value * self.averaging_ranks(), [sums[k] for k in loss.keys]
 
         with timers.section("forward_backward", minibatch=minibatch):
-            rows = run_schedule(self.model, batches, self._logits, loss)
-        rows = share_from_last_stage(rows, len(batches), len(keys), self.device)
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+            rows = run_schedule(self.model, batches, self.logits, stage_loss)
+        rows = share_from_last_stage(rows, len(batches), len(loss.keys), self.device)
+        return [dict(zip(loss.keys, row, strict=True)) for row in rows]
 
     @torch.no_grad()
-    def _reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
+    def reference_logprobs(self, local: list[list[PackedSequence]], timers: SectionTimers) -> list[list[torch.Tensor]]:
         """Pipeline parallel: forward-only schedule; the log-probabilities live on the last stage (empty elsewhere)."""
         if self.pp_size == 1:
-            return super()._reference_logprobs(local, timers)
+            return super().reference_logprobs(local, timers)
         temperature = self.context.temperature
 
         def logprobs(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,52 +333,15 @@ class MegatronBackend(FSDPBackend):
         for m, sequences in enumerate(local):
             batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
             with timers.section("forward", minibatch=m, reference=True):
-                values = run_schedule(self.model, batches, self._logits, logprobs, forward_only=True)
+                values = run_schedule(self.model, batches, self.logits, logprobs, forward_only=True)
             out.append(values or [torch.empty(0, device=self.device) for _ in batches])
         return out
 
-    def supervised_step(self, examples: list[SupervisedExample], learning_rate: float) -> dict[str, float]:
-        """The FSDP backend's warm-start cross-entropy (through the schedule, pipeline parallel)."""
-        if self._supervised_optimizer is None:  # sharded like the RL optimizer (distributed optimizer)
-            self._supervised_optimizer = self._build_optimizer(learning_rate, weight_decay=0.0)
-        if self.pp_size == 1:
-            with self._device_scope():
-                return super().supervised_step(examples, learning_rate)
-        optimizer = self._supervised_optimizer
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate
-        sequences = self._local_sequences(self._pack([e.as_training_sample() for e in examples]))
-        counts = self._global_counts(sequences)
-        denominator = float(max(counts.loss_tokens, 1))
-
-        def cross_entropy(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-            logprobs = token_logprobs(logits, mb.target_ids, 1.0)
-            value = -torch.where(mb.loss_mask, logprobs, torch.zeros_like(logprobs)).sum() / denominator
-            return value * self.world_size, [float(value.detach())]
-
-        batches = [MicroBatch.from_packed(seq, self.device) for seq in sequences]
-        rows = share_from_last_stage(
-            run_schedule(self.model, batches, self._logits, cross_entropy), len(batches), 1, self.device
-        )
-        norm = self._clip_and_step(optimizer)
-        (total_loss,) = self._all_reduce_sum([sum(row[0] for row in rows)])
-        return {"loss": total_loss, "grad_norm": norm, "tokens": float(counts.loss_tokens)}
-
-    def _set_gradient_sync(self, enabled: bool) -> None:
-        """Nothing to switch: gradients are reduced once per optimizer step in :meth:`_clip_and_step`."""
-
-    def _averaging_ranks(self) -> int:
-        """:meth:`_clip_and_step` sums over the context-parallel group and averages over the data-parallel one."""
+    def averaging_ranks(self) -> int:
+        """:meth:`clip_and_step` sums over the context-parallel group and averages over the data-parallel one."""
         return self.world_size
 
-    def _all_reduce_sum(self, values: list[float] | list[int]) -> list[float]:
-        """Sum over the data-parallel ranks (tensor-parallel ranks hold the same values)."""
-        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(tensor, group=self.dp_group)
-        return tensor.tolist()
-
-    def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
+    def clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite.
 
         MoE: an expert's weights live on one expert-parallel rank of each expert-data-parallel
@@ -466,15 +416,7 @@ class MegatronBackend(FSDPBackend):
                 assert param.grad is not None
                 dist.all_reduce(param.grad, group=self.tp_group)
 
-    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        with self._device_scope():
-            return super().train_step(batch)
-
-    def accumulate_gradients(self, samples: list[TrainingSample]) -> LossCounts:
-        with self._device_scope():
-            return super().accumulate_gradients(samples)
-
-    def _device_scope(self) -> contextlib.AbstractContextManager[None]:
+    def step_scope(self) -> contextlib.AbstractContextManager[None]:
         """Sequence/context/expert parallel on the CPU: megatron-core's gathers and all-to-all allocate on CUDA."""
         if self.device.type == "cpu" and (self.model.config.sequence_parallel or self.cp_size > 1 or self.ep_size > 1):
             return cuda_free()
@@ -562,7 +504,4 @@ class MegatronBackend(FSDPBackend):
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
-        if self._owns_process_group:
-            destroy_process_group()
-            self._owns_process_group = False
-        self.model = None
+        super().close()

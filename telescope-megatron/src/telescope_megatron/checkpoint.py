@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from telescope.trainer import checkpoint as ckpt
-from telescope.trainer.distributed import barrier
-from telescope.trainer.fsdp_checkpoint import save_tokenizer
+from telescope.trainer.public import barrier
+from telescope.trainer.public import checkpoint as ckpt
 from telescope_megatron.optimizer import is_sharded, load_rank_state_dict, rank_state_dict
 
 if TYPE_CHECKING:
@@ -38,7 +37,7 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
 
     def save_config(folder: Path) -> None:
         backend.hf_config.save_pretrained(folder)
-        save_tokenizer(backend, folder)
+        ckpt.save_tokenizer(backend.model_path, folder)
 
     meta = {
         "backend": backend.name,

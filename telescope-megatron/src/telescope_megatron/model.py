@@ -365,7 +365,7 @@ def packed_logits(
 
     from megatron.core import parallel_state
 
-    from telescope.trainer.context_parallel import gathered_order, local_indices
+    from telescope.trainer.public import gathered_order, local_indices
     from telescope_megatron.context import gather_logits
     from telescope_megatron.cpu_patches import cuda_free
 

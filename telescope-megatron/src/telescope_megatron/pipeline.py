@@ -11,7 +11,7 @@ micro-batch tensors itself: the first stage needs the token ids, every stage the
 position ids (attention mask, RoPE), the last the targets, advantages and masks.
 
 The loss is computed where the logits are, on the last stage, by the same function
-as the FSDP backend's (``FSDPBackend._micro_loss``): :func:`run_schedule` hands the
+as the FSDP backend's (the packed loop's ``MinibatchLoss``): :func:`run_schedule` hands the
 schedule a loss function returning ``(loss, tokens, per-micro-batch values)``
 with ``calculate_per_token_loss`` set, so the schedule neither divides nor rescales
 the loss (it is already normalised by the global token count). The per-micro-batch
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from telescope.trainer.microbatch import MicroBatch
+from telescope.trainer.public import MicroBatch
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

@@ -118,7 +118,7 @@ def one_step(
     try:
         batch = synthetic_batch(num_groups=4, completion_lengths=(5, 20))
         rows = backend._local_sequences(backend._pack(batch.samples))
-        logprobs = backend._reference_logprobs([rows], SectionTimers(backend.device))[0]
+        logprobs = backend.reference_logprobs([rows], SectionTimers(backend.device))[0]
         backend.accumulate_gradients(batch.samples)
         grads = backend.full_gradients()
         backend.zero_grad()

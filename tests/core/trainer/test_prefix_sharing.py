@@ -114,7 +114,7 @@ def _backend(model: Path, share: bool) -> FSDPBackend:
 def _step(model: Path, share: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     backend = _backend(model, share)
     try:
-        assert backend._shares_prefixes is share
+        assert backend.shares_prefixes is share
         return backend.train_step(grouped_batch()), weights_snapshot(backend)
     finally:
         backend.close()

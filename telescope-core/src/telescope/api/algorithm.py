@@ -17,7 +17,7 @@ Conventions shared by every algorithm:
 
 - ``logprobs`` (and ``ref_logprobs`` when it is the batch reference) are the
   trainer's, of the temperature-scaled distribution over the full vocabulary: ``log_softmax(logits / T)`` with ``T``
-  from :func:`telescope.inference.embedded.sampling.logprob_temperature` (1 below
+  from :func:`telescope.api.temperature.logprob_temperature` (1 below
   the greedy threshold). ``inference_logprobs`` are what the engine reports: the
   distribution it sampled from, the same one when ``top_p`` is unset and the
   top-p truncated, renormalised one otherwise (see

@@ -178,6 +178,16 @@ def checkpoints_to_delete(steps: list[int], keep_last: int | None, keep_every: i
     return [s for s in steps if s not in recent and not (keep_every and s % keep_every == 0)]
 
 
+def save_tokenizer(model_path: str, folder: Path) -> None:
+    """The model's tokenizer beside its weights (nothing when the model has none)."""
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(model_path).save_pretrained(folder)
+    except (OSError, ValueError):  # a model without a tokenizer still checkpoints
+        pass
+
+
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:

@@ -21,10 +21,10 @@ from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import barrier
 
 if TYPE_CHECKING:
-    from telescope.trainer.fsdp import FSDPBackend
+    from telescope.trainer.packed_backend import PackedTrainerBackend
 
 
-def save_fsdp_checkpoint(backend: FSDPBackend, path: Path, *, training_state: bool = True) -> None:
+def save_fsdp_checkpoint(backend: PackedTrainerBackend, path: Path, *, training_state: bool = True) -> None:
     """Write a checkpoint folder atomically (collective: call on every rank)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -39,7 +39,7 @@ def save_fsdp_checkpoint(backend: FSDPBackend, path: Path, *, training_state: bo
 
     def save_config(folder: Path) -> None:
         backend.model.config.save_pretrained(folder)
-        save_tokenizer(backend, folder)
+        ckpt.save_tokenizer(backend.model_path, folder)
 
     meta = {
         "step": backend.step,
@@ -59,17 +59,7 @@ def save_fsdp_checkpoint(backend: FSDPBackend, path: Path, *, training_state: bo
     )
 
 
-def save_tokenizer(backend: FSDPBackend, folder: Path) -> None:
-    """The model's tokenizer beside its weights (nothing when the model has none)."""
-    try:
-        from transformers import AutoTokenizer
-
-        AutoTokenizer.from_pretrained(backend.model_path).save_pretrained(folder)
-    except (OSError, ValueError):  # a model without a tokenizer still checkpoints
-        pass
-
-
-def load_fsdp_checkpoint(backend: FSDPBackend, path: Path) -> dict[str, Any]:
+def load_fsdp_checkpoint(backend: PackedTrainerBackend, path: Path) -> dict[str, Any]:
     """Restore weights, and optimizer/scheduler/RNG/step when the checkpoint has them.
 
     ``path`` is a checkpoint folder or a root (its ``latest`` is used). Returns

@@ -3,7 +3,7 @@
 The first two read logits ``[S, V]`` (one packed sequence) and work in float32.
 The log-probability of a target is ``z[target] - logsumexp(z)`` with ``z = logits
 / T``, which never materialises a full log-softmax. ``T`` is
-:func:`~telescope.inference.embedded.sampling.logprob_temperature` of the
+:func:`~telescope.api.temperature.logprob_temperature` of the
 configured temperature, the rule the inference engine applies too: the
 temperature itself, or 1 below the greedy threshold (where the engine, like vLLM,
 decodes greedily and reports the unscaled log-softmax). The trainer's
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from telescope.inference.embedded.sampling import logprob_temperature
+from telescope.api.temperature import logprob_temperature
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

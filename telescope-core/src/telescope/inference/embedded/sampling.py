@@ -29,9 +29,10 @@ truncation too (see :func:`telescope.trainer.logprobs.inference_kl_k3`).
 Temperature below :data:`GREEDY_EPS` (``temperature == 0`` included) means greedy
 decoding (argmax) with ``top_p`` ignored, and log-probabilities of the unscaled
 distribution, ``log_softmax(logits)``, as vLLM does (its ``_SAMPLING_EPS`` is
-the same 1e-5). :func:`logprob_temperature` is that rule; the trainer calls it
-too, so engine and trainer agree at any temperature. Greedy tokens are not
-samples of the reported distribution: neither TIS nor the KL metric sees that.
+the same 1e-5). :func:`~telescope.api.temperature.logprob_temperature` is that rule
+(:mod:`telescope.api.temperature`); the trainer calls it too, so engine and
+trainer agree at any temperature. Greedy tokens are not samples of the reported
+distribution: neither TIS nor the KL metric sees that.
 
 Sampling is by inverse transform: each row draws one uniform ``u`` in [0, 1) and takes
 the first token whose cumulative probability exceeds ``u`` times the row's total. That
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
-GREEDY_EPS = 1e-5
+from telescope.api.temperature import is_greedy, logprob_temperature
 
 
 @dataclass
@@ -72,20 +73,6 @@ class SampleOutput:
     logprobs: list[float]
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
-
-
-def is_greedy(temperature: float) -> bool:
-    """A temperature below :data:`GREEDY_EPS` decodes greedily (vLLM's rule)."""
-    return temperature < GREEDY_EPS
-
-
-def logprob_temperature(temperature: float) -> float:
-    """The temperature log-probabilities are computed at: ``temperature``, or 1 when greedy.
-
-    The one rule shared by the engine (:func:`sample`) and the trainer
-    (:func:`telescope.trainer.logprobs.token_logprobs`).
-    """
-    return 1.0 if is_greedy(temperature) else temperature
 
 
 def scaled_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
