@@ -68,8 +68,9 @@ async def run_episodes(base_url: str, tokenizer: Any, episodes: int, calls: int,
     from telescope.api.agent import AgentEnvironment
     from telescope.api.records import Sample
     from telescope.inference.client import InferenceClient
+    from telescope.inference.generation import Generation
     from telescope.orchestrator.agent_gateway import AgentGateway, run_agent_episode
-    from telescope.orchestrator.rollouts import Generation, RolloutLimits
+    from telescope.orchestrator.rollouts import RolloutLimits
 
     program = Conversation(calls)
 

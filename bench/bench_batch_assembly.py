@@ -35,10 +35,10 @@ from typing import Any
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample
 from telescope.config.loader import load_config
+from telescope.inference.generation import Generation
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager

@@ -44,11 +44,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
+from telescope.api import events
 from telescope.recording.block_writer import BlockStream
 from telescope.recording.jsonl import dumps_line
 from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
-from telescope.system import events
 
 WORDS = [
     "the",

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from telescope.api.context import InferenceContext
-from telescope.config.schema import TelescopeConfig
 from telescope.inference.embedded.backend import EmbeddedBackend
 from telescope.models.tiny import PRESETS, build_tiny_model
+from telescope.schema.config import TelescopeConfig
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ import pytest
 from telescope import hookimpl
 from telescope.api import BaseEnvironment, RewardResult, Sample
 from telescope.api.records import SupervisedExample, TrainingBatch
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.inference.generation import Generation, GenerationService, SamplingSettings
+from telescope.orchestrator.services import TrainingService
 from telescope.plugins.registry import Registrar
 from telescope.recording.infra_monitor import InfraMonitor
 

@@ -1,6 +1,6 @@
 """Meta-tests: every hook is documented in docs/hooks.md, and the run calls every lifecycle hook.
 
-(a) The hook specs (functions of ``telescope/hookspecs.py`` decorated with
+(a) The hook specs (functions of ``telescope/plugins/hookspecs.py`` decorated with
 ``@hookspec``) and the hook sections of docs/hooks.md (headings
 ``telescope_<name>(<parameters>)``) must name the same hooks with the same
 parameters; each section must describe every parameter and show an example that
@@ -28,7 +28,7 @@ from fake_run import FakeWorkers, run_with_fake_workers
 
 from telescope import hookimpl
 
-HOOKSPECS = REPO / "telescope-core" / "src" / "telescope" / "hookspecs.py"
+HOOKSPECS = REPO / "telescope-core" / "src" / "telescope" / "plugins" / "hookspecs.py"
 HOOKS_MD = DOCS / "hooks.md"
 _HEADING = re.compile(r"^(#{2,4}) `?(telescope_\w+)\(([^)]*)\)`?\s*$")
 

@@ -75,7 +75,7 @@ def test_wrong_final_answer_scores_zero() -> None:
 
 
 def test_tool_calls_are_timed_events() -> None:
-    from telescope.system import events
+    from telescope.api import events
 
     env = CalculatorEnvironment(dataset_name=str(DATA / "calculator.jsonl"))
     sample = env.load_dataset()[0]

@@ -302,8 +302,9 @@ def test_agent_loop_on_cpu_with_the_embedded_engine_as_judge(engine_server: tupl
     """The orchestrator's own rollout loop: scripted agent, local corpus, the engine judging."""
     from transformers import AutoTokenizer
 
+    from telescope.inference.generation import Generation
     from telescope.orchestrator.chat import ChatRenderer
-    from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
+    from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
 
     base_url, model_path = engine_server
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_path))
@@ -357,8 +358,9 @@ def test_engine_as_agent_and_judge(engine_server: tuple[str, str]) -> None:
     from transformers import AutoTokenizer
 
     from telescope.inference.client import InferenceClient
+    from telescope.inference.generation import Generation
     from telescope.orchestrator.chat import ChatRenderer
-    from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
+    from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
 
     base_url, model_path = engine_server
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_path))

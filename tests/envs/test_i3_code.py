@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import bind_context
 from telescope.api.records import Sample
-from telescope.system import events
 from telescope.testing.environment import EnvironmentConformance
 from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from telescope.api import events
 from telescope.api.sandbox import SandboxError, SandboxLimits
-from telescope.system import events
 from telescope_sandbox import SandboxPool, SandboxUsage, get_provider
 from telescope_sandbox.local import LocalProvider, LocalSandbox
 

@@ -5,7 +5,7 @@ only pydantic, click, pluggy and PyYAML. The training and inference stack (torch
 transformers, ray) is imported by the modules that use it, when they are used.
 """
 
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from telescope.api.settings import PluginSettings, SettingsProblem
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 
 class MegatronSettings(PluginSettings):

@@ -2,7 +2,7 @@
 
 :class:`ObservedProvider` and :class:`ObservedSandbox` wrap any provider and any
 sandbox (local or remote), so observability does not depend on each provider
-remembering to emit. They emit through :mod:`telescope.system.events`, which the run
+remembering to emit. They emit through :mod:`telescope.api.events`, which the run
 store subscribes to:
 
 ===================  =====================================================================
@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from telescope.api.events import timed
 from telescope.api.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxProvider
-from telescope.system.events import timed
 
 _COMMAND_CHARS = 200
 _OUTPUT_CHARS = 1000

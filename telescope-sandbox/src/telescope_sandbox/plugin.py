@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 PROVIDERS: dict[str, str] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 
 
 @hookimpl

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from telescope.config.entries import MAX_ENTRIES
 from telescope.config.errors import ConfigError
 from telescope.config.loader import load_config
+from telescope.schema.entries import MAX_ENTRIES
 
 ENTRY = "  - name: countdown\n    kwargs: {seed: 1}\n"
 

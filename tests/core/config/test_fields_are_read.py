@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from telescope.config.composition import composed_schema
-from telescope.config.cross_field import FIXED_UPSTREAM
 from telescope.config.errors import ConfigError
 from telescope.config.loader import load_config
+from telescope.schema.cross_field import FIXED_UPSTREAM
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = [ROOT / f"telescope-{name}" / "src" for name in ("core", "envs", "sandbox", "ui-sync", "megatron")]
@@ -73,6 +73,6 @@ def test_pending_fields_are_still_pending() -> None:
 
 def test_megatron_fields_belong_to_the_megatron_package() -> None:
     """The core declares no megatron_* field: telescope-megatron owns them (issue 13)."""
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
     assert [name for name in TelescopeConfig.model_fields if name.startswith("megatron_")] == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from telescope.api.algorithm import KL_K3_MAX, kl_penalty
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "upstream-differences.md"
 

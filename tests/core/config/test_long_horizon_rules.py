@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from telescope.config import ConfigError, load_config
-from telescope.config.long_horizon import MIN_SUMMARY_ROOM
+from telescope.schema.long_horizon import MIN_SUMMARY_ROOM
 
 NEEDS_ENVS = pytest.mark.requires_dist("telescope-envs")
 LENGTHS = ["--max_model_len", "1000", "--max_tokens", "200", "--seq_len", "1024"]
@@ -69,8 +69,8 @@ def test_working_settings_load(tmp_path: Path, name: str) -> None:
 
 
 def test_the_summary_room_rule_does_not_apply_to_the_other_compactions() -> None:
-    from telescope.config.long_horizon import long_horizon_problems
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
+    from telescope.schema.long_horizon import long_horizon_problems
 
     base: dict[str, Any] = {"max_model_len": 1000, "max_tokens": 200, "compaction_threshold": 0.99}
     assert long_horizon_problems(TelescopeConfig.model_construct(**base, compaction="sliding")) == []

@@ -9,7 +9,7 @@ import pytest
 
 from telescope.api.algorithm import AlgorithmConfig
 from telescope.config import ConfigError, load_config
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 MINIMAL = "environments:\n  - name: countdown\n"
 NEEDS_ENVS = pytest.mark.requires_dist("telescope-envs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from telescope.config.schema import SECTIONS, TelescopeConfig
-from telescope.config.sections import SectionFields, fields_by_section
+from telescope.schema.config import SECTIONS, TelescopeConfig
+from telescope.schema.sections import SectionFields, fields_by_section
 
 
 def test_every_core_field_has_the_section_of_the_class_that_declares_it() -> None:

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from telescope.config.composition import composed_schema
-from telescope.config.entries import EnvironmentEntry, EvalEntry
 from telescope.config.render import schema_defaults
+from telescope.schema.entries import EnvironmentEntry, EvalEntry
 
 SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 REFERENCE = next(iter(sorted(SEEDS.glob("003_*.txt"))), None) if SEEDS.exists() else None

@@ -225,7 +225,7 @@ def test_field_kinds_come_from_a_callback() -> None:
     assert parse_overrides(["--fast", "--label", "007"], field_kind=kind)[1] == {"fast": True, "label": "007"}
     with pytest.raises(ConfigError, match="--fast needs a value"):
         parse_overrides(["--fast"], field_kind=lambda name: "other")
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
     of = schema_field_kind(TelescopeConfig)
     assert [of(n) for n in ("use_tis", "resume_from_checkpoint", "model", "chat_template", "seed", "x")] == [

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from telescope.config.schema import TelescopeConfig
 from telescope.inference.client import InferenceClient
+from telescope.schema.config import TelescopeConfig
 
 
 def _free_port() -> int:
@@ -102,7 +102,7 @@ def test_the_embedded_backend_chooses_a_device_without_importing_torch() -> None
     code = """
 import dataclasses, sys
 from telescope.api.context import InferenceContext
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 from telescope.inference.embedded.backend import EmbeddedBackend
 context = InferenceContext.from_config(TelescopeConfig.model_validate({"environments": [{"name": "countdown"}]}))
 print(EmbeddedBackend(context)._device(), EmbeddedBackend(dataclasses.replace(context, gpu_ids=["3"]))._device())

@@ -13,10 +13,10 @@ import pytest
 import torch
 from inference_helpers import idle_metrics, mean_k3, trainer_logprobs
 
+from telescope.api import events
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
 from telescope.inference.embedded.server import ServerThread
-from telescope.system import events
 from telescope.transports.memory import MemoryTransport
 
 

@@ -16,7 +16,6 @@ import torch
 
 from telescope.api.context import InferenceContext
 from telescope.config.composition import config_from_dict
-from telescope.config.schema import TelescopeConfig
 from telescope.inference import weight_updates
 from telescope.inference.client import (
     InferenceClient,
@@ -34,6 +33,7 @@ from telescope.inference.vllm_backend import (
     serve_env,
     tracing_endpoint,
 )
+from telescope.schema.config import TelescopeConfig
 from telescope.transports.memory import MemoryTransport
 
 # A /v1/completions response as vLLM's CompletionResponse serialises it (return_token_ids=true, logprobs=0).

@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telescope.api import events
 from telescope.api.environment import BaseEnvironment
 from telescope.api.records import RewardResult, Sample, SupervisedExample, TrainingBatch
 from telescope.config.loader import load_config
-from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.inference.generation import Generation, GenerationService, SamplingSettings
+from telescope.orchestrator.services import TrainingService
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import Registry
-from telescope.system import events
+from telescope.schema.config import TelescopeConfig
 from telescope.trainer import checkpoint as trainer_ckpt
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from telescope.api.agent import AgentEnvironment
 from telescope.api.records import RewardResult, Sample, TrainingSample
+from telescope.inference.generation import ServerUnavailable
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.agent_episodes import RecordedCall, assemble
-from telescope.orchestrator.rollouts import ServerUnavailable
 
 from .agent_helpers import SAMPLE, ScriptedPolicy, run_episode
 
@@ -90,7 +90,7 @@ def test_a_tool_loop_trains_as_one_sequence_of_the_recorded_tokens(tokenizer: An
 
 
 def test_each_call_and_each_tool_call_is_a_timeline_event(tokenizer: Any) -> None:
-    from telescope.system import events
+    from telescope.api import events
 
     seen: list[Any] = []
     unsubscribe = events.subscribe(seen.append)

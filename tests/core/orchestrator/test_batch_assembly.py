@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
+from telescope.inference.generation import Generation, ServerUnavailable
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.group_records import ScheduledGroup
-from telescope.orchestrator.rollouts import Generation, ServerUnavailable
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
 from telescope.plugins.registry import PluginKind, Registrar, Registry
-from telescope.system import events
 
 from .fakes import ParityEnvironment, loop_config, plugins_for
 

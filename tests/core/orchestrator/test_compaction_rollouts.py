@@ -13,16 +13,17 @@ from typing import Any, ClassVar
 
 import pytest
 
+from telescope.api import events
 from telescope.api.compaction import Compactor
 from telescope.api.context import CompactionContext
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, TrainingSample
 from telescope.api.tools import ToolEnvironment
 from telescope.compaction.builtins import SUMMARY_HEADER, TOOL_OUTPUT_MARKER, DropToolOutputs, Sliding, Summarize
+from telescope.inference.generation import Generation
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
-from telescope.system import events
+from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
 
 INSTRUCTION = "Summarize."
 LIMITS = RolloutLimits(max_tokens=32, max_model_len=160)

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from telescope.orchestrator import deadlines
-from telescope.orchestrator.deadlines import DaemonWorkers, OperationTimeout, call_with_deadline
+from telescope.orchestrator.deadlines import DaemonWorkers, call_with_deadline
+from telescope.system.timeouts import OperationTimeout
 
 TAG: contextvars.ContextVar[str] = contextvars.ContextVar("TAG", default="none")
 

@@ -25,15 +25,17 @@ import pytest
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message, RewardResult, Sample, TrainingBatch
+from telescope.inference.generation import Generation, SamplingSettings, ServerPool, ServerUnavailable
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.deadlines import OperationTimeout, running_calls, timeout_kind
+from telescope.orchestrator.deadlines import running_calls, timeout_kind
 from telescope.orchestrator.group_records import NoLearningSignal
 from telescope.orchestrator.group_streaks import AllRolloutsErrored
 from telescope.orchestrator.orchestrator import TrainerLost
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable, run_rollout
-from telescope.orchestrator.services import SamplingSettings, ServerPool, TrainerFailure
+from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
+from telescope.orchestrator.services import TrainerFailure
 from telescope.recording.run_reader import RunReader
+from telescope.system.timeouts import OperationTimeout
 from telescope.trainer import checkpoint as trainer_ckpt
 
 from .fakes import FakeServices, ParityEnvironment

@@ -9,9 +9,10 @@ import pytest
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message, RewardResult, Sample
+from telescope.inference.generation import Generation
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, run_rollout
+from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
 
 
 class EchoGame(MultiTurnEnvironment):

@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from telescope import hookimpl
+from telescope.inference.generation import Generation, SamplingSettings
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_orchestrator
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import PluginKind, Registrar, Registry

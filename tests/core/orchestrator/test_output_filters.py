@@ -19,6 +19,7 @@ import pytest
 from telescope.algorithms.grpo import GRPO
 from telescope.api.algorithm import AlgorithmConfig
 from telescope.api.records import Group, RewardResult, Rollout, Sample, TrainingSample, Turn
+from telescope.inference.generation import Generation, SamplingSettings
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.batching import build_training_batch, training_rewards
 from telescope.orchestrator.filters import (
@@ -29,8 +30,6 @@ from telescope.orchestrator.filters import (
     is_repetitive,
     overlong_penalty,
 )
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
 from telescope.recording.rollout_metrics import discard_metrics, rollout_step_metrics
 from telescope.recording.run_store import rollout_record
 

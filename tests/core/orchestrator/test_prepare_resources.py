@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.recording.run_reader import RunReader
-from telescope.system import events
 
 from .fakes import FakeServices, ParityEnvironment
 from .test_orchestrator import run_loop

@@ -16,10 +16,10 @@ import pytest
 from telescope.algorithms.grpo import GRPO
 from telescope.api.algorithm import AlgorithmConfig
 from telescope.api.records import Group, RewardResult, Rollout, Sample, Turn
+from telescope.inference.generation import Generation
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.staleness import (
     Staleness,
     generated_versions,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.api.records import Rollout, Sample, Turn
+from telescope.inference.generation import Generation, SamplingSettings
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.orchestrator.rollouts import Generation, _score
-from telescope.orchestrator.services import SamplingSettings
-from telescope.system import events
+from telescope.orchestrator.rollouts import _score
 
 from .fakes import FakeServices, ParityEnvironment
 from .test_orchestrator import registry_with_parity, run_loop

@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.api.records import RewardResult, Sample, TrainingBatch
+from telescope.inference.generation import Generation, SamplingSettings
 from telescope.models.tiny import PRESETS, build_tokenizer
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import SamplingSettings
 from telescope.orchestrator.watchdog import StuckError
 from telescope.recording.run_reader import RunReader
-from telescope.system import events
 
 from .fakes import FakeServices, ParityEnvironment
 from .fault_loop import HANG_GUARD, run_loop, status

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from telescope import hookspecs
 from telescope.config import ConfigError, load_config
+from telescope.plugins import hookspecs
 from telescope.plugins.manager import (
     BUILTIN_PLUGINS,
     PluginImportWarning,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.recording.run_logs import SandboxLog, capture_process_logs
-from telescope.system import events
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_context_ids_reach_events_in_tasks_and_worker_threads(captured: list[dic
 
 
 def test_publish_hands_a_remote_event_over_as_it_is(captured: list[dict[str, Any]]) -> None:
-    from telescope.system.events import publish_worker_events
+    from telescope.api.events import publish_worker_events
 
     with events.context(step=5, group_id=2):
         events.publish({"kind": "trainer.forward", "start": 1.0, "duration_s": 0.5})  # as it is: no context

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from telescope.api import events
 from telescope.config.composition import config_from_dict
 from telescope.recording.infra_monitor import Collector, InferenceMetricsScraper, InfraMonitor, publish
 from telescope.recording.run_reader import RunReader
 from telescope.recording.run_store import RunStore
 from telescope.runtime.monitoring import build_infra_monitor, system_events, torch_memory_events
-from telescope.system import events
 
 
 async def wait_until(condition: Any, timeout: float = 30.0) -> None:

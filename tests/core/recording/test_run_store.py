@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from telescope.api import events
 from telescope.api.records import FinishReason, Group, RewardResult, Rollout, Sample, Turn
 from telescope.recording.run_reader import JsonlFollower, RunReader
 from telescope.recording.run_store import (
@@ -21,7 +22,6 @@ from telescope.recording.run_store import (
     resolve_run_dir_from_config,
     rollout_record,
 )
-from telescope.system import events
 
 
 def make_rollout(reward: float, *, versions: tuple[int, ...] = (3,), finish: FinishReason = "stop") -> Rollout:
@@ -260,7 +260,7 @@ def test_resolve_run_dir_never_clobbers(tmp_path: Path) -> None:
 
 
 def test_resolve_run_dir_from_config(tmp_path: Path) -> None:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
     config = TelescopeConfig.model_validate(
         {"environments": [{"name": "countdown"}], "wandb_run_name": "abc", "resume_from_checkpoint": True}

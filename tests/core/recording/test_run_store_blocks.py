@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from telescope.api import events
 from telescope.recording.block_format import EVENTS_SCHEMA, list_blocks
 from telescope.recording.block_writer import BlockStream
 from telescope.recording.jsonl import to_jsonable
 from telescope.recording.run_reader import RunReader, StreamCursor
 from telescope.recording.run_store import RunStore
-from telescope.system import events
 
 WRITER = Path(__file__).with_name("write_blocks.py")
 LONG = 3600.0  # a flush interval the test never reaches: only explicit flushes write
@@ -337,7 +337,7 @@ def test_publish_hands_a_foreign_event_to_the_store(tmp_path: Path) -> None:
     publish = getattr(events, "publish", None)  # comes with the events work (issue 10 point 1)
     if publish is None:
         store.close()
-        pytest.skip("telescope.system.events.publish is not here yet")
+        pytest.skip("telescope.api.events.publish is not here yet")
     foreign = {"kind": "inference.request", "start": 5.0, "duration_s": 1.5, "server": 2, "pid": 4242}
     publish(foreign)
     store.close()

@@ -16,7 +16,6 @@ import pytest
 
 from telescope.api.context import LoggerContext
 from telescope.config.composition import config_from_dict
-from telescope.config.schema import TelescopeConfig
 from telescope.recording.plugin import WandbSettings
 from telescope.recording.wandb_logger import (
     INSTALL_HINT,
@@ -25,6 +24,7 @@ from telescope.recording.wandb_logger import (
     log_files,
     wandb_mode,
 )
+from telescope.schema.config import TelescopeConfig
 
 
 def make_config(run_dir: Path, **overrides: Any) -> TelescopeConfig:

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from telescope.api import events
 from telescope.recording.run_store import RunStore
-from telescope.system import events
 
 
 def main() -> None:

@@ -32,11 +32,11 @@ from typing import Any
 from telescope import hookimpl
 from telescope.api import BaseEnvironment, RewardResult, Sample
 from telescope.api.records import SupervisedExample, TrainingBatch
-from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.rollouts import Generation
-from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainingService
+from telescope.inference.generation import Generation, GenerationService, SamplingSettings
+from telescope.orchestrator.services import TrainingService
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import Registrar
+from telescope.schema.config import TelescopeConfig
 
 #: The run: 10-20 s on one core, long enough for the weights and the sampled completions to move.
 REFERENCE_ARGS: dict[str, Any] = {

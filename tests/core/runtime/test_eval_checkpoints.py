@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from telescope.config.loader import load_config
-from telescope.config.schema import TelescopeConfig
 from telescope.runtime.eval_checkpoints import CheckpointSourceError, EvalCheckpoint, discover, resolve
+from telescope.schema.config import TelescopeConfig
 
 
 def native(folder: Path, step: int) -> Path:

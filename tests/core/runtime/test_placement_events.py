@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from telescope.api import events
 from telescope.runtime.monitoring import record_placements
-from telescope.system import events
 
 
 def test_each_worker_gets_its_placement_and_its_start_up_span() -> None:

@@ -10,11 +10,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from telescope.api import events
 from telescope.api.records import TrainingBatch
-from telescope.config.schema import TelescopeConfig
 from telescope.runtime.ray_services import RayServices
 from telescope.runtime.workers import TrainStepResult
-from telescope.system import events
+from telescope.schema.config import TelescopeConfig
 
 
 class FakeRank:

@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from telescope.api.context import InferenceContext, TransportContext
-from telescope.config.schema import TelescopeConfig
 from telescope.runtime.ray_cluster import worker_bundle
+from telescope.schema.config import TelescopeConfig
 from telescope.system.addressing import (
     NODE_IP_ENV,
     advertised_host,

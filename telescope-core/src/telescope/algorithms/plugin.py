@@ -13,7 +13,7 @@ from pydantic import Field
 
 from telescope.algorithms import CAPABILITIES, TARGETS
 from telescope.api.settings import PluginSettings
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 

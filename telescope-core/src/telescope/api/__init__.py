@@ -1,7 +1,8 @@
 """The public API: record types and the interface of every plugin kind.
 
 Import from here (``from telescope.api import BaseEnvironment, RewardResult``);
-nothing here imports torch.
+nothing here imports torch. :mod:`telescope.api.events` is the timeline event bus any
+component, a plugin's included, emits on.
 """
 
 from telescope.api.agent import AgentEnvironment

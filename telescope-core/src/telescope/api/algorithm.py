@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from telescope.api.settings import PluginSettings
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 AdvantageNorm = Literal["group", "batch"]
 

@@ -46,7 +46,7 @@ class Logger(ABC):
         """Record a timeline event; optional.
 
         ``telescope run`` subscribes every logger to the run's event bus
-        (:mod:`telescope.system.events`), so this is called from any thread, often:
+        (:mod:`telescope.api.events`), so this is called from any thread, often:
         buffer, never block.
         """
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 
 class SettingsProblem(str):

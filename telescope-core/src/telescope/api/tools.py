@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from telescope.api.environment import MultiTurnEnvironment, RolloutState
+from telescope.api.events import timed
 from telescope.api.records import Message
-from telescope.system.events import timed
 
 _JSON_TYPES: dict[Any, str] = {
     int: "integer",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 
 
 @hookimpl

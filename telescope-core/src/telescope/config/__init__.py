@@ -1,10 +1,10 @@
 """Configuration: the flat schema, the three-layer loader and the validation rules."""
 
-from telescope.config.entries import EnvironmentEntry, EvalEntry
 from telescope.config.errors import ConfigError
 from telescope.config.loader import LoadedConfig, load_config
-from telescope.config.schema import TelescopeConfig
 from telescope.config.sources import parse_overrides
+from telescope.schema.config import TelescopeConfig
+from telescope.schema.entries import EnvironmentEntry, EvalEntry
 
 __all__ = [
     "ConfigError",

@@ -1,6 +1,6 @@
 """One flat schema from what is installed: the core's fields plus every plugin's settings.
 
-The core declares the fields it reads (:class:`~telescope.config.schema.TelescopeConfig`);
+The core declares the fields it reads (:class:`~telescope.schema.config.TelescopeConfig`);
 every registered plugin may declare the fields it reads as a
 :class:`~telescope.api.settings.PluginSettings` model (registration metadata
 ``settings``). :func:`composed_schema` builds, once per registry, a pydantic model
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError, create_model
 
-from telescope.config.schema import SECTIONS, TelescopeConfig
 from telescope.plugins.registry import PluginError
+from telescope.schema.config import SECTIONS, TelescopeConfig
 
 if TYPE_CHECKING:
     from telescope.api.settings import PluginSettings

@@ -13,7 +13,7 @@
   entry and a checkpoint source: ``checkpoint_dir`` (its ``step_N`` folders) and/or
   ``checkpoints`` (``[{path, step}]``), unless the command line names one checkpoint
   (``telescope eval CONFIG CHECKPOINT``). Only the rules of the inference servers and the
-  evals apply (:func:`telescope.config.schema.cross_field_problems` with ``purpose="eval"``);
+  evals apply (:func:`telescope.schema.config.cross_field_problems` with ``purpose="eval"``);
   a training run's rules (``seq_len``, the algorithm's) are not asked of an eval.
 
 Whether the folders exist is checked when the eval starts
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 #: Where ``telescope eval``'s defaults differ from a run's: ``configs/defaults/default_eval.yaml``.
 #: (``ray_namespace`` is mirrored for completeness: the standalone eval starts no Ray.)

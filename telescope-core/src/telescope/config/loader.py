@@ -27,14 +27,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from telescope.config.cross_field import Purpose
-from telescope.config.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
 from telescope.config.errors import ConfigError
 from telescope.config.eval_form import eval_layer, eval_problems
-from telescope.config.schema import TelescopeConfig, cross_field_problems
 from telescope.config.sources import parse_overrides, read_yaml_file, schema_field_kind
 from telescope.config.spelling import closest, dotted_hint, number_text_hint
 from telescope.config.yaml_reader import SourceMap, quote_hint
+from telescope.schema.config import TelescopeConfig, cross_field_problems
+from telescope.schema.cross_field import Purpose
+from telescope.schema.entries import CheckpointEntry, EnvironmentEntry, EvalEntry
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from telescope.config.composition import ComposedSchema, composed_schema
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 
 def schema_defaults(schema: ComposedSchema | None = None) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def render_defaults(schema: ComposedSchema | None = None) -> str:
     values = schema_defaults(schema)
     lines = [
         "# Telescope default configuration: every parameter with its default.",
-        "# Generated from the core's schema (telescope/config/schema.py) and the settings every",
+        "# Generated from the core's schema (telescope/schema/config.py) and the settings every",
         "# installed plugin declares, by",
         "#   telescope config defaults --write configs/defaults/default_train.yaml",
         "# A run config only needs the fields it changes.",

@@ -34,8 +34,8 @@ from telescope.api.algorithm import AlgorithmCapabilities
 from telescope.config.checks import environment_kwargs_problems, model_problems
 from telescope.config.constructors import kwargs_type_problems
 from telescope.config.data_files import data_file_kwargs_problems
-from telescope.config.schema import TelescopeConfig
 from telescope.plugins.registry import PluginError, PluginKind, Registry
+from telescope.schema.config import TelescopeConfig
 
 if TYPE_CHECKING:
     from telescope.plugins.facade import Plugins

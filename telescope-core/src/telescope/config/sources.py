@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import yaml
 
-from telescope.config.entries import BOUNDED_LISTS
 from telescope.config.errors import ConfigError
 from telescope.config.yaml_reader import SourceMap, load_yaml
+from telescope.schema.entries import BOUNDED_LISTS
 
 #: What :func:`parse_overrides` needs to know of a field: ``bool`` (a bare ``--flag``
 #: means true), ``text`` (the value is kept verbatim), ``other`` (parsed as YAML,

@@ -36,13 +36,13 @@ knows when the response arrives; ``token_policy_versions`` stays ``None``. For
 staleness accounting use ``policy_version_start`` (the oldest weights that
 contributed).
 
-Timeline events (:mod:`telescope.system.events`): every :meth:`~InferenceClient.complete`
+Timeline events (:mod:`telescope.api.events`): every :meth:`~InferenceClient.complete`
 emits one ``inference.request`` (dispatch time, duration, ``server``, ``request_id``,
 prompt and completion tokens, ``finish_reason`` or ``aborted``, the policy versions),
 plus the server-side phases ``inference.queue``, ``inference.prefill`` and
 ``inference.decode`` when the response carries ``timing`` (the embedded engine; vLLM's
 phases come from its OTLP spans). The caller's ids (``group_id``, ``sample_id``,
-``turn``) come from :func:`telescope.system.events.context`.
+``turn``) come from :func:`telescope.api.events.context`.
 
 Access: ``access_token`` (the run token, :mod:`telescope.system.access`) goes in
 ``Authorization: Bearer`` on every request, health and metrics included; a server
@@ -68,12 +68,12 @@ import httpx
 from pydantic_core import to_json
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from telescope.api.events import emit
 from telescope.inference import weight_updates
 from telescope.inference.http_transport import JSON_HEADERS, AiohttpTransport, StreamedResponse
 from telescope.inference.protocol import CompletionResponse, RequestTiming, new_request_id
 from telescope.inference.request_batching import BatchLineError, BatchRouteMissing, RequestBatcher
 from telescope.system.access import authorization_header
-from telescope.system.events import emit
 
 #: The embedded server's route for several completions in one POST (:mod:`telescope.inference.request_batching`).
 BATCH_PATH = "/v1/completions/batch"

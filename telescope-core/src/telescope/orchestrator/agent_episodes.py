@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from telescope.api import events
 from telescope.api.records import FinishReason, Turn
 from telescope.inference.client import Completion, CompletionResult
 from telescope.inference.gateway.chat import ChatFormat, template_message, template_tool_call
@@ -44,9 +45,9 @@ from telescope.inference.gateway.errors import GatewayError
 from telescope.inference.gateway.schema import ChatCompletionRequest, TextCompletionRequest
 from telescope.inference.gateway.service import SamplingOptions
 from telescope.inference.gateway.tool_parsers import ParsedReply
+from telescope.inference.generation import ServerUnavailable
 from telescope.inference.protocol import new_request_id
-from telescope.orchestrator.rollouts import GenerateFn, ServerUnavailable, token_versions
-from telescope.system import events
+from telescope.orchestrator.rollouts import GenerateFn, token_versions
 
 
 @dataclass

@@ -33,13 +33,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from telescope.api import events
 from telescope.api.agent import AgentEnvironment
 from telescope.api.records import RewardResult, Rollout, Sample, SupervisedExample
 from telescope.inference.gateway.app import create_gateway_app
 from telescope.inference.gateway.service import Gateway
+from telescope.inference.generation import Generation
 from telescope.orchestrator.agent_episodes import AgentEpisode, RecordedCall, assemble
-from telescope.orchestrator.rollouts import GenerateFn, Generation, Lane, RolloutLimits, raised_at
-from telescope.system import events
+from telescope.orchestrator.rollouts import GenerateFn, Lane, RolloutLimits, raised_at
 
 log = logging.getLogger("telescope.orchestrator")
 

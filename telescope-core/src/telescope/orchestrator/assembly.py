@@ -11,17 +11,18 @@ from typing import Any
 
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import bind_context
-from telescope.config.schema import TelescopeConfig
+from telescope.inference.generation import GenerationService
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner, reserved_eval_ids
 from telescope.orchestrator.orchestrator import Orchestrator
 from telescope.orchestrator.prompts import EnvironmentSlot, PromptSource
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
-from telescope.orchestrator.services import GenerationService, TrainingService
+from telescope.orchestrator.services import TrainingService
 from telescope.orchestrator.step_recorder import StepRecorder
 from telescope.plugins.facade import Plugins
 from telescope.recording.progress import StepProgress
 from telescope.recording.run_store import RunStore
+from telescope.schema.config import TelescopeConfig
 
 
 def build_slots(config: TelescopeConfig, plugins: Plugins) -> list[EnvironmentSlot]:

@@ -10,7 +10,7 @@ run's requests in flight (the group's own on a tie): load spreads per request, a
 prefix is reused only where the request happens to land.
 
 Either way a request whose server cannot serve raises
-:class:`~telescope.orchestrator.rollouts.ServerUnavailable` and the group runs again (the
+:class:`~telescope.inference.generation.ServerUnavailable` and the group runs again (the
 scheduler's re-dispatch).
 """
 

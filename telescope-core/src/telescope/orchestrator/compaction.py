@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from telescope.api import events
 from telescope.api.compaction import (
     Compaction,
     CompactionFailed,
@@ -42,7 +43,6 @@ from telescope.api.compaction import (
 )
 from telescope.api.records import Message, Turn
 from telescope.orchestrator.chat import ChatRenderer
-from telescope.system import events
 
 #: generate_turn(context token ids of the segment, the turn's input ids, max_tokens) -> the generated turn
 TurnGenerator = Callable[[list[int], list[int], int], Awaitable[Turn]]

@@ -22,7 +22,7 @@ timed out gives its place back at once. A worker idle for
 The calls still running are listed by :func:`running_calls` (the watchdog names
 them when a run stops progressing). Request timeouts of inference servers
 (``inference_request_timeout_s``) are the third kind of timeout counted per step;
-they are raised by :class:`~telescope.orchestrator.services.ServerPool`.
+they are raised by :class:`~telescope.inference.generation.ServerPool`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from telescope.system.timeouts import TIMEOUT_PREFIX, OperationTimeout
+
 T = TypeVar("T")
 
 #: The kinds of timeout a rollout can end with (``timeouts/<kind>/count`` in the step metrics).
@@ -48,24 +50,12 @@ TIMEOUT_KINDS = ("reward", "environment_step", "inference_request")
 #: Environment calls running at once (as many as ``asyncio.to_thread``'s default executor has workers).
 MAX_CONCURRENT_CALLS = min(32, (os.cpu_count() or 1) + 4)
 
-_PREFIX = "timeout/"
-
-
-class OperationTimeout(TimeoutError):
-    """An operation did not finish within its limit; ``str()`` starts with ``timeout/<kind>:``."""
-
-    def __init__(self, kind: str, what: str, timeout_s: float) -> None:
-        super().__init__(f"{_PREFIX}{kind}: {what} did not finish within {timeout_s:g} s")
-        self.kind = kind
-        self.what = what
-        self.timeout_s = timeout_s
-
 
 def timeout_kind(error: str | None) -> str | None:
     """The kind of timeout an error message records (``reward``, ...), or None if it is no timeout."""
-    if not error or not error.startswith(_PREFIX):
+    if not error or not error.startswith(TIMEOUT_PREFIX):
         return None
-    kind = error[len(_PREFIX) :].split(":", 1)[0]
+    kind = error[len(TIMEOUT_PREFIX) :].split(":", 1)[0]
     return kind if kind in TIMEOUT_KINDS else None
 
 
@@ -170,7 +160,7 @@ async def call_with_deadline(
     ``sample_id``, ...), as with ``asyncio.to_thread``. Cancelling the caller stops
     the waiting, not the call.
     """
-    from telescope.system.events import current_context
+    from telescope.api.events import current_context
 
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()

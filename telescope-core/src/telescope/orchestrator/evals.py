@@ -19,7 +19,7 @@ Concurrency: each server has at most ``per_server_limit`` of the eval's rollouts
 ``telescope eval``. Rollouts are spread over the servers round robin.
 
 Faults: rewards and environment steps have the run's time limits; a rollout whose
-server became unavailable (:class:`~telescope.orchestrator.rollouts.ServerUnavailable`:
+server became unavailable (:class:`~telescope.inference.generation.ServerUnavailable`:
 it died and is being restarted) runs again on the next of the eval's servers, a
 little later, up to :data:`EVAL_SERVER_RETRIES` times.
 
@@ -41,20 +41,20 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from telescope.api import events
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import EnvironmentBase, bind_context
 from telescope.api.records import Rollout, Sample
-from telescope.config.entries import EvalEntry
-from telescope.config.schema import TelescopeConfig
+from telescope.inference.generation import Generation, GenerationService, SamplingSettings, ServerUnavailable
 from telescope.orchestrator.agent_gateway import AgentGateway, start_agent_gateway
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.episodes import EpisodeRunner
 from telescope.orchestrator.group_records import request_seed
-from telescope.orchestrator.rollouts import Generation, RolloutLimits, ServerUnavailable
-from telescope.orchestrator.services import GenerationService, SamplingSettings
+from telescope.orchestrator.rollouts import RolloutLimits
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
-from telescope.system import events
+from telescope.schema.config import TelescopeConfig
+from telescope.schema.entries import EvalEntry
 
 #: Times an eval rollout whose server became unavailable (it died, it is restarting) is tried again,
 #: on the next of the eval's servers, EVAL_RETRY_WAIT_S apart (a restart takes seconds to minutes).

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from telescope.api.records import Rollout
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 #: The filter names, in the order they are checked (and listed in ``Rollout.filtered``).
 FILTER_REASONS = ("overlong", "gibberish", "repetition")

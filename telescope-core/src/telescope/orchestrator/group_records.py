@@ -16,10 +16,10 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+from telescope.api import events
 from telescope.api.records import Group, Rollout
 from telescope.orchestrator.prompts import PromptItem
 from telescope.recording.rollout_metrics import DiscardLog
-from telescope.system import events
 
 
 class NoLearningSignal(RuntimeError):

@@ -17,7 +17,7 @@ Reads as the loop it runs (:meth:`Orchestrator.run`)::
         checkpoint / periodic evals when due
     evaluate (after training)
 
-It talks to the workers through two handles, :class:`~telescope.orchestrator.services.GenerationService`
+It talks to the workers through two handles, :class:`~telescope.inference.generation.GenerationService`
 and :class:`~telescope.orchestrator.services.TrainingService`.
 
 Timeline events (component ``orchestrator``): ``orchestrator.step`` (the whole step,
@@ -82,25 +82,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from telescope.api import events
 from telescope.api.agent import AgentEnvironment
 from telescope.api.algorithm import Algorithm
 from telescope.api.compaction import Compactor
 from telescope.api.records import Sample, SupervisedExample
-from telescope.config.schema import TelescopeConfig
+from telescope.inference.generation import Generation, GenerationService, SamplingSettings
 from telescope.orchestrator.agent_gateway import AgentGateway, record_demonstration, start_agent_gateway
 from telescope.orchestrator.batching import build_training_batch
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner
 from telescope.orchestrator.prompts import PromptSource
-from telescope.orchestrator.rollouts import Generation
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
-from telescope.orchestrator.services import GenerationService, SamplingSettings, TrainerFailure, TrainingService
+from telescope.orchestrator.services import TrainerFailure, TrainingService
 from telescope.orchestrator.staleness import Staleness
 from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples, warm_start_batches
 from telescope.orchestrator.watchdog import StuckReport, Watchdog
-from telescope.system import events
+from telescope.schema.config import TelescopeConfig
 
 log = logging.getLogger("telescope.orchestrator")
 

@@ -40,35 +40,16 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from telescope.api import events
 from telescope.api.compaction import Compactor
 from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
-from telescope.api.records import FinishReason, Message, RewardResult, Rollout, Sample, Turn
-from telescope.config.schema import TelescopeConfig
+from telescope.api.records import Message, RewardResult, Rollout, Sample, Turn
+from telescope.inference.generation import Generation, ServerUnavailable
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.compaction import EpisodeCompaction, Exchange, Segment
-from telescope.orchestrator.deadlines import OperationTimeout, call_with_deadline
-from telescope.system import events
-
-
-@dataclass
-class Generation:
-    """What the inference client returns for one completion."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason
-    policy_version_start: int | None = None
-    policy_version_end: int | None = None
-    token_policy_versions: list[int] | None = None
-
-
-class ServerUnavailable(RuntimeError):
-    """The inference server cannot serve (it died or is restarting); the work belongs on another server."""
-
-    def __init__(self, server: int, reason: str) -> None:
-        super().__init__(f"inference server {server} is unavailable: {reason}")
-        self.server = server
-
+from telescope.orchestrator.deadlines import call_with_deadline
+from telescope.schema.config import TelescopeConfig
+from telescope.system.timeouts import OperationTimeout
 
 #: generate(token ids of the whole trajectory so far, max_tokens, turn_index) -> Generation
 GenerateFn = Callable[[list[int], int, int], Awaitable[Generation]]

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from telescope.config.schema import TelescopeConfig
 from telescope.orchestrator.services import TrainingService
+from telescope.schema.config import TelescopeConfig
 
 SIDECAR_SUFFIX = ".orchestrator.json"
 

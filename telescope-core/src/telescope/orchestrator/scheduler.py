@@ -42,7 +42,7 @@ error and where it was raised) after ``max_consecutive_errored_batches`` of grou
 every rollout errored.
 
 Servers that fail. A group whose server cannot serve (a rollout raised
-:class:`~telescope.orchestrator.rollouts.ServerUnavailable`) is *re-dispatched*: its other
+:class:`~telescope.inference.generation.ServerUnavailable`) is *re-dispatched*: its other
 rollouts are cancelled and the same prompt (same draw, same request seeds) runs again on an
 available server for the same target step, keeping its place. So a dead server loses no
 prompt and none is trained twice. Re-dispatches are counted and are events; a server's
@@ -71,9 +71,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from telescope.api import events
 from telescope.api.compaction import Compactor
 from telescope.api.records import Group, Rollout
-from telescope.config.schema import TelescopeConfig
+from telescope.inference.generation import Generation, ServerUnavailable
 from telescope.orchestrator.agent_gateway import AgentGateway
 from telescope.orchestrator.batching import scored, training_rewards
 from telescope.orchestrator.call_routing import CallRouter
@@ -83,9 +84,9 @@ from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.group_records import ReadyGroup, ScheduledGroup, SchedulerStats, request_seed
 from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
-from telescope.orchestrator.rollouts import Generation, Lane, RolloutLimits, ServerUnavailable, all_or_none
+from telescope.orchestrator.rollouts import Lane, RolloutLimits, all_or_none
 from telescope.orchestrator.staleness import Staleness
-from telescope.system import events
+from telescope.schema.config import TelescopeConfig
 
 log = logging.getLogger("telescope.orchestrator")
 

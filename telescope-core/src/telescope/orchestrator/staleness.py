@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from telescope.api.records import Group, Rollout, TrainingSample, Turn
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 StaleTokenPolicy = Literal["drop_episode", "mask"]
 

@@ -1,6 +1,6 @@
 """The watchdog: a run in which nothing progresses fails, and says what is stuck.
 
-Progress is any timeline event (:mod:`telescope.system.events`) of work that
+Progress is any timeline event (:mod:`telescope.api.events`) of work that
 finished without an error: a request, a reward, a group, a trainer phase, a weight
 load, an eval... each emits one when it *ends*. Not progress: the infrastructure
 monitor's samples (``infra.*``, which keep coming while everything else is stuck),
@@ -14,7 +14,7 @@ progressed for ``watchdog_timeout_s``, the watchdog
    what is in progress here: the orchestrator's phase and in-flight groups per
    server (``describe``), environment calls still running
    (:func:`~telescope.orchestrator.deadlines.running_calls`) and the
-   :func:`~telescope.system.events.open_blocks` (a sandbox command, a weight sync,
+   :func:`~telescope.api.events.open_blocks` (a sandbox command, a weight sync,
    a checkpoint);
 2. names the stuck component, the most specific first: a server or trainer rank that
    does not answer; else an environment call that has not returned (in a sandbox, when
@@ -39,8 +39,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from telescope.api import events
 from telescope.orchestrator.deadlines import running_calls
-from telescope.system import events
 
 log = logging.getLogger("telescope.orchestrator.watchdog")
 

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from telescope.api.settings import PluginSettings
     from telescope.api.trainer import TrainerBackend
     from telescope.api.transport import WeightTransport
-    from telescope.config.schema import TelescopeConfig
     from telescope.plugins.manager import TelescopePluginManager
+    from telescope.schema.config import TelescopeConfig
 
 log = logging.getLogger("telescope.plugins")
 T = TypeVar("T")

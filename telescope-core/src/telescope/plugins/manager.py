@@ -45,7 +45,7 @@ from typing import Any
 
 import pluggy
 
-from telescope import hookspecs
+from telescope.plugins import hookspecs
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 
 ENTRY_POINT_GROUP = "telescope"
@@ -146,7 +146,7 @@ class TelescopePluginManager:
                 origin = f" (from {info.distribution})" if info and info.distribution else ""
                 raise PluginError(
                     f"plugin {impl.plugin_name!r}{origin} implements {name!r}, which is not a Telescope hook."
-                    f"{hint} Every hook is listed in telescope/hookspecs.py; fix the plugin or block it with "
+                    f"{hint} Every hook is listed in telescope/plugins/hookspecs.py; fix the plugin or block it with "
                     f"TELESCOPE_DISABLE_PLUGINS={impl.plugin_name}."
                 )
         self.pm.check_pending()  # whatever pluggy itself still finds wrong

@@ -215,7 +215,7 @@ def _columns(spec: str) -> list[Column]:
     return out
 
 
-#: Timeline events (:mod:`telescope.system.events`).
+#: Timeline events (:mod:`telescope.api.events`).
 EVENTS_SCHEMA = StreamSchema(
     "events",
     _columns(

@@ -3,7 +3,7 @@
 :class:`InfraMonitor` runs one asyncio task per :class:`Collector` in the
 orchestrator's event loop. Every ``interval_s`` a collector's ``collect()``
 returns ready-made event dicts (``kind``, ``start``, ``duration_s`` and fields),
-which the monitor hands to :mod:`telescope.system.events` (so they reach the
+which the monitor hands to :mod:`telescope.api.events` (so they reach the
 run store, and any other sink, like every other timeline event). What is collected
 is up to the collectors; the run's are built by :mod:`telescope.runtime.monitoring`
 (drain the node samplers: ``infra.system``; drain the trainer ranks:
@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from telescope.system import events
+from telescope.api import events
 
 log = logging.getLogger(__name__)
 

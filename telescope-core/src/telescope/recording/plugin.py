@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from telescope.api.settings import PluginSettings
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 

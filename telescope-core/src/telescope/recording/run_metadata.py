@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from telescope.recording.run_store import to_jsonable, write_atomic
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
     from telescope.plugins.facade import Plugins
+    from telescope.schema.config import TelescopeConfig
 
 METADATA_FILE = "metadata.json"
 CODE_DIR = "code"

@@ -6,7 +6,7 @@ Layout of a run directory (``runs/<wandb_run_name>/`` unless ``run_dir`` is set)
     config.json     the same config as a JSON object
     metrics.jsonl   one object per step: {"step": int, "time": float, <metric>: value, ...}
     evals.jsonl     one object per eval run: {"name", "step", "time", "metrics": {...}, ...}
-    events/         timeline events from :mod:`telescope.system.events`, in blocks of
+    events/         timeline events from :mod:`telescope.api.events`, in blocks of
                     ``event_block_duration_seconds``: block-<N>.parquet (sealed) and
                     tail-<N>.jsonl + tail-<N>.idx (the open block), _meta.json
     rollouts/       one record per rollout (see :func:`rollout_record`), in blocks of
@@ -52,7 +52,7 @@ mutate a logged event or rollout record (:func:`group_records` builds fresh ones
 readable, and the next writer on the directory seals the crashed run's open block. There
 is no ``fsync`` (a power loss may lose more). Only one process should write a run
 directory at a time (the orchestrator; other processes hand their events to it, see
-:func:`telescope.system.events.publish`); nothing enforces it.
+:func:`telescope.api.events.publish`); nothing enforces it.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from telescope.api import events as telescope_events
 from telescope.api.records import Group, Rollout, Turn
 from telescope.recording.block_format import EVENTS_SCHEMA, ROLLOUTS_SCHEMA
 from telescope.recording.block_writer import BlockStream, Clock, Flusher
@@ -81,10 +82,9 @@ from telescope.recording.jsonl import (
     write_atomic,
 )
 from telescope.recording.run_attempts import ATTEMPT_FIELD, AttemptReason, record_attempt
-from telescope.system import events as telescope_events
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 __all__ = [
     "FINAL_STATUSES",
@@ -426,7 +426,7 @@ class RunStore:
         self._evals.write(record)
 
     def capture_events(self) -> Callable[[], None]:
-        """Write every :func:`telescope.system.events.emit` event to ``events/`` from now on.
+        """Write every :func:`telescope.api.events.emit` event to ``events/`` from now on.
 
         Returns the function that stops it (``close`` also stops it). A write that fails
         (the store closed meanwhile) is dropped by the event bus, never raised at the emitter.
@@ -577,7 +577,7 @@ def resolve_run_dir(
 
 
 def resolve_run_dir_from_config(config: Any, *, runs_root: str | Path = "runs") -> Path:
-    """:func:`resolve_run_dir` for a :class:`~telescope.config.schema.TelescopeConfig`.
+    """:func:`resolve_run_dir` for a :class:`~telescope.schema.config.TelescopeConfig`.
 
     Resuming means ``resume_from_checkpoint`` is true or a step number (0 included).
     """

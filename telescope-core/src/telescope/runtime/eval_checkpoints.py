@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 STEP_FOLDER = re.compile(r"^step_(\d+)$")
 META = "meta.json"  # telescope.trainer.checkpoint.META, without importing torch

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from telescope.config.loader import LoadedConfig
 from telescope.config.render import render_resolved
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 from telescope.system import event_loop
 from telescope.system.garbage_collection import freeze_startup_objects, thaw_startup_objects
 
@@ -181,10 +181,10 @@ async def _train(
     terminated: threading.Event,
     tokenizer_loading: _EarlyTokenizer,
 ) -> dict[str, Any]:
+    from telescope.api import events
     from telescope.orchestrator.assembly import build_orchestrator
     from telescope.recording.progress import StepProgress
     from telescope.runtime.ray_services import RayServices
-    from telescope.system import events
 
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -261,6 +261,7 @@ def launch_run(loaded: LoadedConfig) -> int:
     """Run training for a validated config; returns the process exit code."""
     import ray
 
+    from telescope.api import events
     from telescope.orchestrator.orchestrator import TrainerLost
     from telescope.orchestrator.run_checkpoints import RunCheckpointError
     from telescope.plugins.facade import get_plugins
@@ -269,7 +270,6 @@ def launch_run(loaded: LoadedConfig) -> int:
     from telescope.recording.run_store import RunStatus, RunStore, resolve_run_dir_from_config
     from telescope.runtime.ray_cluster import RayStartError, connect_ray, gcs_reachable
     from telescope.runtime.worker_shutdown import bounded
-    from telescope.system import events
 
     run_dir = resolve_run_dir_from_config(loaded.config)  # resuming continues in the same directory
     config = loaded.config.model_copy(update={"run_dir": str(run_dir)})

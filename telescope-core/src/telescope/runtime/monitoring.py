@@ -43,9 +43,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from telescope.recording.infra_monitor import Collector, Event, InferenceMetricsScraper, InfraMonitor
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
     from telescope.inference.client import InferenceClient
     from telescope.recording.otlp_receiver import OtlpTraceReceiver
+    from telescope.schema.config import TelescopeConfig
 
 log = logging.getLogger("telescope.run.monitoring")
 
@@ -225,7 +225,7 @@ def record_placements(servers: Sequence[dict[str, Any]], trainers: Sequence[dict
     first answer, a rank's set-up end: its imports, the model's load and the prewarm);
     a placement without both times gets none.
     """
-    from telescope.system.events import emit
+    from telescope.api.events import emit
 
     def startup(placed: dict[str, Any], **fields: Any) -> None:
         if placed.get("started_at") is not None and placed.get("ready_at") is not None:

@@ -40,7 +40,7 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 log = logging.getLogger("telescope.run.workers")
 

@@ -26,16 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from telescope.orchestrator.services import ServerPool, TrainerFailure
+from telescope.inference.generation import ServerPool
+from telescope.orchestrator.services import TrainerFailure
 from telescope.runtime.worker_deaths import oom_kills
 from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from telescope.config.schema import TelescopeConfig
     from telescope.inference.client import InferenceClient
     from telescope.runtime.supervisor import ServerSupervisor
+    from telescope.schema.config import TelescopeConfig
 
 #: Seconds a trainer rank has to answer the watchdog's ping (its monitor thread answers during a step).
 PING_TIMEOUT_S = 5.0

@@ -42,8 +42,8 @@ cluster or starts a private one. :class:`RayServices` then
   ``memory`` when rank 0 and every server share a node, else ``nccl`` (over gloo);
   ``memory`` with servers on other nodes is a clear error;
 - is the orchestrator's :class:`~telescope.orchestrator.services.TrainingService`,
-  and holds its :class:`~telescope.orchestrator.services.GenerationService`
-  (``generation``: a :class:`~telescope.orchestrator.services.ServerPool` over the
+  and holds its :class:`~telescope.inference.generation.GenerationService`
+  (``generation``: a :class:`~telescope.inference.generation.ServerPool` over the
   servers' clients).
 
 Timeline events: after each step every rank's records (its phases per micro-batch)
@@ -85,17 +85,18 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from telescope.api.events import publish_worker_events
 from telescope.api.records import SupervisedExample, TrainingBatch
-from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.services import ServerPool, TrainerFailure, TrainingService
+from telescope.inference.generation import ServerPool
+from telescope.orchestrator.services import TrainerFailure, TrainingService
 from telescope.recording.infra_monitor import InfraMonitor
 from telescope.runtime.ray_cluster import RayStartError, gcs_reachable, reserve_workers, worker_bundle
 from telescope.runtime.ray_recovery import PING_TIMEOUT_S, WorkerRecovery
 from telescope.runtime.worker_deaths import death_reason, oom_kills
 from telescope.runtime.worker_shutdown import bounded, stop_workers
+from telescope.schema.config import TelescopeConfig
 from telescope.system.access import new_run_token
 from telescope.system.addressing import single_node
-from telescope.system.events import publish_worker_events
 from telescope.transports.shm_folders import remove_run_folders
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ class RayServices(WorkerRecovery, TrainingService):
     def start_trainers(self, on_fatal: Callable[[BaseException], None], started: float) -> None:
         """After :meth:`start`, in the loop, a task :meth:`wait_ready` awaits: the ranks' set-up, then
         :meth:`connect_weights` and :meth:`supervise`; ``run.workers_start`` spans ``started`` to its end."""
-        from telescope.system import events
+        from telescope.api import events
 
         async def finish() -> None:
             fields: dict[str, Any] = {"component": "orchestrator"}

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from telescope.config.types import Dtype
+from telescope.schema.types import Dtype
 
 if TYPE_CHECKING:
     from telescope.api.context import InferenceContext

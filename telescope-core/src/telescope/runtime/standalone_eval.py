@@ -33,9 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from telescope.config.schema import TelescopeConfig
-from telescope.orchestrator.services import ServerPool
+from telescope.inference.generation import ServerPool
 from telescope.runtime.eval_checkpoints import EvalCheckpoint
+from telescope.schema.config import TelescopeConfig
 from telescope.system import event_loop
 
 if TYPE_CHECKING:

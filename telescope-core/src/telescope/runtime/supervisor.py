@@ -6,10 +6,10 @@ when its process has exited (its :class:`~telescope.runtime.workers.InferenceWor
 says so, or the actor itself is gone) or when its checks failed for
 :data:`UNRESPONSIVE_RESTART_S` in a row (at least :data:`FAILED_CHECKS_TO_RESTART`
 checks: it hangs, or is stopped). A request that fails to connect asks for a check at once
-(:attr:`~telescope.orchestrator.services.ServerPool.on_failure`), so a server killed
+(:attr:`~telescope.inference.generation.ServerPool.on_failure`), so a server killed
 mid-run is noticed within a second or two. Then, for that server:
 
-1. it is marked unavailable in the :class:`~telescope.orchestrator.services.ServerPool`:
+1. it is marked unavailable in the :class:`~telescope.inference.generation.ServerPool`:
    the scheduler sends it nothing and re-dispatches the groups it held
    (:mod:`telescope.orchestrator.scheduler`);
 2. it is restarted on its placement: the same actor starts a new server process (the
@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
-from telescope.system import events
+from telescope.api import events
 
 if TYPE_CHECKING:
-    from telescope.orchestrator.services import ServerPool
+    from telescope.inference.generation import ServerPool
 
 log = logging.getLogger("telescope.run.supervisor")
 

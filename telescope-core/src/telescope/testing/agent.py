@@ -40,7 +40,8 @@ import pytest
 
 from telescope.api.agent import AgentEnvironment
 from telescope.api.records import Rollout, Sample, SupervisedExample
-from telescope.orchestrator.rollouts import Generation, RolloutLimits
+from telescope.inference.generation import Generation
+from telescope.orchestrator.rollouts import RolloutLimits
 
 GARBAGE_REPLIES: tuple[str, ...] = (
     "",

@@ -42,7 +42,7 @@ import pytest
 
 from telescope.api.records import TrainingBatch, TrainingSample
 from telescope.api.trainer import TrainerBackend
-from telescope.config.schema import TelescopeConfig
+from telescope.schema.config import TelescopeConfig
 
 #: Settings that make a tiny model train quickly and exactly (float32, no recomputation).
 TINY_TRAINER_SETTINGS: dict[str, Any] = {

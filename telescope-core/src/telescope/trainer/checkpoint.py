@@ -40,7 +40,7 @@ from telescope.trainer.distributed import barrier
 
 if TYPE_CHECKING:
     from telescope.api.trainer import TrainerBackend
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.config import TelescopeConfig
 
 PREFIX = "step_"
 LATEST = "latest"

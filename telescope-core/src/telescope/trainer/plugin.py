@@ -9,8 +9,8 @@ from pydantic import Field
 from telescope.api.settings import PluginSettings, SettingsProblem
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
-from telescope.hookspecs import hookimpl
+    from telescope.schema.config import TelescopeConfig
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from telescope.api.settings import PluginSettings
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 

@@ -72,9 +72,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from telescope.api.environment import RolloutState
+from telescope.api.events import timed
 from telescope.api.records import Message, RewardResult, Sample
 from telescope.api.tools import ToolCall, ToolEnvironment
-from telescope.system.events import timed
 from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs.deepdive.corpus import BUILTIN, DATA_DIR, Corpus, LocalPages, LocalSearch
 from telescope_envs.deepdive.judge import Judge, MatchJudge, ModelJudge, strip_think

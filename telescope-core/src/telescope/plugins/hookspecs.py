@@ -42,8 +42,8 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
-    from telescope.config.schema import TelescopeConfig
     from telescope.plugins.registry import Registrar
+    from telescope.schema.config import TelescopeConfig
 
 PROJECT_NAME = "telescope"
 

@@ -3,7 +3,7 @@
 The defaults file (``telescope config defaults``), ``telescope config show`` and the
 reference documentation group the fields by section. A core field's section is the
 :class:`SectionFields` class that declares it (``section``); the config composes the
-classes in the reference order (:class:`~telescope.config.schema.TelescopeConfig`), so
+classes in the reference order (:class:`~telescope.schema.config.TelescopeConfig`), so
 a field is named once, where it is declared. A plugin's fields go under its settings
 model's ``section`` (:mod:`telescope.config.composition`).
 """

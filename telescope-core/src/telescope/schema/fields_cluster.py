@@ -1,7 +1,7 @@
 """Where a run runs: the Ray cluster and the weight broadcast.
 
-Each class is one section of the reference documentation (:mod:`telescope.config.sections`);
-:class:`~telescope.config.schema.TelescopeConfig` composes them.
+Each class is one section of the reference documentation (:mod:`telescope.schema.sections`);
+:class:`~telescope.schema.config.TelescopeConfig` composes them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from telescope.config.sections import SectionFields
-from telescope.config.types import PlacementStrategy
+from telescope.schema.sections import SectionFields
+from telescope.schema.types import PlacementStrategy
 
 
 class RayClusterFields(SectionFields):

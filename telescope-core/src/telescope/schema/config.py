@@ -11,7 +11,7 @@ declares the fields it reads
 field for field, in ``configs/defaults/default_train.yaml`` (``telescope config
 defaults`` regenerates it from what is installed; a test keeps the two equal). Unknown
 keys are rejected (``extra="forbid"``). Rules that involve several fields and need
-no plugin are in :mod:`telescope.config.cross_field` (run by
+no plugin are in :mod:`telescope.schema.cross_field` (run by
 :meth:`TelescopeConfig._cross_field_rules`); rules that
 need the plugin registry (names, algorithm capabilities) are in
 :mod:`telescope.config.rules`.
@@ -27,60 +27,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from telescope.config.cross_field import cross_field_problems
-from telescope.config.entries import CheckpointEntry
-from telescope.config.fields_cluster import RayClusterFields, WeightBroadcastingFields
-from telescope.config.fields_generation import (
-    CompactionFields,
-    InferenceServerFields,
-    RolloutSamplingFields,
-    SandboxesFields,
-    SequencePackingFields,
-)
-from telescope.config.fields_learning import AlgorithmFields, OverlongAndOutputFiltersFields, TrainerFields
-from telescope.config.fields_operations import (
-    CheckpointingFields,
-    EvalsFields,
-    FaultToleranceFields,
-    LoggingFields,
-    StandaloneEvalFields,
-)
-from telescope.config.fields_run import (
-    EnvironmentsFields,
-    GeneralFields,
-    ModelFields,
-    OrchestratorFields,
-    WorkersFields,
-)
-from telescope.config.sections import fields_by_section
+from telescope.schema.cross_field import cross_field_problems
+from telescope.schema.entries import CheckpointEntry
+from telescope.schema.fields import ConfigFields
+from telescope.schema.sections import fields_by_section
 
 S = TypeVar("S", bound=BaseModel)
 
 
-# pydantic orders the fields from the last base to the first: the sections are listed in
-# reverse, so that the fields come in the order of the reference documentation.
-class TelescopeConfig(
-    WeightBroadcastingFields,
-    RayClusterFields,
-    LoggingFields,
-    StandaloneEvalFields,
-    EvalsFields,
-    FaultToleranceFields,
-    CheckpointingFields,
-    SandboxesFields,
-    InferenceServerFields,
-    SequencePackingFields,
-    CompactionFields,
-    RolloutSamplingFields,
-    OverlongAndOutputFiltersFields,
-    AlgorithmFields,
-    TrainerFields,
-    OrchestratorFields,
-    WorkersFields,
-    EnvironmentsFields,
-    ModelFields,
-    GeneralFields,
-):
+class TelescopeConfig(ConfigFields):
     """The core's parameters of a Telescope run.
 
     The schema a run validates against is this class extended with the fields

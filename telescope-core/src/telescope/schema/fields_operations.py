@@ -1,7 +1,7 @@
 """Operating a run: checkpoints, faults, evals, the standalone eval, logging.
 
-Each class is one section of the reference documentation (:mod:`telescope.config.sections`);
-:class:`~telescope.config.schema.TelescopeConfig` composes them.
+Each class is one section of the reference documentation (:mod:`telescope.schema.sections`);
+:class:`~telescope.schema.config.TelescopeConfig` composes them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from telescope.config.entries import MAX_ENTRIES, CheckpointEntry, EvalEntry
-from telescope.config.sections import SectionFields
-from telescope.config.types import DEFAULT_CODE_EXCLUDES
+from telescope.schema.entries import MAX_ENTRIES, CheckpointEntry, EvalEntry
+from telescope.schema.sections import SectionFields
+from telescope.schema.types import DEFAULT_CODE_EXCLUDES
 
 
 class CheckpointingFields(SectionFields):

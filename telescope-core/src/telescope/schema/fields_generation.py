@@ -1,7 +1,7 @@
 """How rollouts are generated: sampling, compaction, packing, the inference server, sandboxes.
 
-Each class is one section of the reference documentation (:mod:`telescope.config.sections`);
-:class:`~telescope.config.schema.TelescopeConfig` composes them.
+Each class is one section of the reference documentation (:mod:`telescope.schema.sections`);
+:class:`~telescope.schema.config.TelescopeConfig` composes them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from telescope.config.sections import SectionFields
+from telescope.schema.sections import SectionFields
 
 
 class RolloutSamplingFields(SectionFields):

@@ -1,7 +1,7 @@
 """The run's shape: general, model, environments, workers and the orchestrator's loop.
 
-Each class is one section of the reference documentation (:mod:`telescope.config.sections`);
-:class:`~telescope.config.schema.TelescopeConfig` composes them.
+Each class is one section of the reference documentation (:mod:`telescope.schema.sections`);
+:class:`~telescope.schema.config.TelescopeConfig` composes them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from telescope.config.entries import MAX_ENTRIES, EnvironmentEntry
-from telescope.config.sections import SectionFields
-from telescope.config.types import Dtype
+from telescope.schema.entries import MAX_ENTRIES, EnvironmentEntry
+from telescope.schema.sections import SectionFields
+from telescope.schema.types import Dtype
 
 
 class GeneralFields(SectionFields):

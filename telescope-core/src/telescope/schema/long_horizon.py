@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.fields import ConfigFields
 
 #: Tokens the summarize compaction needs at least above the working context (its instruction and a summary).
 MIN_SUMMARY_ROOM = 32
 
 
-def long_horizon_problems(c: TelescopeConfig) -> list[str]:
+def long_horizon_problems(c: ConfigFields) -> list[str]:
     """One message per broken rule (see the module docstring)."""
     problems: list[str] = []
     if c.continue_requests_across_updates and c.stale_token_policy != "mask":

@@ -5,23 +5,23 @@ the algorithm's settings, packing, the orchestrator's lanes) and
 :func:`_inference_problems` (the inference servers and the evals, which a standalone
 eval starts too). ``telescope eval`` asks only the second (``purpose="eval"``).
 Rules that need the plugin registry are in :mod:`telescope.config.rules`; those of
-compaction and staleness across weight updates in :mod:`telescope.config.long_horizon`.
+compaction and staleness across weight updates in :mod:`telescope.schema.long_horizon`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from telescope.config.long_horizon import long_horizon_problems
+from telescope.schema.long_horizon import long_horizon_problems
 
 if TYPE_CHECKING:
-    from telescope.config.schema import TelescopeConfig
+    from telescope.schema.fields import ConfigFields
 
 #: What a config is loaded for: a training run (``telescope run``) or a standalone eval (``telescope eval``).
 Purpose = Literal["run", "eval"]
 
 
-def cross_field_problems(c: TelescopeConfig, *, layer: bool = False, purpose: Purpose = "run") -> list[str]:
+def cross_field_problems(c: ConfigFields, *, layer: bool = False, purpose: Purpose = "run") -> list[str]:
     """Rules between fields that need no plugin; one message per broken rule.
 
     ``layer``: the config is a defaults layer, not a run (``telescope config validate
@@ -39,7 +39,7 @@ def cross_field_problems(c: TelescopeConfig, *, layer: bool = False, purpose: Pu
     return problems + _inference_problems(c) + _seed_problems(c) + _fixed_upstream_problems(c)
 
 
-def _schedule_problems(c: TelescopeConfig) -> list[str]:
+def _schedule_problems(c: ConfigFields) -> list[str]:
     """A warmup the run never finishes: the LR would never reach ``learning_rate`` (or never decay)."""
     if c.lr_scheduler in ("linear", "cosine") and c.warmup_steps >= c.number_of_steps:
         return [
@@ -59,7 +59,7 @@ def _schedule_problems(c: TelescopeConfig) -> list[str]:
 MAX_SEED = 2**32 - 1
 
 
-def _seed_problems(c: TelescopeConfig) -> list[str]:
+def _seed_problems(c: ConfigFields) -> list[str]:
     """Inference server ``i`` is seeded with ``seed + i``: each must stay in numpy's range."""
     servers = max(c.inference_num_workers // c.inference_tensor_parallel_size, 1)
     if c.seed + servers - 1 > MAX_SEED:
@@ -71,7 +71,7 @@ def _seed_problems(c: TelescopeConfig) -> list[str]:
     return []
 
 
-def _training_problems(c: TelescopeConfig, *, layer: bool) -> list[str]:
+def _training_problems(c: ConfigFields, *, layer: bool) -> list[str]:
     problems: list[str] = []
     if not c.environments and not layer:
         problems.append("environments: at least one environment is required, e.g. environments: [{name: countdown}]")
@@ -123,7 +123,7 @@ def _training_problems(c: TelescopeConfig, *, layer: bool) -> list[str]:
     return problems
 
 
-def _inference_problems(c: TelescopeConfig) -> list[str]:
+def _inference_problems(c: ConfigFields) -> list[str]:
     """The rules of the inference servers and the evals (a training run and ``telescope eval`` alike)."""
     problems: list[str] = []
     if (
@@ -170,7 +170,7 @@ FIXED_UPSTREAM: dict[str, tuple[object, str]] = {
 }
 
 
-def _fixed_upstream_problems(c: TelescopeConfig) -> list[str]:
+def _fixed_upstream_problems(c: ConfigFields) -> list[str]:
     """An upstream field set to a value the run cannot honour (see :data:`FIXED_UPSTREAM`)."""
     return [
         f"{name}={getattr(c, name)!r} is not supported: {why}; set it to {value!r} (or leave it out)"
