@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from telescope.hookspecs import hookimpl
+from telescope.plugins.hookspecs import hookimpl
 from telescope.plugins.registry import Registrar
 
 ENVIRONMENTS: dict[str, str] = {
@@ -12,6 +12,7 @@ ENVIRONMENTS: dict[str, str] = {
     "dapo_math": "telescope_envs.math_sets:DapoMathEnvironment",
     "deepscaler": "telescope_envs.math_sets:DeepScalerEnvironment",
     "wordle": "telescope_envs.wordle:WordleEnvironment",
+    "code_tracker": "telescope_envs.code_tracker:CodeTrackerEnvironment",
     "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
     "calculator": "telescope_envs.calculator:CalculatorEnvironment",
     "deepdive": "telescope_envs.deepdive:DeepDiveEnvironment",

@@ -24,6 +24,7 @@ from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.group_records import ScheduledGroup
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
 from telescope.plugins.registry import PluginKind, Registrar, Registry
+from telescope.schema.config import TelescopeConfig
 
 from .fakes import ParityEnvironment, loop_config, plugins_for
 
@@ -170,10 +171,10 @@ def test_stragglers_are_cancelled_and_counted_at_the_default_settings(tmp_path: 
     async def scenario() -> tuple[int, int, list[int]]:
         # the shipped defaults (loop_config itself is synchronous): first_finished, 2, 8
         scheduler = make_scheduler(tmp_path, renderer, fake, max_async_rollout=2)
-        fields = type(scheduler.config).model_fields
+        fields = TelescopeConfig.model_fields
         assert fields["max_async_rollout"].default == 2 and fields["max_off_policy_steps"].default == 8
         assert fields["batch_assembly"].default == "first_finished"
-        assert scheduler.config.max_off_policy_steps == 8 and scheduler.first_finished
+        assert scheduler.staleness.max_off_policy_steps == 8 and scheduler.first_finished
         scheduler.start()
         canceled = 0
         for step in range(12):

@@ -165,6 +165,16 @@ class MultiTurnEnvironment(EnvironmentBase):
     def initial_state(self, sample: Sample) -> RolloutState:
         return RolloutState(sample=sample)
 
+    def demonstration_turns(self, sample: Sample) -> list[str] | None:
+        """Reference replies for the first turns of ``sample``, for the warm start (None: none, the default).
+
+        The warm start plays them against this environment (``env_response`` after each,
+        until ``is_done`` or the replies run out) and fine-tunes on every turn, each in
+        the conversation the episode would have there. Without it, only
+        :meth:`demonstration` (the first reply) is used.
+        """
+        return None
+
     @abstractmethod
     def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
         """The environment's reply to the model's last message (usually one user message)."""

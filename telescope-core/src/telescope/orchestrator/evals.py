@@ -196,6 +196,8 @@ class EvalRunner:
         #: the run's agent gateway (the orchestrator sets it when it trains an agent environment);
         #: without it an eval of an agent environment starts one for its own run_all
         self.agents: AgentGateway | None = None
+        #: the run's compaction (None without): an eval episode runs as a training one does
+        self.compactor = plugins.create_compactor(config)
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
         if index not in self._environments:
@@ -259,7 +261,7 @@ class EvalRunner:
             self.config.reward_timeout_s,
             self.config.environment_step_timeout_s,
         )
-        episodes = EpisodeRunner(self.renderer, limits, agents=self.agents)
+        episodes = EpisodeRunner(self.renderer, limits, compactor=self.compactor, agents=self.agents)
         gates = {server: asyncio.Semaphore(max(1, self.per_server_limit)) for server in servers}
 
         async def one(item_index: int, sample: Sample, draw: int) -> Rollout:

@@ -85,6 +85,7 @@ from telescope.orchestrator.group_records import ReadyGroup, ScheduledGroup, Sch
 from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
 from telescope.orchestrator.rollouts import Lane, RolloutLimits, all_or_none
+from telescope.orchestrator.scheduler_settings import SchedulerSettings
 from telescope.orchestrator.staleness import Staleness
 from telescope.schema.config import TelescopeConfig
 
@@ -128,28 +129,28 @@ class RolloutScheduler:
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
-        self.config = config
+        self.settings = settings = SchedulerSettings.from_config(config)
         self.prompts = prompts
         self.renderer = renderer
         self.generate = generate
         self.servers = list(servers)
-        self.batch_size = config.prompts_batch_size_for_trainer
+        self.batch_size = settings.batch_size
         self.policy_version = policy_version
         self.next_step_to_fill = start_step
         self.stats = SchedulerStats()
         self.on_waiting = on_waiting
         self.status_interval_s = status_interval_s
-        self.first_finished = config.batch_assembly == "first_finished"
+        self.first_finished = settings.first_finished
         self.staleness, self.compactor = Staleness.from_config(config), compactor
         self.episodes = EpisodeRunner(
-            renderer, RolloutLimits.from_config(config), compactor, agents, config.free_lane_after_generation
+            renderer, RolloutLimits.from_config(config), compactor, agents, settings.free_lane_after_generation
         )
         self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
         self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
         self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
-        self._lane_capacity = config.max_concurrent_prompts_per_server
+        self._lane_capacity = settings.lane_capacity
         self.checks = OutputChecks.from_config(config, renderer.vocab_size)
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
@@ -159,13 +160,13 @@ class RolloutScheduler:
         self._ledger = DrawLedger(prompts)
         self._consecutive_failures = 0
         self.available = available if available is not None else (lambda server: True)
-        self.calls = CallRouter(self.servers, self.available, config.episode_server_affinity)
+        self.calls = CallRouter(self.servers, self.available, settings.episode_server_affinity)
         self._redispatch: list[ScheduledGroup] = []  # groups whose server failed, waiting for a server
         self._servers_down: set[int] = set()  # servers whose failure was logged (once per outage)
         self._zero_advantage_streak = ZeroAdvantageStreak(
-            config.max_consecutive_zero_advantage_batches, self.batch_size
+            settings.max_consecutive_zero_advantage_batches, self.batch_size
         )
-        self._errored_streak = ErroredGroupStreak(config.max_consecutive_errored_batches, self.batch_size)
+        self._errored_streak = ErroredGroupStreak(settings.max_consecutive_errored_batches, self.batch_size)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -204,8 +205,8 @@ class RolloutScheduler:
 
     def _count_canceled(self, scheduled: ScheduledGroup) -> None:
         """A group that ends cancelled: its rollouts counted, its end event emitted."""
-        self.stats.discards.add_canceled(self.config.group_size)
-        scheduled.emit("group_canceled", rollouts=self.config.group_size)
+        self.stats.discards.add_canceled(self.settings.group_size)
+        scheduled.emit("group_canceled", rollouts=self.settings.group_size)
 
     # ---------------------------------------------------------------- policy
 
@@ -222,7 +223,7 @@ class RolloutScheduler:
 
     def _lanes_per_group(self) -> int:
         """Lanes a group holds: one per sample with individual lanes, else one (at most a server's all)."""
-        wanted = self.config.group_size if self.config.enable_individual_sample_lanes else 1
+        wanted = self.settings.group_size if self.settings.individual_lanes else 1
         return min(wanted, self._lane_capacity)
 
     def _trainable(self, scheduled: ScheduledGroup) -> bool:
@@ -230,18 +231,18 @@ class RolloutScheduler:
 
         With ``stale_token_policy: mask`` an older one may still train, outside the budget (a long episode).
         """
-        return scheduled.dispatch_version + self.config.max_async_rollout >= self.next_step_to_fill
+        return scheduled.dispatch_version + self.settings.max_async_rollout >= self.next_step_to_fill
 
     def _open_target(self) -> int | None:
         """The step a new group is for, or None when the async budget is spent (see the module docstring)."""
         if self.first_finished:
             budget = (
-                self.policy_version + self.config.max_async_rollout + 1 - self.next_step_to_fill
+                self.policy_version + self.settings.max_async_rollout + 1 - self.next_step_to_fill
             ) * self.batch_size
             held = len(self._pool) + len(self._redispatch)
             held += sum(1 for g in self._in_flight.values() if self._trainable(g))
             return self.next_step_to_fill + held // self.batch_size if held < budget else None
-        limit = self.policy_version + self.config.max_async_rollout
+        limit = self.policy_version + self.settings.max_async_rollout
         step = self.next_step_to_fill
         while step <= limit:
             if self._quota.get(step, 0) < self.batch_size:
@@ -334,13 +335,13 @@ class RolloutScheduler:
         item = scheduled.item
         slot = self.prompts.slots[item.slot]
         held = self._lanes_per_group()
-        individual = self.config.enable_individual_sample_lanes
+        individual = self.settings.individual_lanes
         # One Lane per held slot; releasing is idempotent, so every exit path can release all.
         lanes = [self._make_lane(scheduled.server) for _ in range(held)]
 
         async def one(index: int) -> Rollout:
             async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
-                seed = request_seed(self.config.seed, item.draw, index, turn)
+                seed = request_seed(self.settings.seed, item.draw, index, turn)
                 return await self.calls.call(
                     scheduled.server, lambda server: self.generate(server, prompt_ids, max_tokens, seed, turn)
                 )
@@ -359,7 +360,7 @@ class RolloutScheduler:
 
         failure: Exception | None = None
         try:
-            rollouts = await all_or_none([one(i) for i in range(self.config.group_size)])
+            rollouts = await all_or_none([one(i) for i in range(self.settings.group_size)])
             self._servers_down.discard(scheduled.server)  # it serves: a later failure is a new outage
         except ServerUnavailable as exc:  # not the group's fault: run it again on a server that works
             for lane in lanes:
@@ -459,7 +460,7 @@ class RolloutScheduler:
             if len(group.rollouts) < 2:
                 reason = "too_few_samples"  # errors left too few samples to compare
                 self.stats.discards.add_dropped(reason, group.rollouts)
-            elif self.config.discard_group_zero_advantage and len(set(training_rewards(group, ranges))) <= 1:
+            elif self.settings.discard_group_zero_advantage and len(set(training_rewards(group, ranges))) <= 1:
                 self.stats.discards.add_zero_advantage(group)
                 self.stats.discarded_groups += 1
                 reason = "zero_advantage"
@@ -558,7 +559,7 @@ class RolloutScheduler:
     def _candidates(self, step: int) -> list[ReadyGroup]:
         """The fresh accepted groups step ``step`` may take (stale ones dropped and counted)."""
         if self.first_finished:
-            self._pool = self._discard_stale(step, self._pool, self.config.max_async_rollout)
+            self._pool = self._discard_stale(step, self._pool, self.settings.max_async_rollout)
             return self._pool
         ready = self._ready.get(step, [])
         fresh = self._discard_stale(step, ready, None)  # the quota already bounds the dispatch lag

@@ -27,6 +27,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterator
 
 from telescope.api.agent import AgentEnvironment
+from telescope.api.environment import MultiTurnEnvironment
 from telescope.api.records import Sample, SupervisedExample
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.prompts import EnvironmentSlot
@@ -55,6 +56,8 @@ async def demonstration_examples(
             replies = environment.demonstration_replies(sample)
             if replies is not None and record_agent is not None:
                 examples.extend(await record_agent(environment, sample, replies))
+        elif isinstance(environment, MultiTurnEnvironment) and environment.demonstration_turns(sample) is not None:
+            examples.extend(played_demonstration(environment, sample, renderer))
         else:
             demo = environment.demonstration(sample)
             if demo is None:
@@ -69,6 +72,31 @@ async def demonstration_examples(
             f"warm_start_steps={limit and 'set'} but no environment ({names}) provides demonstrations; "
             "set warm_start_steps: 0"
         )
+    return examples
+
+
+def played_demonstration(
+    environment: MultiTurnEnvironment, sample: Sample, renderer: ChatRenderer
+) -> list[SupervisedExample]:
+    """One example per reply of ``demonstration_turns``, each after the conversation so far.
+
+    The replies are played against the environment as the rollout loop plays a model's:
+    the reply, ``is_done``, then ``env_response``; the conversation is never compacted
+    here, so the replies should cover the turns that fit in ``max_model_len``.
+    """
+    replies = environment.demonstration_turns(sample) or []
+    eos = renderer.eos_token_id
+    state = environment.initial_state(sample)
+    messages = environment.format_prompt(sample)
+    examples = []
+    for reply in replies:
+        completion = renderer.encode(reply) + ([eos] if eos is not None else [])
+        examples.append(SupervisedExample(renderer.prompt_ids(messages), completion))
+        messages.append({"role": "assistant", "content": reply})
+        state.turn += 1
+        if environment.is_done(messages, state):
+            break
+        messages.extend(environment.env_response(messages, state))
     return examples
 
 

@@ -216,6 +216,30 @@ class EnvironmentConformance:
         if not checked:
             pytest.skip("define right_completion / right_replies to check that right answers score higher")
 
+    def test_demonstrations_play(self, env: EnvironmentBase, samples: Sequence[Sample]) -> None:
+        """The warm start's demonstrations (``demonstration``, ``demonstration_turns``) are replies it can score.
+
+        They may teach the format only (a wrong guess, well formed): nothing is asked of their reward.
+        """
+        checked = 0
+        for sample in self._some(samples):
+            turns = env.demonstration_turns(sample) if isinstance(env, MultiTurnEnvironment) else None
+            first = env.demonstration(sample)
+            if turns is None and first is None:
+                continue
+            replies = turns if turns is not None else [first or ""]
+            assert replies and all(isinstance(r, str) and r for r in replies), (
+                f"an empty demonstration ({sample.sample_id})"
+            )
+            if isinstance(env, MultiTurnEnvironment):
+                _, played = self.play(env, sample, replies)
+                assert played >= 1
+            else:
+                self.score(env, sample, replies[0])
+            checked += 1
+        if not checked:
+            pytest.skip("the environment has no demonstrations")
+
     def test_no_per_rollout_state_on_environment(self, env: EnvironmentBase, samples: Sequence[Sample]) -> None:
         sample = self._some(samples)[0]
         for text in self.garbage[:4]:  # a first pass may fill lazy caches (a client, a pool)
