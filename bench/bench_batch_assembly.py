@@ -40,6 +40,7 @@ from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.scheduler import RolloutScheduler
+from telescope.orchestrator.settings import SchedulerSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.manager import TelescopePluginManager
 from telescope.plugins.registry import PluginKind, Registrar, Registry
@@ -108,7 +109,9 @@ def run_mode(mode: str, seed: int, args: argparse.Namespace, root: Path) -> Outc
     server = LongTailedServer(args.alpha, args.token_ms / 1000, args.max_tokens)
 
     async def loop() -> Outcome:
-        scheduler = RolloutScheduler(config, prompts, renderer, server, [0, 1])
+        scheduler = RolloutScheduler(
+            SchedulerSettings.from_config(config, renderer.vocab_size), prompts, renderer, server, [0, 1]
+        )
         scheduler.start()
         times: list[float] = []
         trained = discarded = canceled = 0

@@ -23,6 +23,7 @@ from telescope.orchestrator.assembly import build_prompt_source, build_slots
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.group_records import ScheduledGroup
 from telescope.orchestrator.scheduler import ReadyGroup, RolloutScheduler
+from telescope.orchestrator.settings import SchedulerSettings
 from telescope.plugins.registry import PluginKind, Registrar, Registry
 from telescope.schema.config import TelescopeConfig
 
@@ -73,7 +74,14 @@ def make_scheduler(tmp_path: Path, renderer: ChatRenderer, fake: LongTailed, **o
     }
     config = loop_config(tmp_path, **values)
     prompts = build_prompt_source(config, build_slots(config, plugins_for(registry)), renderer)
-    return RolloutScheduler(config, prompts, renderer, fake, [0, 1], status_interval_s=1.0)
+    return RolloutScheduler(
+        SchedulerSettings.from_config(config, renderer.vocab_size),
+        prompts,
+        renderer,
+        fake,
+        [0, 1],
+        status_interval_s=1.0,
+    )
 
 
 async def drive(scheduler: RolloutScheduler, fake: LongTailed, steps: int) -> list[tuple[int, list[ReadyGroup]]]:

@@ -116,6 +116,7 @@ def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, toke
     from telescope.orchestrator.assembly import build_prompt_source, build_slots
     from telescope.orchestrator.chat import ChatRenderer
     from telescope.orchestrator.scheduler import RolloutScheduler
+    from telescope.orchestrator.settings import SchedulerSettings
 
     config = loop_config(
         tmp_path,
@@ -138,7 +139,9 @@ def test_stale_in_flight_rollouts_are_cancelled_and_counted(tmp_path: Path, toke
             raise
 
     async def scenario() -> tuple[int, int]:
-        scheduler = RolloutScheduler(config, prompts, renderer, never_finishes, [0, 1])
+        scheduler = RolloutScheduler(
+            SchedulerSettings.from_config(config, renderer.vocab_size), prompts, renderer, never_finishes, [0, 1]
+        )
         scheduler.start()
         while len(started) < 3 * 3 * 4:  # steps 0..2 (max_async_rollout=2), 3 groups of 4 each
             await asyncio.sleep(0.01)

@@ -114,6 +114,7 @@ def test_stale_groups_are_canceled_events(tmp_path: Path, tokenizer: Any, captur
     """A group cancelled as stale is one ``orchestrator.group_canceled`` event."""
     from telescope.orchestrator.assembly import build_prompt_source, build_slots
     from telescope.orchestrator.scheduler import RolloutScheduler
+    from telescope.orchestrator.settings import SchedulerSettings
 
     from .fakes import loop_config, plugins_for
 
@@ -133,7 +134,9 @@ def test_stale_groups_are_canceled_events(tmp_path: Path, tokenizer: Any, captur
         await asyncio.Event().wait()
 
     async def scenario() -> None:
-        scheduler = RolloutScheduler(config, prompts, renderer, never_finishes, [0, 1])
+        scheduler = RolloutScheduler(
+            SchedulerSettings.from_config(config, renderer.vocab_size), prompts, renderer, never_finishes, [0, 1]
+        )
         scheduler.start()
         while len(started) < 3 * 3 * 4:  # steps 0..2, 3 groups of 4
             await asyncio.sleep(0.01)

@@ -37,6 +37,7 @@ Models Trained on Code"), see :func:`pass_at_k`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -50,7 +51,7 @@ from telescope.orchestrator.agent_gateway import AgentGateway, start_agent_gatew
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.episodes import EpisodeRunner
 from telescope.orchestrator.group_records import request_seed
-from telescope.orchestrator.rollouts import RolloutLimits
+from telescope.orchestrator.settings import EvalSettings
 from telescope.plugins.facade import Plugins
 from telescope.plugins.registry import PluginKind
 from telescope.schema.config import TelescopeConfig
@@ -184,10 +185,10 @@ class EvalRunner:
         *,
         per_server_limit: int | None = None,
     ) -> None:
-        self.config = config
+        self.settings = settings = EvalSettings.from_config(config)
         #: rollouts in flight on one server at most: ``max_concurrent_prompts_per_server`` in a run,
         #: ``max_concurrent_samples_per_server`` in ``telescope eval``
-        self.per_server_limit = per_server_limit or config.max_concurrent_prompts_per_server
+        self.per_server_limit = per_server_limit or settings.max_concurrent_prompts_per_server
         self.plugins = plugins
         self.renderer = renderer
         self.generation = generation
@@ -201,22 +202,22 @@ class EvalRunner:
 
     def _environment(self, index: int, entry: EvalEntry) -> tuple[EnvironmentBase, list[Sample]]:
         if index not in self._environments:
-            environment = build_eval_environment(self.plugins, entry, EnvironmentContext.from_config(self.config))
+            environment = build_eval_environment(self.plugins, entry, self.settings.environment_context)
             self._environments[index] = (environment, eval_items(environment, entry))
         return self._environments[index]
 
     async def run_all(
         self, *, step: int, servers: Sequence[int], phase: str, entries: Sequence[EvalEntry] | None = None
     ) -> dict[str, dict[str, float]]:
-        chosen = [(i, e) for i, e in enumerate(self.config.evals) if entries is None or e in entries]
+        chosen = [(i, e) for i, e in enumerate(self.settings.evals) if entries is None or e in entries]
         own = None
         if self.agents is None:
             own = self.agents = await start_agent_gateway(
                 (self._environment(index, entry)[0] for index, entry in chosen),
                 self.renderer.tokenizer,
-                chat_template=self.config.chat_template,
-                max_model_len=self.config.max_model_len,
-                model_name=self.config.model,
+                chat_template=self.settings.chat_template,
+                max_model_len=self.settings.limits.max_model_len,
+                model_name=self.settings.model,
             )
         try:
             return await self._run_all(chosen, step=step, servers=servers, phase=phase)
@@ -251,23 +252,19 @@ class EvalRunner:
         environment, items = self._environment(index, entry)
         n = int(entry.pass_k.get("n", 1)) if entry.pass_k else 1
         sampling = SamplingSettings(
-            entry.temperature if entry.temperature is not None else self.config.temperature,
-            entry.top_p if entry.top_p is not None else self.config.top_p,
+            entry.temperature if entry.temperature is not None else self.settings.temperature,
+            entry.top_p if entry.top_p is not None else self.settings.top_p,
         )
-        limits = RolloutLimits(
-            entry.max_tokens if entry.max_tokens is not None else self.config.max_tokens,
-            self.config.max_model_len,
-            self.config.interleaved_rollouts,
-            self.config.reward_timeout_s,
-            self.config.environment_step_timeout_s,
-        )
+        limits = self.settings.limits
+        if entry.max_tokens is not None:
+            limits = dataclasses.replace(limits, max_tokens=entry.max_tokens)
         episodes = EpisodeRunner(self.renderer, limits, compactor=self.compactor, agents=self.agents)
         gates = {server: asyncio.Semaphore(max(1, self.per_server_limit)) for server in servers}
 
         async def one(item_index: int, sample: Sample, draw: int) -> Rollout:
             async def on(server: int) -> Rollout:
                 async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
-                    seed = request_seed(self.config.seed + 7919 * (index + 1), item_index, draw, turn)
+                    seed = request_seed(self.settings.seed + 7919 * (index + 1), item_index, draw, turn)
                     return await self.generation.generate(
                         server, prompt_ids, max_tokens, seed=seed, priority=turn, sampling=sampling
                     )

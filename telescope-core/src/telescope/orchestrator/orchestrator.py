@@ -96,7 +96,7 @@ from telescope.orchestrator.prompts import PromptSource
 from telescope.orchestrator.run_checkpoints import RunCheckpoints
 from telescope.orchestrator.scheduler import RolloutScheduler
 from telescope.orchestrator.services import TrainerFailure, TrainingService
-from telescope.orchestrator.staleness import Staleness
+from telescope.orchestrator.settings import OrchestratorSettings, SchedulerSettings
 from telescope.orchestrator.step_recorder import StepOutcome, StepRecorder
 from telescope.orchestrator.warm_start import demonstration_examples, warm_start_batches
 from telescope.orchestrator.watchdog import StuckReport, Watchdog
@@ -145,9 +145,10 @@ class Orchestrator:
         *,
         compactor: Compactor | None = None,
     ) -> None:
-        self.config = config
+        self.settings = OrchestratorSettings.from_config(config)
+        self.scheduler_settings = SchedulerSettings.from_config(config, renderer.vocab_size)
         self.compactor = compactor
-        self.staleness = Staleness.from_config(config)
+        self.staleness = self.scheduler_settings.staleness
         self.generation = generation
         self.training = training
         self.prompts = prompts
@@ -159,7 +160,7 @@ class Orchestrator:
         self.counters = RunCounters()
         self.start_step = 0
         self.train_servers, self.eval_servers = self._split_servers()
-        self.training_sampling = SamplingSettings(config.temperature, config.top_p)
+        self.training_sampling = SamplingSettings(self.settings.temperature, self.settings.top_p)
         self._eval_tasks: list[asyncio.Task[Any]] = []
         self.trainer_restarts = 0
         self.scheduler: RolloutScheduler | None = None
@@ -167,14 +168,17 @@ class Orchestrator:
         self._phase = "starting"
         self._waiting_on: str | None = None
         self.watchdog = Watchdog(
-            config.watchdog_timeout_s, probes=self._probes(), describe=self._describe, on_stuck=self._report_stuck
+            self.settings.watchdog_timeout_s,
+            probes=self._probes(),
+            describe=self._describe,
+            on_stuck=self._report_stuck,
         )
 
     # ----------------------------------------------------------------- setup
 
     def _split_servers(self) -> tuple[list[int], list[int]]:
         n = self.generation.num_servers
-        reserve = self.config.eval_num_servers if self.config.evals else 0
+        reserve = self.settings.eval_num_servers if self.settings.evals else 0
         reserve = min(reserve, n - 1)
         return list(range(n - reserve)), list(range(n - reserve, n))
 
@@ -200,7 +204,7 @@ class Orchestrator:
 
     async def warm_start(self) -> None:
         """``warm_start_steps`` supervised steps on demonstrations, through the trainer backend."""
-        c = self.config
+        c = self.settings
         agents = self.agents
 
         async def record(environment: AgentEnvironment, sample: Sample, replies: list[str]) -> list[SupervisedExample]:
@@ -230,9 +234,9 @@ class Orchestrator:
         self.agents = await start_agent_gateway(
             (slot.environment for slot in self.prompts.slots),
             self.renderer.tokenizer,
-            chat_template=self.config.chat_template,
-            max_model_len=self.config.max_model_len,
-            model_name=self.config.model,
+            chat_template=self.settings.chat_template,
+            max_model_len=self.settings.max_model_len,
+            model_name=self.settings.model,
         )
         if self.evals is not None:
             self.evals.agents = self.agents
@@ -246,11 +250,11 @@ class Orchestrator:
         # A fresh run's servers already hold version 0 (their own load of the model), so they
         # generate while the trainer ranks start; a resume or a warm start changes the weights first.
         resume = self.checkpoints.resume_path()
-        early = resume is None and self.config.warm_start_steps == 0
+        early = resume is None and self.settings.warm_start_steps == 0
         if not early:
             await self._wait_for_trainer()
             resumed = await self.restore(resume)
-            if not resumed and self.config.warm_start_steps > 0:
+            if not resumed and self.settings.warm_start_steps > 0:
                 await self.warm_start()
             await self._publish(self.start_step)
         self.recorder.store.begin_attempt(self.start_step, "start" if resume is None else "resume")
@@ -264,7 +268,7 @@ class Orchestrator:
                 await self._wait_for_trainer()
                 await self._publish(self.start_step)  # the trainer's own weights, to the last bit
             step = self.start_step
-            while step < self.config.number_of_steps:
+            while step < self.settings.number_of_steps:
                 try:
                     with events.context(step=step), events.timed("orchestrator.step", component="orchestrator"):
                         await self._train_one_step(scheduler, step)
@@ -278,12 +282,12 @@ class Orchestrator:
                 step += 1
             await scheduler.close()
             await self._finish_periodic_evals()
-            if self.checkpoints.enabled and not self.checkpoints.exists(self.config.number_of_steps):
-                await self._save(scheduler, self.config.number_of_steps)
-            if self.evals and self.config.eval_after_training:
+            if self.checkpoints.enabled and not self.checkpoints.exists(self.settings.number_of_steps):
+                await self._save(scheduler, self.settings.number_of_steps)
+            if self.evals and self.settings.eval_after_training:
                 with self._doing("running the evals after training"):
                     await self.evals.run_all(
-                        step=self.config.number_of_steps, servers=self._start_end_servers(), phase="after"
+                        step=self.settings.number_of_steps, servers=self._start_end_servers(), phase="after"
                     )
         finally:
             await scheduler.close()
@@ -293,10 +297,10 @@ class Orchestrator:
     async def _start_generating(self) -> RolloutScheduler:
         """The evals before training, the environments' resources, then the rollout scheduler, started."""
         scheduler = self.scheduler = self._new_scheduler()
-        if self.evals and self.config.eval_before_training and self.start_step == 0:
+        if self.evals and self.settings.eval_before_training and self.start_step == 0:
             with self._doing("running the evals before training"):
                 await self.evals.run_all(step=0, servers=self._start_end_servers(), phase="before")
-        if self.config.eager_prepare_resources:
+        if self.settings.eager_prepare_resources:
             with self._doing("preparing the environments' resources"):
                 await self.prepare_resources()
         scheduler.start()
@@ -336,7 +340,7 @@ class Orchestrator:
 
     def _new_scheduler(self, first_group_id: int = 0) -> RolloutScheduler:
         scheduler = RolloutScheduler(
-            self.config,
+            self.scheduler_settings,
             self.prompts,
             self.renderer,
             self._generate,
@@ -365,7 +369,7 @@ class Orchestrator:
         """A rank died: new trainer ranks, the last checkpoint, and a new scheduler from its step."""
         self.trainer_restarts += 1
         checkpoint = self.checkpoints.latest()
-        limit = self.config.trainer_max_restarts
+        limit = self.settings.trainer_max_restarts
         why = None
         if not self.training.can_restart_trainer:
             why = "this training service cannot restart its ranks"
@@ -504,7 +508,7 @@ class Orchestrator:
     # ----------------------------------------------------------------- evals
 
     def _start_end_servers(self) -> list[int]:
-        if self.config.eval_start_end_use_all_servers or not self.eval_servers:
+        if self.settings.eval_start_end_use_all_servers or not self.eval_servers:
             return list(range(self.generation.num_servers))
         return self.eval_servers
 
@@ -515,9 +519,9 @@ class Orchestrator:
         """Whether an eval will run on the eval servers with weights ``version`` (periodic, or after training)."""
         if not self.evals or not self.eval_servers:
             return False
-        if version >= self.config.number_of_steps:
-            return self.config.eval_after_training
-        return any(version % e.eval_every == 0 for e in self.config.evals)
+        if version >= self.settings.number_of_steps:
+            return self.settings.eval_after_training
+        return any(version % e.eval_every == 0 for e in self.settings.evals)
 
     async def _eval_servers_to_hold(self, version: int) -> list[int]:
         """The servers that keep their weights through the push of ``version``: the eval servers mid-eval.
@@ -534,9 +538,9 @@ class Orchestrator:
         return list(self.eval_servers)
 
     def _maybe_periodic_evals(self, step: int) -> None:
-        if not self.evals or not self.eval_servers or step >= self.config.number_of_steps:
+        if not self.evals or not self.eval_servers or step >= self.settings.number_of_steps:
             return
-        due = [e for e in self.config.evals if step % e.eval_every == 0]
+        due = [e for e in self.settings.evals if step % e.eval_every == 0]
         if due:
             assert self.evals is not None
             task = asyncio.create_task(

@@ -55,7 +55,7 @@ from telescope.system.timeouts import OperationTimeout
 GenerateFn = Callable[[list[int], int, int], Awaitable[Generation]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutLimits:
     max_tokens: int
     max_model_len: int

@@ -32,7 +32,8 @@ class RunCheckpoints:
         from telescope.trainer import checkpoint as trainer_ckpt
 
         self._ckpt = trainer_ckpt
-        self.config = config
+        #: ``resume_from_checkpoint``: False, True (the latest) or a step
+        self.resume_from: bool | int = config.resume_from_checkpoint
         self.trainer = trainer_ckpt.TrainerCheckpoints.from_config(config)
         self.root = self.trainer.root
 
@@ -67,11 +68,11 @@ class RunCheckpoints:
     def resume_path(self) -> Path | None:
         """The checkpoint folder ``resume_from_checkpoint`` names, or None when not resuming."""
         try:
-            folder = self.trainer.resume_path(self.config.resume_from_checkpoint)
+            folder = self.trainer.resume_path(self.resume_from)
         except FileNotFoundError as exc:
             raise RunCheckpointError(f"{exc}. Available: {self.available() or 'none'}") from None
         if folder is None:
-            if self.config.resume_from_checkpoint is True:
+            if self.resume_from is True:
                 raise RunCheckpointError(
                     f"resume_from_checkpoint=true but there is no checkpoint under {self.root}; "
                     "set checkpoint_dir to the run's checkpoint folder or resume_from_checkpoint: false"

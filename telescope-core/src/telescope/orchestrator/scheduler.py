@@ -80,14 +80,11 @@ from telescope.orchestrator.batching import scored, training_rewards
 from telescope.orchestrator.call_routing import CallRouter
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.episodes import EpisodeRunner
-from telescope.orchestrator.filters import OutputChecks
 from telescope.orchestrator.group_records import ReadyGroup, ScheduledGroup, SchedulerStats, request_seed
 from telescope.orchestrator.group_streaks import ErroredGroupStreak, ZeroAdvantageStreak
 from telescope.orchestrator.prompts import DrawLedger, EnvironmentSlot, PromptSource
-from telescope.orchestrator.rollouts import Lane, RolloutLimits, all_or_none
-from telescope.orchestrator.scheduler_settings import SchedulerSettings
-from telescope.orchestrator.staleness import Staleness
-from telescope.schema.config import TelescopeConfig
+from telescope.orchestrator.rollouts import Lane, all_or_none
+from telescope.orchestrator.settings import SchedulerSettings
 
 log = logging.getLogger("telescope.orchestrator")
 
@@ -112,7 +109,7 @@ class RolloutScheduler:
 
     def __init__(
         self,
-        config: TelescopeConfig,
+        settings: SchedulerSettings,
         prompts: PromptSource,
         renderer: ChatRenderer,
         generate: ServerGenerateFn,
@@ -129,7 +126,7 @@ class RolloutScheduler:
     ) -> None:
         if not servers:
             raise ValueError("the scheduler needs at least one training inference server")
-        self.settings = settings = SchedulerSettings.from_config(config)
+        self.settings = settings
         self.prompts = prompts
         self.renderer = renderer
         self.generate = generate
@@ -141,17 +138,15 @@ class RolloutScheduler:
         self.on_waiting = on_waiting
         self.status_interval_s = status_interval_s
         self.first_finished = settings.first_finished
-        self.staleness, self.compactor = Staleness.from_config(config), compactor
-        self.episodes = EpisodeRunner(
-            renderer, RolloutLimits.from_config(config), compactor, agents, settings.free_lane_after_generation
-        )
+        self.staleness, self.compactor = settings.staleness, compactor
+        self.episodes = EpisodeRunner(renderer, settings.limits, compactor, agents, settings.free_lane_after_generation)
         self._quota: dict[int, int] = {}  # deterministic: groups per target step (in flight or accepted)
         self._ready: dict[int, list[ReadyGroup]] = {}  # deterministic: accepted groups per target step
         self._pool: list[ReadyGroup] = []  # first_finished: accepted groups in the order they finished
         self._in_flight: dict[int, ScheduledGroup] = {}
         self._lane_use = {s: 0 for s in self.servers}
         self._lane_capacity = settings.lane_capacity
-        self.checks = OutputChecks.from_config(config, renderer.vocab_size)
+        self.checks = settings.checks
         self._changed = asyncio.Condition()
         self._dispatcher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
