@@ -26,7 +26,7 @@ from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.rollouts import RolloutLimits, run_rollout
 
 INSTRUCTION = "Summarize."
-LIMITS = RolloutLimits(max_tokens=32, max_model_len=160)
+LIMITS = RolloutLimits(max_tokens=16, max_model_len=160)
 CONTEXT = CompactionContext(max_model_len=160, threshold=0.5, instruction=INSTRUCTION, keep_turns=1)
 
 
@@ -162,8 +162,12 @@ def test_summarize_continues_from_the_prompt_and_the_summary_and_trains_the_summ
     assert first.loss_mask[-n_summary:] == [True] * n_summary  # the summary's tokens are the policy's actions
     done = [e for e in seen if e["kind"] == "rollout.compaction"]
     assert len(done) == rollout.compactions and all(e["ok"] for e in done)
-    # compacted once the working context (with the environment's pending reply) filled, not before
-    assert all(e["context_tokens"] >= CONTEXT.working_limit > e["new_context_tokens"] for e in done)
+    # compacted once a reply of max_tokens might not fit in the working context (with the environment's
+    # pending reply), not before; the new context leaves room for one
+    room = CONTEXT.working_limit - LIMITS.max_tokens
+    assert all(e["context_tokens"] > room >= e["new_context_tokens"] for e in done)
+    # no reply was cut by the threshold: every turn ended by itself
+    assert all(t.finish_reason == "stop" for turns in [*rollout.segments, rollout.turns] for t in turns)
 
 
 @pytest.mark.parametrize(("summary", "finish", "reason"), [("", "stop", "empty"), ("x", "length", "overflow")])

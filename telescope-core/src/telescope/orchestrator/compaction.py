@@ -2,9 +2,10 @@
 
 One :class:`EpisodeCompaction` per rollout (made by :func:`telescope.orchestrator.rollouts.run_rollout`
 when the run has a compactor, for multi-turn environments). With it the episode runs in a
-*working context* of ``floor(compaction_threshold x max_model_len)`` tokens: each turn's
-budget stops there, and once the context (with the environment's pending reply) reaches it
-the run's :class:`~telescope.api.compaction.Compactor` gives a shorter history. Then:
+*working context* of ``floor(compaction_threshold x max_model_len)`` tokens: before a turn
+whose reply (``max_tokens``) might not fit in what is left of it (the context counted with
+the environment's pending reply), the run's :class:`~telescope.api.compaction.Compactor`
+gives a shorter history, so a reply is never cut by the threshold. Then:
 
 - the policy replies the compactor asked for (a summary) are generated in the current
   context, after the pending environment messages and the compactor's messages (an
@@ -17,7 +18,7 @@ the run's :class:`~telescope.api.compaction.Compactor` gives a shorter history. 
 Failure (counted on the rollout, ``compaction/failed``, and an event): the compactor raised
 :class:`~telescope.api.compaction.CompactionFailed` (an empty summary, one cut off), there was
 nothing to compact (the prompt alone fills the working context), or the new context does not
-fit under the threshold. The failed attempt's replies are dropped (the trajectory is as it was),
+leave room for a reply under the threshold. The failed attempt's replies are dropped (the trajectory is as it was),
 compaction is off for the rest of the episode, and the episode goes on up to ``max_model_len``,
 where it ends as it would without compaction. A compactor that raises anything else is a bug:
 it errors the rollout like a failing environment.
@@ -166,7 +167,8 @@ class EpisodeCompaction:
         return self.working_limit if self.active else self.max_model_len
 
     def due(self, used: int) -> bool:
-        return self.active and used >= self.working_limit
+        """Whether to compact before the next turn: a reply of ``max_tokens`` might not fit in the working context."""
+        return self.active and used + self.max_tokens > self.working_limit
 
     async def compact(self, segment: Segment, generate_turn: TurnGenerator) -> Compacted | None:
         """Compact ``segment``; None when the compaction failed (counted; the episode goes on uncompacted)."""
@@ -199,11 +201,11 @@ class EpisodeCompaction:
         compaction: Compaction = await self.compactor.compact(history, policy)
         messages = [*self.prompt, *compaction.history]
         input_ids = self.renderer.prompt_ids(messages)
-        if len(input_ids) >= self.working_limit:
+        if len(input_ids) + self.max_tokens > self.working_limit:
             raise CompactionFailed(
                 "overflow",
-                f"the compacted context ({len(input_ids)} tokens) does not fit under the working context "
-                f"({self.working_limit} tokens)",
+                f"the compacted context ({len(input_ids)} tokens) leaves no room for a reply of max_tokens "
+                f"({self.max_tokens}) under the working context ({self.working_limit} tokens)",
             )
         closed = [*segment.turns, *(reply.turn for reply in compaction.replies)]
         return Compacted(closed=closed, messages=messages, input_ids=input_ids)

@@ -166,10 +166,7 @@ async def run_rollout(
             segment.last_exchange = Exchange(history, reply, list(turn.output_token_ids))
             state.turn += 1
             assert isinstance(environment, MultiTurnEnvironment)
-            if turn.finish_reason == "length":
-                # cut by the working context: compacted at the top of the loop, within the turn limit
-                if compaction is not None and compaction.due(segment.used) and state.turn < environment.max_turns:
-                    continue
+            if turn.finish_reason == "length":  # cut by max_tokens (compaction never cuts a reply): the episode ends
                 break
             step_limit = limits.environment_step_timeout_s
             where = f"of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
