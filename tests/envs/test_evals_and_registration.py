@@ -16,7 +16,18 @@ from telescope.plugins.registry import PluginKind
 from telescope_envs.hendrycks_math import MathEnvironment
 
 DATA = Path(__file__).parent / "data"
-ENVS = ["calculator", "countdown", "dapo_math", "deepdive", "deepscaler", "hendrycks_math", "i3_code", "wordle"]
+ENVS = [
+    "calculator",
+    "code_tracker",
+    "countdown",
+    "dapo_math",
+    "deepdive",
+    "deepscaler",
+    "hendrycks_math",
+    "i3_code",
+    "miniwob",
+    "wordle",
+]
 EVALS = {
     "math500": ("HuggingFaceH4/MATH-500", "test"),
     "aime_2024": ("HuggingFaceH4/aime_2024", "train"),

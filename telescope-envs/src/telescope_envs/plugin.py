@@ -13,6 +13,7 @@ ENVIRONMENTS: dict[str, str] = {
     "deepscaler": "telescope_envs.math_sets:DeepScalerEnvironment",
     "wordle": "telescope_envs.wordle:WordleEnvironment",
     "code_tracker": "telescope_envs.code_tracker:CodeTrackerEnvironment",
+    "miniwob": "telescope_envs.miniwob:MiniWoBEnvironment",
     "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
     "calculator": "telescope_envs.calculator:CalculatorEnvironment",
     "deepdive": "telescope_envs.deepdive:DeepDiveEnvironment",

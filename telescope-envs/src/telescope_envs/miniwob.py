@@ -1,0 +1,309 @@
+"""MiniWoB++: web tasks in a real Chromium, acted on through tools, scored by each task's own reward.
+
+The tasks are the HTML pages of the ``miniwob`` package (``pip install
+'telescope-envs[browser]'``), served on loopback by a small HTTP server of this
+environment's (one per process); each episode opens a fresh browser session
+(:class:`telescope.api.browser.BrowserSession`, the ``local`` provider of
+telescope-sandbox: headless Chromium through Playwright) allowed to load that server
+only. An episode: the task page is loaded, seeded (``Math.seedrandom``) and started;
+the prompt is the task's instruction (``core.getUtterance()``) and the page's snapshot
+(visible text, and controls numbered ``[3] button "Submit"``); the model acts with the
+tools ``click(ref)``, ``type(ref, text)``, ``press(key)`` and ``scroll(dy)`` in the
+tool-call format of :class:`~telescope.api.tools.ToolEnvironment`, and each tool result is
+the page's new snapshot. The episode ends when the task says it is done
+(``WOB_DONE_GLOBAL``), when a reply calls no tool, or after ``max_actions``.
+
+Reward: the task's own raw reward (``WOB_RAW_REWARD_GLOBAL``: 1 solved, -1 failed, some
+tasks partial), 0 when the episode ended before the task did. Sample metrics:
+``success`` (reward > 0), ``actions`` and ``blocked_requests``.
+
+Tasks: ``tasks`` (default: click-button, click-link, click-checkboxes, enter-text);
+``episode_time_s`` replaces the task's own 10-second limit (a model thinks slower than a
+person clicks); the samples are ``(task, seed)`` pairs, ``samples_per_task`` of each.
+
+Failures: a browser that crashes ends the episode with its error (the rollout is errored
+and counted, the run goes on); an action that fails in the page (no such element, a
+timeout) is answered with the error, and the model may go on.
+
+Limits: the prompt is rendered before the episode's state exists (the loop's order), so
+:meth:`format_prompt` loads the seeded page in a session of its own and the episode loads
+it again (the same page: the seed fixes it); screenshots are not recorded yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, ClassVar
+
+from telescope.api.browser import BrowserError, BrowserLimits, BrowserSession
+from telescope.api.environment import RolloutState
+from telescope.api.records import Message, RewardResult, Sample
+from telescope.api.tools import ToolCall, ToolEnvironment
+from telescope_envs._deps import require
+
+DEFAULT_TASKS = ("click-button", "click-link", "click-checkboxes", "enter-text")
+
+#: Keys ``press`` accepts (Playwright's names).
+KEYS = ("Enter", "Tab", "Escape", "Backspace", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "Space")
+
+
+def click(ref: int) -> str:
+    """Click the element numbered ref in the page.
+
+    Args:
+        ref: the element's number, as the page listing shows it in brackets
+    """
+    raise NotImplementedError  # a schema only: the environment runs it on the episode's browser
+
+
+def type_text(ref: int, text: str) -> str:
+    """Click the element numbered ref and type text into it.
+
+    Args:
+        ref: the element's number, as the page listing shows it in brackets
+        text: what to type
+    """
+    raise NotImplementedError
+
+
+def press(key: str) -> str:
+    """Press a key: Enter, Tab, Escape, Backspace, ArrowUp, ArrowDown, ArrowLeft, ArrowRight or Space.
+
+    Args:
+        key: the key's name
+    """
+    raise NotImplementedError
+
+
+def scroll(dy: int) -> str:
+    """Scroll the page by dy pixels (negative: up).
+
+    Args:
+        dy: pixels to scroll
+    """
+    raise NotImplementedError
+
+
+def miniwob_folder() -> Path:
+    """The installed ``miniwob`` package's folder (its ``html/`` holds the tasks)."""
+    miniwob = require("miniwob", "telescope-envs[browser]", "the miniwob environment")
+    return Path(str(miniwob.__file__)).parent
+
+
+class _TaskServer:
+    """The ``miniwob`` package's HTML folder on a loopback HTTP server (one per process, started on first use)."""
+
+    _lock = threading.Lock()
+    _instance: _TaskServer | None = None
+
+    def __init__(self, root: Path) -> None:
+        handler = functools.partial(_QuietHandler, directory=str(root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, name="miniwob-tasks", daemon=True).start()
+
+    @classmethod
+    def shared(cls) -> _TaskServer:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls(miniwob_folder() / "html")
+            return cls._instance
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class MiniWoBEnvironment(ToolEnvironment):
+    """MiniWoB++ tasks in Chromium, one fresh browser session per episode (see the module docstring)."""
+
+    name: ClassVar[str] = "miniwob"
+    max_turns: ClassVar[int] = 16
+    reward_min: ClassVar[float] = -1.0
+    reward_max: ClassVar[float] = 1.0
+    metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
+        "success": {"min": 0.0, "max": 1.0},
+        "actions": {"min": 0.0, "max": 16.0},
+        "blocked_requests": {"min": 0.0, "max": 1000.0},
+    }
+    tools: ClassVar[list[Any]] = [click, type_text, press, scroll]
+
+    def __init__(
+        self,
+        tasks: list[str] | None = None,
+        samples_per_task: int = 200,
+        max_actions: int = 8,
+        episode_time_s: float = 600.0,
+        action_timeout_s: float = 10.0,
+        num_browsers: int = 1,
+    ) -> None:
+        super().__init__()
+        chosen = list(tasks) if tasks is not None else list(DEFAULT_TASKS)
+        if not chosen:
+            raise ValueError("miniwob tasks is empty; name at least one task (e.g. click-button)")
+        if not 1 <= max_actions <= self.max_turns:
+            raise ValueError(f"miniwob max_actions must be between 1 and {self.max_turns}, got {max_actions}")
+        self.tasks = chosen
+        self.samples_per_task = samples_per_task
+        self.max_actions = max_actions
+        self.episode_time_s = episode_time_s
+        self.action_timeout_s = action_timeout_s
+        self.num_browsers = num_browsers
+        self._provider: Any = None
+        self._provider_lock = threading.Lock()
+
+    # ------------------------------------------------------------ the data
+
+    def load_dataset(self) -> list[Sample]:
+        folder = miniwob_folder()
+        unknown = [t for t in self.tasks if not (folder / "html" / "miniwob" / f"{t}.html").exists()]
+        if unknown:
+            raise ValueError(f"miniwob tasks {unknown} are not in the installed miniwob package ({folder / 'html'})")
+        return [
+            Sample(prompt=task, answer=seed, sample_id=f"miniwob-{task}-{seed}", environment=self.name)
+            for task in self.tasks
+            for seed in range(self.samples_per_task)
+        ]
+
+    def format_prompt(self, sample: Sample) -> list[Message]:
+        """The task's instruction and the page, from a new episode started for this sample."""
+        state_less = self._start(sample)
+        return [{"role": "user", "content": state_less}]
+
+    # --------------------------------------------------------- the episode
+
+    def _browser(self) -> Any:
+        with self._provider_lock:
+            if self._provider is None:
+                from telescope_sandbox.browser import LocalBrowserProvider
+
+                self._provider = LocalBrowserProvider(num_browsers=self.num_browsers)
+            return self._provider
+
+    def _open(self, sample: Sample) -> tuple[BrowserSession, str]:
+        server = _TaskServer.shared()
+        limits = BrowserLimits(action_timeout_s=self.action_timeout_s, allowed_origins=(server.origin,))
+        session = self._browser().open(limits)
+        try:
+            session.goto(f"{server.origin}/miniwob/{sample.prompt}.html")
+            session.evaluate(
+                f"(() => {{ Math.seedrandom({int(sample.answer)}); core.EPISODE_MAX_TIME = "
+                f"{int(self.episode_time_s * 1000)}; core.startEpisodeReal(); return WOB_TASK_READY; }})()"
+            )
+            utterance = str(session.evaluate("core.getUtterance()"))
+        except BrowserError:
+            session.close()
+            raise
+        return session, utterance
+
+    def _start(self, sample: Sample) -> str:
+        session, utterance = self._open(sample)
+        try:
+            return self._observation(utterance, session.snapshot("#wrap"))
+        finally:
+            session.close()
+
+    @staticmethod
+    def _observation(utterance: str, page: str) -> str:
+        return f"Task: {utterance}\nPage:\n{page}"
+
+    def initial_state(self, sample: Sample) -> RolloutState:
+        state = super().initial_state(sample)
+        session, utterance = self._open(sample)
+        session.snapshot("#wrap")  # numbers the controls as the prompt (the same seeded page) shows them
+        state.data.update(session=session, utterance=utterance, actions=0, done=False, raw_reward=0.0)
+        weakref.finalize(state, session.close)  # an episode that errors or is cancelled still closes its browser
+        return state
+
+    def call_action(self, call: ToolCall, state: RolloutState) -> tuple[bool, str]:
+        """Run one tool call on the episode's page; returns (succeeded, the page's new snapshot or the error)."""
+        session: BrowserSession = state.data["session"]
+        if call.error:
+            return False, f"Error: {call.error}"
+        arguments = call.arguments
+        try:
+            if call.name == "click":
+                session.click(int(arguments["ref"]))
+            elif call.name == "type_text":
+                session.type(int(arguments["ref"]), str(arguments["text"]))
+            elif call.name == "press":
+                if arguments.get("key") not in KEYS:
+                    return False, f"Error: press takes one of {', '.join(KEYS)}"
+                session.press(str(arguments["key"]))
+            elif call.name == "scroll":
+                session.scroll(int(arguments["dy"]))
+            else:
+                return False, f"Error: unknown tool {call.name!r}; available: click, type_text, press, scroll"
+        except (KeyError, TypeError, ValueError) as exc:
+            return False, f"Error: bad arguments for {call.name}: {exc}"
+        except BrowserError as exc:
+            if "crashed" in str(exc):
+                raise  # the episode cannot go on: errored and counted
+            return False, f"Error: {exc}"
+        finally:
+            state.data["actions"] += 1
+        status = session.evaluate("({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL})")
+        if status["done"]:
+            state.data.update(done=True, raw_reward=float(status["raw"]))
+            return True, "The task is over."
+        return True, self._observation(state.data["utterance"], session.snapshot("#wrap"))
+
+    def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
+        replies: list[Message] = []
+        log: list[tuple[str, bool]] = state.data.setdefault("tool_calls", [])
+        for call in self._last_calls(messages):
+            if state.data["done"]:
+                break
+            ok, text = self.call_action(call, state)
+            log.append((call.name or "<malformed>", ok))
+            replies.append({"role": self.tool_message_role, "content": text})
+        return replies
+
+    def is_done(self, messages: list[Message], state: RolloutState) -> bool:
+        return (
+            bool(state.data.get("done"))
+            or state.data.get("actions", 0) >= self.max_actions
+            or state.turn >= self.max_turns
+            or not self._last_calls(messages)
+        )
+
+    def compute_reward(self, messages: list[Message], sample: Sample, state: RolloutState) -> RewardResult:
+        session: BrowserSession | None = state.data.get("session")
+        if session is not None and not state.data["done"]:  # the last reply's actions, not yet run
+            for call in self._last_calls(messages)[: max(0, self.max_actions - state.data["actions"])]:
+                self.call_action(call, state)
+                if state.data["done"]:
+                    break
+        blocked = session.blocked_requests if session is not None else 0
+        if session is not None:
+            session.close()
+        raw = float(state.data.get("raw_reward", 0.0)) if state.data.get("done") else 0.0
+        return RewardResult(
+            total_reward=raw,
+            sample_metrics={
+                "success": float(raw > 0),
+                "actions": float(state.data.get("actions", 0)),
+                "blocked_requests": float(blocked),
+            },
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its browsers (a copy in another process starts its own)."""
+        state = dict(self.__dict__)
+        state.update(_provider=None, _provider_lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._provider_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._provider_lock:
+            if self._provider is not None:
+                self._provider.close()
+                self._provider = None

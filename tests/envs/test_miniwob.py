@@ -1,0 +1,142 @@
+"""MiniWoB++ in a real Chromium: the tasks' pages, the tools, and each task's own reward.
+
+A scripted policy reads the prompt (the task's instruction and the numbered page) and
+answers with tool calls, as a model would; the reward comes from the task's JavaScript.
+Skips without Chromium, Playwright or the miniwob package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from telescope.api.records import Message, RewardResult, Sample
+from telescope.testing.environment import GARBAGE_COMPLETIONS, EnvironmentConformance
+
+pytest.importorskip("playwright", reason="pip install playwright")
+pytest.importorskip("miniwob", reason="pip install 'telescope-envs[browser]'")
+CHROMIUM = os.environ.get("TELESCOPE_CHROMIUM", "/usr/bin/chromium")
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.timeout(300),
+]
+
+from telescope_envs.miniwob import MiniWoBEnvironment  # noqa: E402 (after the skips)
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[MiniWoBEnvironment]:
+    instance = MiniWoBEnvironment(samples_per_task=4)
+    yield instance
+    instance.close()
+
+
+def call(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def ref_of(page: str, pattern: str) -> int:
+    """The number of the first control line matching ``pattern`` (a regex)."""
+    for line in page.splitlines():
+        if line.startswith("[") and re.search(pattern, line):
+            return int(line[1 : line.index("]")])
+    raise AssertionError(f"no control matches {pattern!r} in:\n{page}")
+
+
+def solve(prompt: str) -> str:
+    """The right tool calls for the four default tasks, read from the prompt as a model would."""
+    task, page = prompt.split("\nPage:\n", 1)
+    if m := re.search(r'Click on the "(.+?)" button', task):
+        return call("click", ref=ref_of(page, rf'button "{re.escape(m.group(1))}"'))
+    if m := re.search(r'Click on the link "(.+?)"', task):
+        return call("click", ref=ref_of(page, rf'^\[\d+\] (a|clickable) "{re.escape(m.group(1))}"'))
+    if m := re.search(r"Select (.*?) and click Submit", task):
+        wanted = [w.strip() for w in m.group(1).split(",") if w.strip() and w.strip() != "nothing"]
+        calls = [call("click", ref=ref_of(page, rf'checkbox "{re.escape(w)}"')) for w in wanted]
+        return "".join([*calls, call("click", ref=ref_of(page, 'button "Submit"'))])
+    if m := re.search(r'Enter "(.+?)" into the text field', task):
+        field = ref_of(page, r"\] text ")
+        return call("type_text", ref=field, text=m.group(1)) + call("click", ref=ref_of(page, 'button "Submit"'))
+    raise AssertionError(f"no script for {task!r}")
+
+
+def play(env: MiniWoBEnvironment, sample: Sample, replies: list[str]) -> RewardResult:
+    messages: list[Message] = env.format_prompt(sample)
+    state = env.initial_state(sample)
+    for reply in replies:
+        messages.append({"role": "assistant", "content": reply})
+        state.turn += 1
+        if env.is_done(messages, state):
+            break
+        messages.extend(env.env_response(messages, state))
+    return env.compute_reward(messages, sample, state)
+
+
+def test_the_samples_are_tasks_with_seeds_and_an_unknown_task_is_refused() -> None:
+    env = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=3)
+    assert [(s.prompt, s.answer) for s in env.load_dataset()] == [("click-button", i) for i in range(3)]
+    with pytest.raises(ValueError, match="not in the installed miniwob package"):
+        MiniWoBEnvironment(tasks=["click-nothing-at-all"]).load_dataset()
+
+
+def test_the_prompt_is_the_instruction_and_the_numbered_page(env: MiniWoBEnvironment) -> None:
+    sample = next(s for s in env.load_dataset() if s.prompt == "click-checkboxes")
+    prompt = str(env.format_prompt(sample)[0]["content"])
+    assert prompt.startswith("Task: Select") and "\nPage:\n" in prompt
+    assert re.search(r'^\[\d+\] checkbox "', prompt, re.M) and '] button "Submit"' in prompt
+    assert "Last reward" not in prompt  # the task area only, not MiniWoB's score display
+    assert env.format_prompt(sample) == env.format_prompt(sample)  # seeded: the same page every time
+
+
+@pytest.mark.parametrize("task", ["click-button", "click-link", "click-checkboxes", "enter-text"])
+def test_the_right_actions_solve_each_task_and_the_reward_is_the_tasks_own(env: MiniWoBEnvironment, task: str) -> None:
+    for sample in [s for s in env.load_dataset() if s.prompt == task][:1]:
+        prompt = str(env.format_prompt(sample)[0]["content"])
+        result = play(env, sample, [solve(prompt)])
+        assert result.total_reward > 0.5 and result.sample_metrics["success"] == 1.0, (prompt, result)
+        assert result.sample_metrics["blocked_requests"] == 0
+
+
+def test_a_wrong_action_fails_the_task_and_no_action_scores_zero(env: MiniWoBEnvironment) -> None:
+    sample = next(s for s in env.load_dataset() if s.prompt == "click-button")
+    task, page = str(env.format_prompt(sample)[0]["content"]).split("\nPage:\n")
+    asked = re.search(r'Click on the "(.+?)" button', task)
+    assert asked is not None
+    other = next(line for line in page.splitlines() if "] button " in line and f'"{asked.group(1)}"' not in line)
+    wrong = play(env, sample, [call("click", ref=int(other[1 : other.index("]")]))])
+    assert wrong.total_reward == -1.0 and wrong.sample_metrics["success"] == 0.0
+    idle = play(env, sample, ["I am not sure what to do."])
+    assert idle.total_reward == 0.0 and idle.sample_metrics["actions"] == 0.0
+
+
+def test_bad_tool_calls_are_answered_with_errors_not_raised(env: MiniWoBEnvironment) -> None:
+    sample = next(s for s in env.load_dataset() if s.prompt == "click-button")
+    messages: list[Message] = env.format_prompt(sample)
+    state = env.initial_state(sample)
+    messages.append({"role": "assistant", "content": call("click", ref=999) + call("press", key="F13") + call("fly")})
+    state.turn += 1
+    assert not env.is_done(messages, state)
+    replies = [str(m["content"]) for m in env.env_response(messages, state)]
+    assert replies[0] == "Error: no element numbered 999 in the last snapshot" and "press takes one of" in replies[1]
+    assert "unknown tool 'fly'" in replies[2]
+    assert env.compute_reward(messages, sample, state).total_reward == 0.0
+
+
+class TestMiniWoBConformance(EnvironmentConformance):
+    samples_checked = 1
+    garbage = GARBAGE_COMPLETIONS[:4]
+
+    def environment_factory(self) -> MiniWoBEnvironment:
+        return MiniWoBEnvironment(tasks=["enter-text"], samples_per_task=2)
+
+    def right_replies(self, sample: Sample) -> list[str] | None:
+        environment = MiniWoBEnvironment(tasks=[str(sample.prompt)], samples_per_task=1)
+        try:
+            return [solve(str(environment.format_prompt(sample)[0]["content"]))]
+        finally:
+            environment.close()
