@@ -293,7 +293,7 @@ def assert_timeline_and_metadata(reader: RunReader) -> None:
     run_dir = reader.run_dir
     metadata = json.loads((run_dir / "metadata.json").read_text())
     assert metadata["environments"][0]["name"] == "countdown" and metadata["host"]["versions"]["ray"]
-    assert (run_dir / "code" / "telescope-core" / "src" / "telescope" / "system" / "events.py").exists()
+    assert (run_dir / "code" / "telescope-core" / "src" / "telescope" / "api" / "events.py").exists()
     trainer_log = (run_dir / "logs" / "trainer_0.log").read_text()
     assert "trainer rank 0 of 1" in trainer_log and "step 2: loss" in trainer_log
     console = run_dir / "logs" / "stdout"
