@@ -63,8 +63,8 @@ def test_the_long_horizon_example_answers_more_turns_right_after_rl(tmp_path: Pa
     before = evals["before"]["eval/code_tracker/reward_mean"]
     after = evals["after"]["eval/code_tracker/reward_mean"]
     assert after >= before + MARGIN, (before, after)
-    # what trained were compacted episodes: several context segments each, every turn played
+    # what trained were compacted episodes: several context segments each, most played to their last turn
     rollouts = reader.rollouts()
     compacted = [r for r in rollouts if r["compactions"] >= 3 and r["segments"] == r["compactions"]]
-    assert len(compacted) > 0.9 * len(rollouts)
-    assert all(r["sample_metrics"]["turns_played"] == 32 for r in compacted)
+    assert len(compacted) > 0.8 * len(rollouts)
+    assert sum(r["sample_metrics"]["turns_played"] == 32 for r in compacted) > 0.8 * len(compacted)
