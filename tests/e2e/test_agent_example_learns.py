@@ -14,15 +14,13 @@ sample), more than the suite's budget allows: it runs with ``TELESCOPE_E2E_AGENT
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_runs import run_example
 
 from telescope.recording.run_reader import RunReader
 
-REPO = Path(__file__).resolve().parents[2]
 #: Held-out reward (0..2) the RL steps must add, at least (see bench/README.md for the gains measured).
 MARGIN = 0.05  # measured gains: +0.078, +0.070, +0.171 (seeds 0, 1, 2; bench/README.md)
 
@@ -40,21 +38,7 @@ pytestmark = [
 def test_the_agent_example_gains_held_out_reward(tmp_path: Path) -> None:
     pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install 'telescope-core[agents]'")
     run_dir = tmp_path / "run"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-        "run",
-        str(REPO / "configs" / "examples" / "cpu" / "countdown_agent_tiny.yaml"),
-        "--run_dir",
-        str(run_dir),
-        "--ray_address",
-        "local",
-        "--inference_base_port",
-        "8251",
-    ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=1700)
+    result = run_example("examples/cpu/countdown_agent_tiny.yaml", run_dir, port=8251, timeout_s=1700)
     assert result.returncode == 0, result.stderr[-3000:]
     reader = RunReader(run_dir)
     evals = {e["phase"]: e["metrics"] for e in reader.evals()}

@@ -17,15 +17,13 @@ The run takes longer than the suite's budget allows: it runs with
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_runs import run_example
 
 from telescope.recording.run_reader import RunReader
 
-REPO = Path(__file__).resolve().parents[2]
 #: Held-out share of turns answered right (the reward) the RL steps must add, at least.
 MARGIN = 0.08  # measured gains +0.251 (seed 0), +0.097 (seed 1); seed 2 did not learn (bench/README.md)
 
@@ -42,21 +40,7 @@ pytestmark = [
 
 def test_the_long_horizon_example_answers_more_turns_right_after_rl(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TELESCOPE_PROGRESS": "lines"}
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from telescope.cli.main import main; sys.exit(main(sys.argv[1:]))",
-        "run",
-        str(REPO / "configs" / "examples" / "cpu" / "code_tracker_tiny.yaml"),
-        "--run_dir",
-        str(run_dir),
-        "--ray_address",
-        "local",
-        "--inference_base_port",
-        "8261",
-    ]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=2300)
+    result = run_example("examples/cpu/code_tracker_tiny.yaml", run_dir, port=8261, timeout_s=2300)
     assert result.returncode == 0, result.stderr[-3000:]
     reader = RunReader(run_dir)
     evals = {e["phase"]: e["metrics"] for e in reader.evals()}

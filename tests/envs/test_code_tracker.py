@@ -44,14 +44,7 @@ class TestCodeTrackerConformance(EnvironmentConformance):
 
 
 def play_replies(env: CodeTrackerEnvironment, sample: Sample, replies: list[str]) -> tuple[float, dict[str, float]]:
-    state = env.initial_state(sample)
-    messages = env.format_prompt(sample)
-    for reply in replies:
-        messages.append({"role": "assistant", "content": reply})
-        state.turn += 1
-        if env.is_done(messages, state):
-            break
-        messages.extend(env.env_response(messages, state))
+    messages, state, _ = env.play_replies(sample, replies)
     result = env.compute_reward(messages, sample, state)
     return result.total_reward, result.sample_metrics
 
@@ -113,7 +106,7 @@ def renderer() -> ChatRenderer:
 def test_the_warm_start_plays_the_first_turns_each_in_its_own_conversation(renderer: ChatRenderer) -> None:
     env = CodeTrackerEnvironment(num_samples=20, demonstrated_turns=4)
     sample = next(s for s in env.load_dataset() if s.answer[1] != s.answer[0])
-    examples = played_demonstration(env, sample, renderer)
+    examples = played_demonstration(env, sample, env.demonstration_turns(sample) or [], renderer)
     assert [renderer.decode(e.completion_ids).strip() for e in examples] == [f"[{c}]" for c in sample.answer[:4]]
     second_prompt = renderer.decode(examples[1].prompt_ids)
     assert f"[{sample.answer[0]}]" in second_prompt and f"new {sample.answer[1]}" in second_prompt

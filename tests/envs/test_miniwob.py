@@ -66,14 +66,7 @@ def solve(prompt: str) -> str:
 
 
 def play(env: MiniWoBEnvironment, sample: Sample, replies: list[str]) -> RewardResult:
-    messages: list[Message] = env.format_prompt(sample)
-    state = env.initial_state(sample)
-    for reply in replies:
-        messages.append({"role": "assistant", "content": reply})
-        state.turn += 1
-        if env.is_done(messages, state):
-            break
-        messages.extend(env.env_response(messages, state))
+    messages, state, _ = env.play_replies(sample, replies)
     return env.compute_reward(messages, sample, state)
 
 

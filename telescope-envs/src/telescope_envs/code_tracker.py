@@ -119,10 +119,6 @@ class CodeTrackerEnvironment(MultiTurnEnvironment):
             )
         return samples
 
-    def demonstration(self, sample: Sample) -> str | None:
-        """The first answer: the prompt's code in brackets."""
-        return f"[{sample.answer[0]}]"
-
     def demonstration_turns(self, sample: Sample) -> list[str] | None:
         """The right answers to the first ``demonstrated_turns`` turns (all within one context, uncompacted)."""
         return [f"[{code}]" for code in sample.answer[: self.demonstrated_turns]]

@@ -165,6 +165,26 @@ class MultiTurnEnvironment(EnvironmentBase):
     def initial_state(self, sample: Sample) -> RolloutState:
         return RolloutState(sample=sample)
 
+    def play_replies(self, sample: Sample, replies: Sequence[str]) -> tuple[list[Message], RolloutState, list[int]]:
+        """Play scripted ``replies`` as the rollout loop plays a model's (the reply, ``is_done``, then
+        ``env_response``) until done or the replies run out, without compaction.
+
+        Returns the conversation, the state, and where each played reply stands in the
+        conversation (the messages before it are its prompt). The warm start plays
+        :meth:`demonstration_turns` with it; tests play scripted episodes.
+        """
+        messages = self.format_prompt(sample)
+        state = self.initial_state(sample)
+        positions: list[int] = []
+        for reply in replies:
+            positions.append(len(messages))
+            messages.append({"role": "assistant", "content": reply})
+            state.turn += 1
+            if self.is_done(messages, state):
+                break
+            messages.extend(self.env_response(messages, state))
+        return messages, state, positions
+
     def demonstration_turns(self, sample: Sample) -> list[str] | None:
         """Reference replies for the first turns of ``sample``, for the warm start (None: none, the default).
 

@@ -56,8 +56,8 @@ async def demonstration_examples(
             replies = environment.demonstration_replies(sample)
             if replies is not None and record_agent is not None:
                 examples.extend(await record_agent(environment, sample, replies))
-        elif isinstance(environment, MultiTurnEnvironment) and environment.demonstration_turns(sample) is not None:
-            examples.extend(played_demonstration(environment, sample, renderer))
+        elif isinstance(environment, MultiTurnEnvironment) and (turns := environment.demonstration_turns(sample)):
+            examples.extend(played_demonstration(environment, sample, turns, renderer))
         else:
             demo = environment.demonstration(sample)
             if demo is None:
@@ -76,28 +76,19 @@ async def demonstration_examples(
 
 
 def played_demonstration(
-    environment: MultiTurnEnvironment, sample: Sample, renderer: ChatRenderer
+    environment: MultiTurnEnvironment, sample: Sample, replies: list[str], renderer: ChatRenderer
 ) -> list[SupervisedExample]:
-    """One example per reply of ``demonstration_turns``, each after the conversation so far.
+    """One example per reply (``demonstration_turns``), each after the conversation before it.
 
-    The replies are played against the environment as the rollout loop plays a model's:
-    the reply, ``is_done``, then ``env_response``; the conversation is never compacted
-    here, so the replies should cover the turns that fit in ``max_model_len``.
+    The replies are played against the environment (:meth:`MultiTurnEnvironment.play_replies`),
+    never compacted, so they should cover the turns that fit in ``max_model_len``.
     """
-    replies = environment.demonstration_turns(sample) or []
-    eos = renderer.eos_token_id
-    state = environment.initial_state(sample)
-    messages = environment.format_prompt(sample)
-    examples = []
-    for reply in replies:
-        completion = renderer.encode(reply) + ([eos] if eos is not None else [])
-        examples.append(SupervisedExample(renderer.prompt_ids(messages), completion))
-        messages.append({"role": "assistant", "content": reply})
-        state.turn += 1
-        if environment.is_done(messages, state):
-            break
-        messages.extend(environment.env_response(messages, state))
-    return examples
+    eos = [renderer.eos_token_id] if renderer.eos_token_id is not None else []
+    messages, _, positions = environment.play_replies(sample, replies)
+    return [
+        SupervisedExample(renderer.prompt_ids(messages[:at]), renderer.encode(str(messages[at]["content"])) + eos)
+        for at in positions
+    ]
 
 
 def warm_start_batches(
