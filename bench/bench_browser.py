@@ -46,7 +46,9 @@ def main() -> None:
     from telescope_envs.miniwob import MiniWoBEnvironment
 
     print(report("before"), flush=True)
-    env = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=args.episodes, num_browsers=args.browsers)
+    env = MiniWoBEnvironment(
+        tasks=["click-button"], samples_per_task=args.episodes, browser_provider_kwargs={"num_browsers": args.browsers}
+    )
     samples = env.load_dataset()
     latencies: list[float] = []
     solved = 0

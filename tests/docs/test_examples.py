@@ -10,6 +10,7 @@ project's own tests (the conformance kits) with pytest in a fresh interpreter.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -228,6 +229,25 @@ def test_sandbox_provider(install: Install) -> None:
     with provider.create() as sandbox:
         assert sandbox.execute(["python3", "-c", "import os; print(os.getcwd())"]).stdout.startswith(str(project.root))
     assert passed_count(run_project_tests(project)) >= 18
+
+
+# --------------------------------------------------------------------------- browser-provider.md
+
+
+@pytest.mark.slow
+def test_browser_provider(install: Install) -> None:
+    pytest.importorskip("playwright", reason="pip install 'telescope-sandbox[browser]'")
+    if not Path(os.environ.get("TELESCOPE_CHROMIUM", "/usr/bin/chromium")).exists():
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    from telescope.api import BrowserProvider
+    from telescope.config import load_config
+
+    project = install("browser-provider.md")
+    assert entry(project, PluginKind.BROWSER_PROVIDER, "cdp").is_lazy
+    assert issubclass(get_plugins().browser_provider("cdp"), BrowserProvider)
+    config = load_config(project.root / "configs" / "miniwob_cdp.yaml", []).config  # validates: the provider is found
+    assert config.browser_provider == "cdp"
+    assert passed_count(run_project_tests(project)) >= 8
 
 
 # --------------------------------------------------------------------------- weight-transport.md

@@ -133,3 +133,38 @@ class TestMiniWoBConformance(EnvironmentConformance):
             return [solve(str(environment.format_prompt(sample)[0]["content"]))]
         finally:
             environment.close()
+
+
+def test_with_screenshots_the_page_is_kept_with_the_rollout_at_the_start_and_after_each_action() -> None:
+    env = MiniWoBEnvironment(tasks=["click-checkboxes"], samples_per_task=1, screenshots=True)
+    try:
+        (sample,) = env.load_dataset()
+        reply = solve(str(env.format_prompt(sample)[0]["content"]))
+        messages, state, _ = env.play_replies(sample, [reply])
+        result = env.compute_reward(messages, sample, state)
+    finally:
+        env.close()
+    assert result.sample_metrics["success"] == 1.0 and result.sample_metrics["screenshot_failures"] == 0.0
+    actions = int(result.sample_metrics["actions"])
+    assert [a.turn for a in state.attachments] == [0] + [1] * actions  # the start, then one per action of reply 1
+    assert all(a.media_type == "image/png" and a.data.startswith(b"\x89PNG") for a in state.attachments)
+    assert len({a.data for a in state.attachments}) > 1  # the page changed as the boxes were ticked
+
+
+def test_the_browser_provider_is_the_runs_unless_the_environment_names_its_own() -> None:
+    from telescope.api.context import EnvironmentContext
+    from telescope.api.environment import bind_context
+    from telescope.plugins.registry import UnknownPluginError
+
+    env = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=1)
+    assert env.provider_name == "local"
+    bind_context(env, EnvironmentContext(browser_provider="cloud"))
+    assert env.provider_name == "cloud"
+    with pytest.raises(UnknownPluginError, match="unknown browser provider 'cloud'"):
+        env.format_prompt(env.load_dataset()[0])
+    own = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=1, browser_provider="local")
+    assert bind_context(own, EnvironmentContext(browser_provider="cloud")).provider_name == "local"
+    # the provider is built with the environment's browser_provider_kwargs
+    bad = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=1, browser_provider_kwargs={"num_browsers": 0})
+    with pytest.raises(ValueError, match="num_browsers must be at least 1"):
+        bad.format_prompt(bad.load_dataset()[0])

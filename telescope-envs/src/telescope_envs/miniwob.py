@@ -13,9 +13,17 @@ tool-call format of :class:`~telescope.api.tools.ToolEnvironment`, and each tool
 the page's new snapshot. The episode ends when the task says it is done
 (``WOB_DONE_GLOBAL``), when a reply calls no tool, or after ``max_actions``.
 
+Browsers: the run's ``browser_provider`` (``local`` by default), or this environment's own
+``browser_provider`` keyword argument, built with ``browser_provider_kwargs`` (for the local
+provider ``num_browsers``, ``executable_path``). Each session gets ``action_timeout_s`` per
+action and a JavaScript heap of ``js_heap_mb``. With ``screenshots`` the page's task area is
+kept with the rollout as a PNG at the start and after every action
+(:class:`~telescope.api.records.Attachment`; the run store writes them under ``media/``).
+
 Reward: the task's own raw reward (``WOB_RAW_REWARD_GLOBAL``: 1 solved, -1 failed, some
 tasks partial), 0 when the episode ended before the task did. Sample metrics:
-``success`` (reward > 0), ``actions`` and ``blocked_requests``.
+``success`` (reward > 0), ``actions``, ``blocked_requests`` and, with screenshots,
+``screenshot_failures``.
 
 Tasks: ``tasks`` (default: click-button, click-link, click-checkboxes, enter-text);
 ``episode_time_s`` replaces the task's own 10-second limit (a model thinks slower than a
@@ -27,7 +35,7 @@ timeout) is answered with the error, and the model may go on.
 
 Limits: the prompt is rendered before the episode's state exists (the loop's order), so
 :meth:`format_prompt` loads the seeded page in a session of its own and the episode loads
-it again (the same page: the seed fixes it); screenshots are not recorded yet.
+it again (the same page: the seed fixes it), once for a group of rollouts.
 """
 
 from __future__ import annotations
@@ -39,9 +47,9 @@ import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
-from telescope.api.browser import BrowserError, BrowserLimits, BrowserSession
+from telescope.api.browser import BrowserError, BrowserLimits, BrowserProvider, BrowserSession
 from telescope.api.environment import RolloutState
-from telescope.api.records import Message, RewardResult, Sample
+from telescope.api.records import Attachment, Message, RewardResult, Sample
 from telescope.api.tools import ToolCall, ToolEnvironment
 from telescope_envs._deps import require
 
@@ -132,6 +140,8 @@ class MiniWoBEnvironment(ToolEnvironment):
         "blocked_requests": {"min": 0.0, "max": 1000.0},
     }
     tools: ClassVar[list[Any]] = [click, type_text, press, scroll]
+    uses_browser: ClassVar[bool] = True
+    requires: ClassVar[dict[str, str]] = {"miniwob": "pip install 'telescope-envs[browser]'"}
 
     def __init__(
         self,
@@ -140,7 +150,10 @@ class MiniWoBEnvironment(ToolEnvironment):
         max_actions: int = 8,
         episode_time_s: float = 600.0,
         action_timeout_s: float = 10.0,
-        num_browsers: int = 1,
+        js_heap_mb: int = 256,
+        screenshots: bool = False,
+        browser_provider: str | None = None,
+        browser_provider_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         chosen = list(tasks) if tasks is not None else list(DEFAULT_TASKS)
@@ -153,8 +166,11 @@ class MiniWoBEnvironment(ToolEnvironment):
         self.max_actions = max_actions
         self.episode_time_s = episode_time_s
         self.action_timeout_s = action_timeout_s
-        self.num_browsers = num_browsers
-        self._provider: Any = None
+        self.js_heap_mb = js_heap_mb
+        self.screenshots = screenshots
+        self.browser_provider = browser_provider
+        self.browser_provider_kwargs = dict(browser_provider_kwargs or {})
+        self._provider: BrowserProvider | None = None
         self._provider_lock = threading.Lock()
 
     # ------------------------------------------------------------ the data
@@ -177,17 +193,25 @@ class MiniWoBEnvironment(ToolEnvironment):
 
     # --------------------------------------------------------- the episode
 
-    def _browser(self) -> Any:
+    @property
+    def provider_name(self) -> str:
+        """The browser provider used: the ``browser_provider`` keyword, else the run's (its context)."""
+        return self.browser_provider or self.context.browser_provider
+
+    def _browser(self) -> BrowserProvider:
         with self._provider_lock:
             if self._provider is None:
-                from telescope_sandbox.browser import LocalBrowserProvider
+                from telescope.plugins.facade import get_plugins
 
-                self._provider = LocalBrowserProvider(num_browsers=self.num_browsers)
+                provider_class = get_plugins().browser_provider(self.provider_name)
+                self._provider = provider_class(**self.browser_provider_kwargs)
             return self._provider
 
     def _open(self, sample: Sample) -> tuple[BrowserSession, str]:
         server = _TaskServer.shared()
-        limits = BrowserLimits(action_timeout_s=self.action_timeout_s, allowed_origins=(server.origin,))
+        limits = BrowserLimits(
+            action_timeout_s=self.action_timeout_s, js_heap_mb=self.js_heap_mb, allowed_origins=(server.origin,)
+        )
         session = self._browser().open(limits)
         try:
             session.goto(f"{server.origin}/miniwob/{sample.prompt}.html")
@@ -216,9 +240,23 @@ class MiniWoBEnvironment(ToolEnvironment):
         state = super().initial_state(sample)
         session, utterance = self._open(sample)
         session.snapshot("#wrap")  # numbers the controls as the prompt (the same seeded page) shows them
-        state.data.update(session=session, utterance=utterance, actions=0, done=False, raw_reward=0.0)
+        state.data.update(
+            session=session, utterance=utterance, actions=0, done=False, raw_reward=0.0, screenshot_failures=0
+        )
         weakref.finalize(state, session.close)  # an episode that errors or is cancelled still closes its browser
+        self._keep_screenshot(state)
         return state
+
+    def _keep_screenshot(self, state: RolloutState) -> None:
+        """The task area as a PNG attachment of the rollout (when ``screenshots``); a failure is counted."""
+        if not self.screenshots:
+            return
+        try:
+            image = state.data["session"].screenshot("#wrap")
+        except BrowserError:
+            state.data["screenshot_failures"] += 1
+            return
+        state.attachments.append(Attachment(name="page", media_type="image/png", data=image, turn=state.turn))
 
     def call_action(self, call: ToolCall, state: RolloutState) -> tuple[bool, str]:
         """Run one tool call on the episode's page; returns (succeeded, the page's new snapshot or the error)."""
@@ -248,6 +286,7 @@ class MiniWoBEnvironment(ToolEnvironment):
         finally:
             state.data["actions"] += 1
         status = session.evaluate("({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL})")
+        self._keep_screenshot(state)
         if status["done"]:
             state.data.update(done=True, raw_reward=float(status["raw"]))
             return True, "The task is over."
@@ -289,6 +328,7 @@ class MiniWoBEnvironment(ToolEnvironment):
                 "success": float(raw > 0),
                 "actions": float(state.data.get("actions", 0)),
                 "blocked_requests": float(blocked),
+                **({"screenshot_failures": float(state.data["screenshot_failures"])} if self.screenshots else {}),
             },
         )
 

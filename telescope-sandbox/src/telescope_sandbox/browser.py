@@ -1,5 +1,9 @@
 """The ``local`` browser provider: headless Chromium driven by Playwright, one fresh context per session.
 
+:class:`PlaywrightBrowserProvider` is everything below but how a browser is reached (its
+``launch``); :class:`LocalBrowserProvider` starts Chromium on this machine. A provider for a
+Chromium elsewhere subclasses the first and connects (docs/browser-provider.md).
+
 Design. Playwright's asynchronous API runs on an event loop of the provider's own (one
 daemon thread), so any thread (an environment's ``env_response`` runs in a worker
 thread) can call a session synchronously: each call is handed to that loop and waited
@@ -46,7 +50,7 @@ T = TypeVar("T")
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 
-#: The page-side half of :meth:`LocalBrowserSession.snapshot`: numbers the visible controls
+#: The page-side half of :meth:`PlaywrightBrowserSession.snapshot`: numbers the visible controls
 #: (``data-telescope-ref``) and lists them, with the visible text around them, in document order.
 SNAPSHOT_JS = """
 (root) => {
@@ -162,21 +166,19 @@ class _Browser:
         browser.on("disconnected", lambda _: setattr(self, "alive", False))
 
 
-class LocalBrowserProvider(BrowserProvider):
-    """Headless Chromium via Playwright on this machine (see the module docstring)."""
+class PlaywrightBrowserProvider(BrowserProvider):
+    """Sessions on Chromium browsers that Playwright drives; a subclass says how a browser is reached.
 
-    name: ClassVar[str] = "local"
+    Everything but :meth:`launch` is here: the loop thread, ``num_browsers`` slots filled on
+    first use and refilled after a crash (counted in :attr:`restarts`), and the sessions with
+    their containment (see the module docstring). :meth:`launch` returns a Playwright
+    ``Browser``: the local provider starts one; a provider for a Chromium elsewhere connects
+    to it (``playwright.chromium.connect_over_cdp(endpoint)``), see docs/browser-provider.md.
+    """
 
-    def __init__(
-        self,
-        *,
-        num_browsers: int = 1,
-        executable_path: str | None = None,
-        default_limits: BrowserLimits | None = None,
-    ) -> None:
+    def __init__(self, *, num_browsers: int = 1, default_limits: BrowserLimits | None = None) -> None:
         if num_browsers < 1:
             raise ValueError(f"num_browsers must be at least 1, got {num_browsers}")
-        self.executable_path = chromium_path(executable_path)
         self.default_limits = default_limits or BrowserLimits()
         self.num_browsers = num_browsers
         self._loop: _Loop | None = None
@@ -186,6 +188,10 @@ class LocalBrowserProvider(BrowserProvider):
         self._lock = threading.Lock()
         self._restarts = 0
         self._closed = False
+
+    async def launch(self, playwright: Any, limits: BrowserLimits) -> Any:
+        """A new Playwright ``Browser`` for a slot (``limits``: those of the session that asked for it)."""
+        raise NotImplementedError
 
     @property
     def restarts(self) -> int:
@@ -200,7 +206,7 @@ class LocalBrowserProvider(BrowserProvider):
                 self._loop = _Loop()
             slot = next(self._next_slot) % self.num_browsers
             browser = self._loop.run(self._browser(slot, limits), timeout_s=60.0)
-        session = LocalBrowserSession(self._loop, browser, limits)
+        session = PlaywrightBrowserSession(self._loop, browser, limits)
         self._loop.run(session.start(), timeout_s=limits.action_timeout_s + 30.0)
         return session
 
@@ -214,31 +220,8 @@ class LocalBrowserProvider(BrowserProvider):
             self._restarts += 1
         if self._playwright is None:
             self._playwright = await async_playwright().start()
-        args = [
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            f"--js-flags=--max-old-space-size={limits.js_heap_mb}",
-        ]
-        launched = await self._playwright.chromium.launch(
-            executable_path=self.executable_path, headless=True, args=args
-        )
-        self._slots[slot] = browser = _Browser(launched)
+        self._slots[slot] = browser = _Browser(await self.launch(self._playwright, limits))
         return browser
-
-    def browser_processes(self) -> list[Any]:
-        """The browsers' main processes (``psutil.Process``; Playwright names no pid): Chromium processes
-        started under this process whose parent is not one, for memory figures and for tests that kill one."""
-        import psutil
-
-        found = []
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if "chrom" in child.name() and "chrom" not in child.parent().name():
-                    found.append(child)
-            except psutil.Error:
-                continue
-        return found
 
     def close(self) -> None:
         with self._lock:
@@ -262,7 +245,46 @@ class LocalBrowserProvider(BrowserProvider):
             loop.stop()
 
 
-class LocalBrowserSession(BrowserSession):
+class LocalBrowserProvider(PlaywrightBrowserProvider):
+    """Headless Chromium via Playwright on this machine (see the module docstring)."""
+
+    name: ClassVar[str] = "local"
+
+    def __init__(
+        self,
+        *,
+        num_browsers: int = 1,
+        executable_path: str | None = None,
+        default_limits: BrowserLimits | None = None,
+    ) -> None:
+        super().__init__(num_browsers=num_browsers, default_limits=default_limits)
+        self.executable_path = chromium_path(executable_path)
+
+    async def launch(self, playwright: Any, limits: BrowserLimits) -> Any:
+        args = [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--js-flags=--max-old-space-size={limits.js_heap_mb}",
+        ]
+        return await playwright.chromium.launch(executable_path=self.executable_path, headless=True, args=args)
+
+    def browser_processes(self) -> list[Any]:
+        """The browsers' main processes (``psutil.Process``; Playwright names no pid): Chromium processes
+        started under this process whose parent is not one, for memory figures and for tests that kill one."""
+        import psutil
+
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "chrom" in child.name() and "chrom" not in child.parent().name():
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found
+
+
+class PlaywrightBrowserSession(BrowserSession):
     """A fresh context and page on one of the provider's browsers."""
 
     def __init__(self, loop: _Loop, browser: _Browser, limits: BrowserLimits) -> None:
@@ -356,8 +378,9 @@ class LocalBrowserSession(BrowserSession):
     def scroll(self, dy: int) -> None:
         self._call("scroll", self._page.mouse.wheel(0, dy), dy=dy)
 
-    def screenshot(self) -> bytes:
-        data: bytes = self._call("screenshot", self._page.screenshot(type="png"))
+    def screenshot(self, root: str | None = None) -> bytes:
+        target = self._page.locator(root).first if root else self._page
+        data: bytes = self._call("screenshot", target.screenshot(type="png"))
         return data
 
     def close(self) -> None:

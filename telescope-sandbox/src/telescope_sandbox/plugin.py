@@ -1,4 +1,4 @@
-"""Registers this package's sandbox providers through the public hook (lazily)."""
+"""Registers this package's sandbox and browser providers through the public hooks (lazily)."""
 
 from __future__ import annotations
 
@@ -37,3 +37,17 @@ def telescope_register_sandbox_providers(register: Registrar) -> None:
         if name in SDK_MODULES:
             metadata["requires"] = (SDK_MODULES[name],)
         register(name, target, **metadata)
+
+
+#: The browser providers: ``local`` drives an installed Chromium with Playwright (the ``browser`` extra).
+BROWSER_PROVIDERS: dict[str, str] = {"local": "telescope_sandbox.browser:LocalBrowserProvider"}
+
+
+@hookimpl
+def telescope_register_browser_providers(register: Registrar) -> None:
+    register(
+        "local",
+        BROWSER_PROVIDERS["local"],
+        requires=("playwright",),
+        install_hint="pip install 'telescope-sandbox[browser]' (and apt-get install chromium)",
+    )

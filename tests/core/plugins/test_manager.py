@@ -245,6 +245,10 @@ def test_a_third_party_can_register_every_kind(make_distribution: MakeDist) -> N
             register("every_sandbox", "every_plugin:Thing")
 
         @hookimpl
+        def telescope_register_browser_providers(register):
+            register("every_browser", "every_plugin:Thing")
+
+        @hookimpl
         def telescope_register_loggers(register):
             register("every_logger", "every_plugin:Thing")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from telescope.api import events
-from telescope.api.records import FinishReason, Group, RewardResult, Rollout, Sample, Turn
+from telescope.api.records import Attachment, FinishReason, Group, RewardResult, Rollout, Sample, Turn
 from telescope.recording.run_reader import JsonlFollower, RunReader
 from telescope.recording.run_store import (
     RunStore,
@@ -93,6 +94,30 @@ def test_rollout_records_carry_every_field(tmp_path: Path) -> None:
     assert second["stop_reason"] == "length" and second["error"] is None
     assert "tags" not in first
     assert RunReader(tmp_path).rollouts(step=6) == []
+
+
+def test_attachments_become_files_of_the_run_and_records_keep_their_paths(tmp_path: Path) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(64))
+    shots = [Attachment("page", "image/png", png, turn=0), Attachment("page", "image/png", png[:20], turn=1)]
+    rollout = dataclasses.replace(make_rollout(1.0), attachments=shots)
+    groups = [Group(sample=Sample(prompt="p"), rollouts=[rollout, make_rollout(0.0)])]
+    with RunStore(tmp_path) as store:
+        records = store.store_attachments(group_records(3, groups))
+        store.log_rollouts(3, records)
+        store.log_rollouts(3, [rollout])  # a bare rollout: written by log_rollouts itself
+    first, plain, bare = RunReader(tmp_path).rollouts(step=3)
+    assert "attachments" not in plain
+    for record in (first, bare):
+        entries = record["attachments"]
+        assert [(e["name"], e["media_type"], e["turn"], e["bytes"]) for e in entries] == [
+            ("page", "image/png", 0, len(png)),
+            ("page", "image/png", 1, 20),
+        ]
+        assert all("data" not in e and e["path"].startswith("media/step-3/") for e in entries)
+        assert (tmp_path / entries[0]["path"]).read_bytes() == png
+        assert (tmp_path / entries[1]["path"]).read_bytes() == png[:20]
+    assert first["attachments"][0]["path"] != bare["attachments"][0]["path"]  # never overwritten
+    assert store.store_attachments(records) == records  # already written: left as they are
 
 
 def test_a_sample_s_tags_go_into_its_rollout_records() -> None:

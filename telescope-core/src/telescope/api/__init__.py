@@ -7,6 +7,7 @@ component, a plugin's included, emits on.
 
 from telescope.api.agent import AgentEnvironment
 from telescope.api.algorithm import Algorithm, AlgorithmCapabilities, AlgorithmConfig
+from telescope.api.browser import BrowserError, BrowserLimits, BrowserProvider, BrowserSession
 from telescope.api.context import EnvironmentContext
 from telescope.api.environment import (
     BaseEnvironment,
@@ -38,6 +39,10 @@ __all__ = [
     "AlgorithmCapabilities",
     "AlgorithmConfig",
     "BaseEnvironment",
+    "BrowserError",
+    "BrowserLimits",
+    "BrowserProvider",
+    "BrowserSession",
     "EnvironmentBase",
     "EnvironmentContext",
     "EvalSpec",

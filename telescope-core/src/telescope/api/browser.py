@@ -79,8 +79,8 @@ class BrowserSession(ABC):
         """Scroll the page by ``dy`` pixels (negative: up)."""
 
     @abstractmethod
-    def screenshot(self) -> bytes:
-        """The page as a PNG."""
+    def screenshot(self, root: str | None = None) -> bytes:
+        """The page (or the element the CSS selector ``root`` names) as a PNG."""
 
     @property
     @abstractmethod
@@ -99,7 +99,13 @@ class BrowserSession(ABC):
 
 
 class BrowserProvider(ABC):
-    """Opens browser sessions."""
+    """Opens browser sessions.
+
+    A run builds a provider by its registered name (the ``browser_provider`` setting, or an
+    environment's own ``browser_provider`` keyword argument) with the environment's
+    ``browser_provider_kwargs`` as keyword arguments; :class:`telescope.testing.browser.
+    BrowserProviderConformance` is the kit a provider passes.
+    """
 
     name: ClassVar[str] = ""
 

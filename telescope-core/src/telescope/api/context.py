@@ -165,20 +165,25 @@ class TransportContext(_Context):
 
 @dataclass(frozen=True)
 class EnvironmentContext(_Context):
-    """What an environment reads of the run: the sandbox provider for the code it runs.
+    """What an environment reads of the run: the providers of its sandboxes and browsers.
 
     The core sets it on every environment it builds (``environment.context``), after
     the constructor and before the dataset is loaded; outside a run the class default
     (``EnvironmentContext()``) applies. An environment that runs code
     (``uses_sandbox``) uses ``sandbox_provider`` unless its own ``sandbox_provider``
-    keyword argument overrides it.
+    keyword argument overrides it; one that acts on web pages (``uses_browser``) uses
+    ``browser_provider`` the same way.
     """
 
     sandbox_provider: str = "local"
+    browser_provider: str = "local"
 
     @classmethod
     def from_config(cls, config: TelescopeConfig) -> EnvironmentContext:
-        return cls(sandbox_provider=config.sandbox_provider)
+        return cls(
+            sandbox_provider=config.sandbox_provider,
+            browser_provider=config.browser_provider,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ errored (counted in the metrics) and the run goes on. ``metrics_ranges`` declare
 expected ranges of sample metrics for the dashboard; it does not affect training.
 
 What an environment reads of the run is its :class:`~telescope.api.context.EnvironmentContext`
-(``self.context``, set by the core with :func:`bind_context` after construction): today
-the run's ``sandbox_provider``. Two class attributes are checked by ``telescope config
-validate`` before anything starts: ``requires`` (optional modules the environment
-imports, with the command that installs each) and ``uses_sandbox`` (it runs
+(``self.context``, set by the core with :func:`bind_context` after construction): the
+run's ``sandbox_provider`` and ``browser_provider``. Three class attributes are checked
+by ``telescope config validate`` before anything starts: ``requires`` (optional modules
+the environment imports, with the command that installs each), ``uses_sandbox`` (it runs
 model-written code: the provider it will use, the run's ``sandbox_provider`` or its own
-``sandbox_provider`` keyword argument, must be registered and installed). A third,
+``sandbox_provider`` keyword argument, must be registered and installed) and
+``uses_browser`` (the same for ``browser_provider``). A fourth,
 ``data_files``, names the keyword arguments that may point at a local data file and
 the fields each row needs: validation checks such a file exists, parses, and has them
 (:mod:`telescope.config.data_files`).
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from telescope.api.context import EnvironmentContext
-from telescope.api.records import Message, RewardResult, Sample
+from telescope.api.records import Attachment, Message, RewardResult, Sample
 
 
 class EnvironmentBase(ABC):
@@ -62,6 +63,10 @@ class EnvironmentBase(ABC):
     #: ``sandbox_provider`` (``self.context``) unless a ``sandbox_provider`` keyword argument
     #: overrides it; validation checks that the provider is registered and installed.
     uses_sandbox: ClassVar[bool] = False
+    #: Whether it acts on web pages in browser sessions. The provider is the run's
+    #: ``browser_provider`` unless a ``browser_provider`` keyword argument overrides it;
+    #: validation checks that the provider is registered and installed.
+    uses_browser: ClassVar[bool] = False
     #: Keyword arguments that may name a local data file (``.json``, ``.jsonl``, ``.csv``,
     #: ``.parquet``, or a path), each with the fields every row needs: {"dataset_name": ("question",
     #: "answer")}. Validation reports a missing file, a line that does not parse, or a row without
@@ -135,11 +140,16 @@ def bind_context(environment: EnvironmentBase, context: EnvironmentContext | Non
 
 @dataclass
 class RolloutState:
-    """Everything that belongs to one multi-turn rollout (never kept on the environment)."""
+    """Everything that belongs to one multi-turn rollout (never kept on the environment).
+
+    ``attachments``: files the environment keeps with the rollout (screenshots; see
+    :class:`~telescope.api.records.Attachment`), recorded with it in the run store.
+    """
 
     sample: Sample
     turn: int = 0
     data: dict[str, Any] = field(default_factory=dict)
+    attachments: list[Attachment] = field(default_factory=list)
 
 
 class MultiTurnEnvironment(EnvironmentBase):

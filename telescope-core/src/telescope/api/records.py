@@ -73,6 +73,22 @@ class RewardResult:
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """A file an environment keeps with a rollout (a screenshot of the page the model saw).
+
+    ``turn``: how many model turns came before it (0: with the prompt; ``k``: what the
+    environment showed after the model's ``k``-th reply). The run store writes ``data`` to
+    a file in the run directory and records its path (``rollouts[].attachments``); the
+    bytes never reach the trainer.
+    """
+
+    name: str
+    media_type: str
+    data: bytes
+    turn: int = 0
+
+
+@dataclass(frozen=True)
 class Turn:
     """One exchange: tokens added before generation, then the tokens generated.
 
@@ -134,6 +150,8 @@ class Rollout:
     An agent episode (:mod:`telescope.api.agent`) keeps its model calls in order in
     ``agent_calls`` (per call: messages, reply, tokens, log-probabilities, latency, and
     ``sequence``, the index in :attr:`sequences` it trains in).
+
+    ``attachments`` are the files its environment kept with it (:class:`Attachment`).
     """
 
     sample: Sample
@@ -147,6 +165,7 @@ class Rollout:
     compactions: int = 0
     compaction_failures: tuple[str, ...] = ()
     agent_calls: list[dict[str, Any]] = field(default_factory=list)
+    attachments: list[Attachment] = field(default_factory=list)
 
     @property
     def sequences(self) -> list[list[Turn]]:

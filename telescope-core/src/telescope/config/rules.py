@@ -12,16 +12,17 @@ registration metadata or the class attributes, never by importing torch.
 
 Environments (and evals) are checked for what they declare they need
 (:func:`environment_needs_problems`): every module of their ``requires`` must be
-importable, and an environment that ``uses_sandbox`` must find its sandbox provider
+importable, an environment that ``uses_sandbox`` must find its sandbox provider
 (its own ``sandbox_provider`` keyword argument, else the run's ``sandbox_provider``)
-registered and installed: a provider registered with ``requires`` metadata (the
+registered and installed, and one that ``uses_browser`` its browser provider the same
+way (``browser_provider``): a provider registered with ``requires`` metadata (the
 remote providers' SDK modules) is not installed while one of those modules is missing,
 and the message names the provider and the ``pip install`` that adds it. What an
 environment needs is checked once per list, environment and provider override, however
 many entries name it. The run's
-``sandbox_provider`` is checked the same way when the user set it; left at its default
-and used by no environment, it is not checked, so that telescope-core works without
-telescope-sandbox for environments that run no code.
+``sandbox_provider`` and ``browser_provider`` are checked the same way when the user set
+them; left at their defaults and used by no environment, they are not checked, so that
+telescope-core works without telescope-sandbox for environments that need neither.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: Derive
     )
     if config.compaction != "none":
         _check_name(registry, PluginKind.COMPACTION, config.compaction, "compaction", problems)
-    if "sandbox_provider" in config.model_fields_set:
-        problems.extend(sandbox_provider_problems(registry, config.sandbox_provider, "sandbox_provider"))
+    for kind, (setting, _) in PROVIDER_KINDS.items():
+        if setting in config.model_fields_set:
+            problems.extend(provider_problems(registry, kind, str(getattr(config, setting)), setting))
 
     problems.extend(model_problems(config.model))
     problems.extend(embedded_tensor_parallel_problems(config))
@@ -127,10 +129,10 @@ def registry_problems(config: TelescopeConfig, plugins: Plugins, derived: Derive
 def _distinct_needs(
     entries: list[tuple[str, str, Any, dict[str, Any]]],
 ) -> list[tuple[str, Any, dict[str, Any], str]]:
-    """The first entry of each list, environment and sandbox provider override: the others need the same."""
-    first: dict[tuple[str, str, str], tuple[str, Any, dict[str, Any], str]] = {}
+    """The first entry of each list, environment and provider overrides: the others need the same."""
+    first: dict[tuple[str, str, str, str], tuple[str, Any, dict[str, Any], str]] = {}
     for where, name, cls, kwargs in entries:
-        key = (where.partition("[")[0], name, str(kwargs.get("sandbox_provider")))
+        key = (where.partition("[")[0], name, str(kwargs.get("sandbox_provider")), str(kwargs.get("browser_provider")))
         first.setdefault(key, (name, cls, kwargs, where))
     return list(first.values())
 
@@ -166,15 +168,25 @@ def module_installed(module: str) -> bool:
         return False
 
 
-def sandbox_provider_problems(registry: Registry, name: str, field: str) -> list[str]:
-    """Problems with sandbox provider ``name`` chosen by ``field``: unknown, clashing, or not installed."""
-    kind = PluginKind.SANDBOX_PROVIDER
+#: Per provider kind: its setting, and what installs the built-in providers (the message when none is).
+PROVIDER_KINDS: dict[PluginKind, tuple[str, str]] = {
+    PluginKind.SANDBOX_PROVIDER: (
+        "sandbox_provider",
+        "telescope-sandbox (pip install telescope-sandbox, or pip install 'telescope-envs[code]'), "
+        "which provides 'local' and the remote providers",
+    ),
+    PluginKind.BROWSER_PROVIDER: (
+        "browser_provider",
+        "telescope-sandbox with Playwright (pip install 'telescope-sandbox[browser]'), which provides 'local'",
+    ),
+}
+
+
+def provider_problems(registry: Registry, kind: PluginKind, name: str, field: str) -> list[str]:
+    """Problems with provider ``name`` of ``kind`` chosen by ``field``: unknown, clashing, or not installed."""
     if not registry.names(kind) and not registry.has(kind, name):
-        return [
-            f"{field}: sandbox provider {name!r} is not installed: no sandbox provider is. Install "
-            "telescope-sandbox (pip install telescope-sandbox, or pip install 'telescope-envs[code]'), "
-            "which provides 'local' and the remote providers"
-        ]
+        installs = PROVIDER_KINDS[kind][1]
+        return [f"{field}: {kind.label} {name!r} is not installed: no {kind.label} is. Install {installs}"]
     try:
         entry = registry.entry(kind, name)
     except PluginError as exc:
@@ -188,7 +200,7 @@ def sandbox_provider_problems(registry: Registry, name: str, field: str) -> list
         return []
     hint = entry.metadata.get("install_hint") or f"pip install {' '.join(missing)}"
     return [
-        f"{field}: sandbox provider {name!r} (from {entry.provider}) is not installed: it needs the "
+        f"{field}: {kind.label} {name!r} (from {entry.provider}) is not installed: it needs the "
         f"{', '.join(repr(m) for m in missing)} package, which is missing. Install it with: {hint}"
     ]
 
@@ -198,26 +210,30 @@ def environment_needs_problems(
 ) -> list[str]:
     """What environment ``name`` (class ``cls``, entry ``where``) declares it needs but is missing.
 
-    Its ``requires`` modules; and, when it ``uses_sandbox``, the provider it will use:
-    ``kwargs["sandbox_provider"]`` when given, else the run's ``sandbox_provider``.
+    Its ``requires`` modules; when it ``uses_sandbox``, the sandbox provider it will use
+    (``kwargs["sandbox_provider"]`` when given, else the run's ``sandbox_provider``); when it
+    ``uses_browser``, the browser provider, the same way.
     """
     problems = [
         f"{where}: environment {name!r} needs the {module!r} package, which is not installed. Install it with: {hint}"
         for module, hint in dict(getattr(cls, "requires", None) or {}).items()
         if not module_installed(module)
     ]
-    if problems or not getattr(cls, "uses_sandbox", False):
+    if problems:
         return problems
-    override = kwargs.get("sandbox_provider")
-    if override:
-        return sandbox_provider_problems(registry, str(override), f"{where}.kwargs.sandbox_provider ({name})")
-    if config.compaction != "none":
-        _check_name(registry, PluginKind.COMPACTION, config.compaction, "compaction", problems)
-    if "sandbox_provider" in config.model_fields_set:
-        return []  # checked once, as the run's own field
-    return sandbox_provider_problems(
-        registry, config.sandbox_provider, f"sandbox_provider (the default, used by {where}: {name})"
-    )
+    for kind, flag in ((PluginKind.SANDBOX_PROVIDER, "uses_sandbox"), (PluginKind.BROWSER_PROVIDER, "uses_browser")):
+        if not getattr(cls, flag, False):
+            continue
+        setting = PROVIDER_KINDS[kind][0]
+        override = kwargs.get(setting)
+        if override:
+            problems.extend(provider_problems(registry, kind, str(override), f"{where}.kwargs.{setting} ({name})"))
+        elif setting not in config.model_fields_set:  # a setting the user set is checked once, as the run's own
+            chosen = str(getattr(config, setting))
+            problems.extend(
+                provider_problems(registry, kind, chosen, f"{setting} (the default, used by {where}: {name})")
+            )
+    return problems
 
 
 def _algorithm_problems(config: TelescopeConfig, caps: AlgorithmCapabilities, derived: Derived) -> list[str]:

@@ -223,7 +223,8 @@ async def run_rollout(
         reward = RewardResult(total_reward=0.0, error=error or "no turn was generated")
     if lane is not None:
         lane.release()
-    return dataclasses.replace(unscored, reward=reward, error=reward.error)
+    attachments = list(state.attachments) if state is not None else []
+    return dataclasses.replace(unscored, reward=reward, error=reward.error, attachments=attachments)
 
 
 def raised_at(exc: BaseException) -> str:

@@ -129,7 +129,8 @@ class StepRecorder:
         step, timing = outcome.step, outcome.timing
         metrics = self.step_metrics(outcome)
         advantages = {(s.group_index, s.rollout_index): s.advantage for s in outcome.batch.samples}
-        records = group_records(step, [g.group for g in outcome.ready], advantages)
+        # attachments (screenshots) become files first: every sink sees their paths, never their bytes
+        records = self.store.store_attachments(group_records(step, [g.group for g in outcome.ready], advantages))
 
         def write(sink: Sink) -> None:
             sink.log_step(step, metrics)

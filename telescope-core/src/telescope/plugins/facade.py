@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import click
 
     from telescope.api.algorithm import Algorithm
+    from telescope.api.browser import BrowserProvider
     from telescope.api.compaction import Compactor
     from telescope.api.environment import EnvironmentBase
     from telescope.api.evals import EvalSpec
@@ -59,6 +60,7 @@ def _interface(kind: PluginKind) -> type:
         PluginKind.INFERENCE_BACKEND: api.InferenceBackend,
         PluginKind.WEIGHT_TRANSPORT: api.WeightTransport,
         PluginKind.SANDBOX_PROVIDER: api.SandboxProvider,
+        PluginKind.BROWSER_PROVIDER: api.BrowserProvider,
         PluginKind.LOGGER: api.Logger,
         PluginKind.COMPACTION: Compactor,
     }
@@ -125,6 +127,9 @@ class Plugins:
 
     def sandbox_provider(self, name: str) -> type[SandboxProvider]:
         return self._get(PluginKind.SANDBOX_PROVIDER, name, type)
+
+    def browser_provider(self, name: str) -> type[BrowserProvider]:
+        return self._get(PluginKind.BROWSER_PROVIDER, name, type)
 
     def logger(self, name: str) -> type[Logger]:
         return self._get(PluginKind.LOGGER, name, type)

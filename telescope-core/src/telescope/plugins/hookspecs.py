@@ -106,6 +106,15 @@ def telescope_register_sandbox_providers(register: Registrar) -> None:
 
 
 @hookspec
+def telescope_register_browser_providers(register: Registrar) -> None:
+    """Register browser providers (``telescope.api.BrowserProvider``), e.g. ``local``.
+
+    The name is what the ``browser_provider`` setting (and a browser environment's own
+    ``browser_provider`` keyword argument) refers to.
+    """
+
+
+@hookspec
 def telescope_register_loggers(register: Registrar) -> None:
     """Register metric loggers (``telescope.api.Logger``), e.g. ``wandb``."""
 

@@ -42,6 +42,7 @@ class PluginKind(StrEnum):
     INFERENCE_BACKEND = "inference_backends"
     WEIGHT_TRANSPORT = "weight_transports"
     SANDBOX_PROVIDER = "sandbox_providers"
+    BROWSER_PROVIDER = "browser_providers"
     LOGGER = "loggers"
     COMPACTION = "compactions"
 

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from telescope.api import events as telescope_events
 from telescope.api.records import Group, Rollout, Turn
+from telescope.recording.attachments import attachment_entry, store_attachments
 from telescope.recording.block_format import EVENTS_SCHEMA, ROLLOUTS_SCHEMA
 from telescope.recording.block_writer import BlockStream, Clock, Flusher
 from telescope.recording.jsonl import (
@@ -168,7 +169,8 @@ def rollout_record(
     ``compactions`` and ``compaction_failures``; ``agent_calls`` for an agent episode (its model calls
     in order, each with the ``sequence`` it trains in: see :class:`~telescope.api.records.Rollout`);
     ``tags`` when the sample has some (``Sample.metadata["tags"]``: a dict of name to value, or a list
-    of names), which the dashboard filters its metrics by.
+    of names), which the dashboard filters its metrics by; ``attachments`` when its environment
+    kept files with it (their bytes, until the store writes them: :mod:`telescope.recording.attachments`).
     """
     reward = rollout.reward
     tags = rollout.sample.metadata.get("tags") if isinstance(rollout.sample.metadata, dict) else None
@@ -202,6 +204,7 @@ def rollout_record(
         "compaction_failures": len(rollout.compaction_failures),
         **({"tags": tags} if tags else {}),
         **({"agent_calls": rollout.agent_calls} if rollout.agent_calls else {}),
+        **({"attachments": [attachment_entry(a) for a in rollout.attachments]} if rollout.attachments else {}),
     }
 
 
@@ -397,7 +400,8 @@ class RunStore:
         """Queue rollout records (from :func:`rollout_record` / :func:`group_records`).
 
         They are written at the next :meth:`set_status` (the end of the step), flush
-        interval, :meth:`flush` or :meth:`close`, whichever comes first. A bare
+        interval, :meth:`flush` or :meth:`close`, whichever comes first; their attachments'
+        files now (:meth:`store_attachments`). A bare
         :class:`Rollout` is converted with group index ``-1`` (unknown); a dict
         without ``step`` gets ``step``. Each gets the store's ``attempt`` once one began.
         """
@@ -410,7 +414,11 @@ class RunStore:
                 lines.append({**record, **tag})
             else:
                 lines.append({"step": int(step), **record, **tag})
-        self._rollouts.put_many(lines)
+        self._rollouts.put_many(self.store_attachments(lines))
+
+    def store_attachments(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``records`` with their attachments written under ``media/`` (:mod:`telescope.recording.attachments`)."""
+        return store_attachments(self.run_dir, records)
 
     def log_event(self, event: Mapping[str, Any]) -> None:
         """Queue one timeline event (what :meth:`capture_events` subscribes): no I/O here.

@@ -112,3 +112,8 @@ class SandboxesFields(SectionFields):
         description='Sandbox provider of every environment that runs code ("local", "e2b", ...; '
         "an environment's own sandbox_provider kwarg overrides it)",
     )
+    browser_provider: str = Field(
+        "local",
+        description='Browser provider of every environment that acts on web pages ("local": headless Chromium '
+        "through Playwright; an environment's own browser_provider kwarg overrides it)",
+    )
