@@ -7,7 +7,6 @@ Skips without Chromium, Playwright or the miniwob package.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ pytestmark = [
 ]
 
 from telescope_envs.miniwob import MiniWoBEnvironment  # noqa: E402 (after the skips)
+from telescope_envs.miniwob_scripts import call, scripted_reply  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,33 +36,11 @@ def env() -> Iterator[MiniWoBEnvironment]:
     instance.close()
 
 
-def call(name: str, **arguments: object) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-def ref_of(page: str, pattern: str) -> int:
-    """The number of the first control line matching ``pattern`` (a regex)."""
-    for line in page.splitlines():
-        if line.startswith("[") and re.search(pattern, line):
-            return int(line[1 : line.index("]")])
-    raise AssertionError(f"no control matches {pattern!r} in:\n{page}")
-
-
 def solve(prompt: str) -> str:
-    """The right tool calls for the four default tasks, read from the prompt as a model would."""
-    task, page = prompt.split("\nPage:\n", 1)
-    if m := re.search(r'Click on the "(.+?)" button', task):
-        return call("click", ref=ref_of(page, rf'button "{re.escape(m.group(1))}"'))
-    if m := re.search(r'Click on the link "(.+?)"', task):
-        return call("click", ref=ref_of(page, rf'^\[\d+\] (a|clickable) "{re.escape(m.group(1))}"'))
-    if m := re.search(r"Select (.*?) and click Submit", task):
-        wanted = [w.strip() for w in m.group(1).split(",") if w.strip() and w.strip() != "nothing"]
-        calls = [call("click", ref=ref_of(page, rf'checkbox "{re.escape(w)}"')) for w in wanted]
-        return "".join([*calls, call("click", ref=ref_of(page, 'button "Submit"'))])
-    if m := re.search(r'Enter "(.+?)" into the text field', task):
-        field = ref_of(page, r"\] text ")
-        return call("type_text", ref=field, text=m.group(1)) + call("click", ref=ref_of(page, 'button "Submit"'))
-    raise AssertionError(f"no script for {task!r}")
+    """The scripted solution (the warm start's demonstration), which must exist for the default tasks."""
+    reply = scripted_reply(prompt)
+    assert reply is not None, f"no script for {prompt}"
+    return reply
 
 
 def play(env: MiniWoBEnvironment, sample: Sample, replies: list[str]) -> RewardResult:

@@ -52,6 +52,7 @@ from telescope.api.environment import RolloutState
 from telescope.api.records import Attachment, Message, RewardResult, Sample
 from telescope.api.tools import ToolCall, ToolEnvironment
 from telescope_envs._deps import require
+from telescope_envs.miniwob_scripts import scripted_reply
 
 DEFAULT_TASKS = ("click-button", "click-link", "click-checkboxes", "enter-text")
 
@@ -235,6 +236,18 @@ class MiniWoBEnvironment(ToolEnvironment):
     @staticmethod
     def _observation(utterance: str, page: str) -> str:
         return f"Task: {utterance}\nPage:\n{page}"
+
+    def observe(self, state: RolloutState) -> str:
+        """The episode's task and its page as it is now (a new snapshot: the numbers the next actions take)."""
+        return self._observation(state.data["utterance"], state.data["session"].snapshot("#wrap"))
+
+    def demonstration_turns(self, sample: Sample) -> list[str] | None:
+        """The scripted solution of the sample's task (:mod:`telescope_envs.miniwob_scripts`), for the warm start."""
+        reply = self.demonstration(sample)
+        return None if reply is None else [reply]
+
+    def demonstration(self, sample: Sample) -> str | None:
+        return scripted_reply(str(self.format_prompt(sample)[0]["content"]))
 
     def initial_state(self, sample: Sample) -> RolloutState:
         state = super().initial_state(sample)

@@ -14,6 +14,7 @@ ENVIRONMENTS: dict[str, str] = {
     "wordle": "telescope_envs.wordle:WordleEnvironment",
     "code_tracker": "telescope_envs.code_tracker:CodeTrackerEnvironment",
     "miniwob": "telescope_envs.miniwob:MiniWoBEnvironment",
+    "miniwob_agent": "telescope_envs.miniwob_agent:MiniWoBAgentEnvironment",
     "i3_code": "telescope_envs.i3_code:I3CodeEnvironment",
     "calculator": "telescope_envs.calculator:CalculatorEnvironment",
     "deepdive": "telescope_envs.deepdive:DeepDiveEnvironment",
