@@ -61,7 +61,7 @@ def main() -> None:
         sample = samples[index]
         messages: list[Message] = env.format_prompt(sample)
         state = env.initial_state(sample)
-        task, page = str(messages[0]["content"]).split("\nPage:\n")
+        task, page = str(messages[-1]["content"]).split("\nPage:\n")
         asked = re.search(r'Click on the "(.+?)" button', task)
         line = next(x for x in page.splitlines() if asked and f'button "{asked.group(1)}"' in x)
         call = {"name": "click", "arguments": {"ref": int(line[1 : line.index("]")])}}

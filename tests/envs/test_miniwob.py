@@ -57,17 +57,38 @@ def test_the_samples_are_tasks_with_seeds_and_an_unknown_task_is_refused() -> No
 
 def test_the_prompt_is_the_instruction_and_the_numbered_page(env: MiniWoBEnvironment) -> None:
     sample = next(s for s in env.load_dataset() if s.prompt == "click-checkboxes")
-    prompt = str(env.format_prompt(sample)[0]["content"])
+    prompt = str(env.format_prompt(sample)[-1]["content"])
     assert prompt.startswith("Task: Select") and "\nPage:\n" in prompt
     assert re.search(r'^\[\d+\] checkbox "', prompt, re.M) and '] button "Submit"' in prompt
     assert "Last reward" not in prompt  # the task area only, not MiniWoB's score display
     assert env.format_prompt(sample) == env.format_prompt(sample)  # seeded: the same page every time
+    fresh = MiniWoBEnvironment(tasks=["click-checkboxes"], samples_per_task=4, tool_prompt="none")
+    try:
+        (user,) = fresh.format_prompt(sample)  # no tool description: the user message alone, the same page
+        assert user == env.format_prompt(sample)[-1] and user["role"] == "user"
+    finally:
+        fresh.close()
+
+
+def test_the_tools_are_described_as_schemas_a_line_or_not_at_all() -> None:
+    sample = Sample(prompt="click-button", answer=0, sample_id="miniwob-click-button-0")
+    described = {}
+    for mode in ("schemas", "brief"):
+        env = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=1, tool_prompt=mode)
+        env._pages[sample.sample_id] = 'Task: t\nPage:\n[0] button "ok"'  # no browser needed for the system part
+        system, user = env.format_prompt(sample)
+        assert system["role"] == "system" and "<tool_call>" in system["content"] and user["role"] == "user"
+        described[mode] = system["content"]
+    assert all(f'"name": "{tool}"' in described["schemas"] for tool in ("click", "type_text", "press", "scroll"))
+    assert described["brief"].startswith("Tools: click(ref), type_text(ref, text)")
+    with pytest.raises(ValueError, match="tool_prompt must be one of schemas, brief, none"):
+        MiniWoBEnvironment(tool_prompt="json")
 
 
 @pytest.mark.parametrize("task", ["click-button", "click-link", "click-checkboxes", "enter-text"])
 def test_the_right_actions_solve_each_task_and_the_reward_is_the_tasks_own(env: MiniWoBEnvironment, task: str) -> None:
     for sample in [s for s in env.load_dataset() if s.prompt == task][:1]:
-        prompt = str(env.format_prompt(sample)[0]["content"])
+        prompt = str(env.format_prompt(sample)[-1]["content"])
         result = play(env, sample, [solve(prompt)])
         assert result.total_reward > 0.5 and result.sample_metrics["success"] == 1.0, (prompt, result)
         assert result.sample_metrics["blocked_requests"] == 0
@@ -75,7 +96,7 @@ def test_the_right_actions_solve_each_task_and_the_reward_is_the_tasks_own(env: 
 
 def test_a_wrong_action_fails_the_task_and_no_action_scores_zero(env: MiniWoBEnvironment) -> None:
     sample = next(s for s in env.load_dataset() if s.prompt == "click-button")
-    task, page = str(env.format_prompt(sample)[0]["content"]).split("\nPage:\n")
+    task, page = str(env.format_prompt(sample)[-1]["content"]).split("\nPage:\n")
     asked = re.search(r'Click on the "(.+?)" button', task)
     assert asked is not None
     other = next(line for line in page.splitlines() if "] button " in line and f'"{asked.group(1)}"' not in line)
@@ -108,7 +129,7 @@ class TestMiniWoBConformance(EnvironmentConformance):
     def right_replies(self, sample: Sample) -> list[str] | None:
         environment = MiniWoBEnvironment(tasks=[str(sample.prompt)], samples_per_task=1)
         try:
-            return [solve(str(environment.format_prompt(sample)[0]["content"]))]
+            return [solve(str(environment.format_prompt(sample)[-1]["content"]))]
         finally:
             environment.close()
 
@@ -117,7 +138,7 @@ def test_with_screenshots_the_page_is_kept_with_the_rollout_at_the_start_and_aft
     env = MiniWoBEnvironment(tasks=["click-checkboxes"], samples_per_task=1, screenshots=True)
     try:
         (sample,) = env.load_dataset()
-        reply = solve(str(env.format_prompt(sample)[0]["content"]))
+        reply = solve(str(env.format_prompt(sample)[-1]["content"]))
         messages, state, _ = env.play_replies(sample, [reply])
         result = env.compute_reward(messages, sample, state)
     finally:

@@ -33,15 +33,22 @@ Failures: a browser that crashes ends the episode with its error (the rollout is
 and counted, the run goes on); an action that fails in the page (no such element, a
 timeout) is answered with the error, and the model may go on.
 
-Limits: the prompt is rendered before the episode's state exists (the loop's order), so
-:meth:`format_prompt` loads the seeded page in a session of its own and the episode loads
-it again (the same page: the seed fixes it), once for a group of rollouts.
+The prompt: a system message describing the tools (``tool_prompt``: ``schemas``, their
+JSON schemas, for a model that reads them; ``brief``, one line of signatures; ``none``, for a
+tiny model that learns the calls from the warm start's demonstrations), then the task and
+the page. The prompt is rendered before the episode's state exists (the loop's order), so
+:meth:`format_prompt` loads the seeded page in a session of its own, once per sample (the
+seed fixes the page, so the text is kept), and every episode loads it again.
+
+Warm start: :meth:`demonstration` is the scripted solution of the sample's task
+(:mod:`telescope_envs.miniwob_scripts`), one reply with every call.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import json
 import threading
 import weakref
 from pathlib import Path
@@ -55,6 +62,9 @@ from telescope_envs._deps import require
 from telescope_envs.miniwob_scripts import scripted_reply
 
 DEFAULT_TASKS = ("click-button", "click-link", "click-checkboxes", "enter-text")
+
+#: What the system message says of the tools (see the module docstring).
+TOOL_PROMPTS = ("schemas", "brief", "none")
 
 #: Keys ``press`` accepts (Playwright's names).
 KEYS = ("Enter", "Tab", "Escape", "Backspace", "ArrowUp", "ArrowDown", "ArrowLeft", "ArrowRight", "Space")
@@ -155,8 +165,11 @@ class MiniWoBEnvironment(ToolEnvironment):
         screenshots: bool = False,
         browser_provider: str | None = None,
         browser_provider_kwargs: dict[str, Any] | None = None,
+        tool_prompt: str = "schemas",
     ) -> None:
         super().__init__()
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"miniwob tool_prompt must be one of {', '.join(TOOL_PROMPTS)}, got {tool_prompt!r}")
         chosen = list(tasks) if tasks is not None else list(DEFAULT_TASKS)
         if not chosen:
             raise ValueError("miniwob tasks is empty; name at least one task (e.g. click-button)")
@@ -171,8 +184,10 @@ class MiniWoBEnvironment(ToolEnvironment):
         self.screenshots = screenshots
         self.browser_provider = browser_provider
         self.browser_provider_kwargs = dict(browser_provider_kwargs or {})
+        self.tool_prompt = tool_prompt
         self._provider: BrowserProvider | None = None
         self._provider_lock = threading.Lock()
+        self._pages: dict[str, str] = {}  # sample id -> the prompt's observation (seeded: always the same)
 
     # ------------------------------------------------------------ the data
 
@@ -188,9 +203,21 @@ class MiniWoBEnvironment(ToolEnvironment):
         ]
 
     def format_prompt(self, sample: Sample) -> list[Message]:
-        """The task's instruction and the page, from a new episode started for this sample."""
-        state_less = self._start(sample)
-        return [{"role": "user", "content": state_less}]
+        """The tools (``tool_prompt``), then the task's instruction and the page of this sample's episode."""
+        page = self._pages.get(sample.sample_id)
+        if page is None:
+            page = self._pages.setdefault(sample.sample_id, self._start(sample))
+        system = self._tool_description()
+        return [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": page}]
+
+    def _tool_description(self) -> str:
+        if self.tool_prompt == "none":
+            return ""
+        how = 'Call a tool with <tool_call>{"name": NAME, "arguments": {...}}</tool_call>; a reply may hold several.'
+        if self.tool_prompt == "brief":
+            return f"Tools: click(ref), type_text(ref, text), press(key), scroll(dy). {how}"
+        schemas = "\n".join(json.dumps(schema) for schema in self.tool_schemas)
+        return f"You act on a web page with these tools:\n{schemas}\n{how}"
 
     # --------------------------------------------------------- the episode
 
@@ -241,13 +268,9 @@ class MiniWoBEnvironment(ToolEnvironment):
         """The episode's task and its page as it is now (a new snapshot: the numbers the next actions take)."""
         return self._observation(state.data["utterance"], state.data["session"].snapshot("#wrap"))
 
-    def demonstration_turns(self, sample: Sample) -> list[str] | None:
-        """The scripted solution of the sample's task (:mod:`telescope_envs.miniwob_scripts`), for the warm start."""
-        reply = self.demonstration(sample)
-        return None if reply is None else [reply]
-
     def demonstration(self, sample: Sample) -> str | None:
-        return scripted_reply(str(self.format_prompt(sample)[0]["content"]))
+        """The scripted solution of the sample's task (:mod:`telescope_envs.miniwob_scripts`), for the warm start."""
+        return scripted_reply(str(self.format_prompt(sample)[-1]["content"]))
 
     def initial_state(self, sample: Sample) -> RolloutState:
         state = super().initial_state(sample)
@@ -348,7 +371,7 @@ class MiniWoBEnvironment(ToolEnvironment):
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its browsers (a copy in another process starts its own)."""
         state = dict(self.__dict__)
-        state.update(_provider=None, _provider_lock=None)
+        state.update(_provider=None, _provider_lock=None, _pages={})
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -129,7 +129,7 @@ class MiniWoBAgentEnvironment(AgentEnvironment):
                 await asyncio.to_thread(session.close)
 
     def demonstration_replies(self, sample: Sample) -> list[str] | None:
-        prompt = str(self._bound_pages().format_prompt(sample)[0]["content"])
+        prompt = str(self._bound_pages().format_prompt(sample)[-1]["content"])
         reply = scripted_reply(prompt)
         return None if reply is None else [reply]
 
