@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
-from telescope.api.records import SupervisedExample
+from telescope.api.environment import BaseEnvironment
+from telescope.api.records import RewardResult, Sample, SupervisedExample
 from telescope.orchestrator.warm_start import warm_start_batches
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,6 +29,44 @@ def test_batches_are_a_function_of_the_seed_and_cover_the_examples() -> None:
     assert first != other
     drawn = {example.prompt_ids[2] for batch in first for example in batch}
     assert len(drawn) > 40  # 320 draws with replacement from 50 reach nearly all of them
+
+
+class SlowDemonstrations(BaseEnvironment):
+    """Each demonstration waits until three others are in progress (a browser loading its page)."""
+
+    name = "slow_demos"
+
+    def __init__(self) -> None:
+        self.together = threading.Barrier(4, timeout=10)  # made one at a time, the first one breaks it
+
+    def load_dataset(self) -> list[Sample]:
+        return [Sample(prompt=f"p{i}", answer=i, sample_id=str(i)) for i in range(24)]
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return RewardResult(total_reward=0.0)
+
+    def demonstration(self, sample: Sample) -> str | None:
+        self.together.wait()
+        return None if int(sample.answer) % 6 == 0 else f"a{sample.answer}"
+
+
+def test_demonstrations_are_made_several_at_a_time_in_a_seeded_order() -> None:
+    from telescope.models.tiny import PRESETS, build_tokenizer
+    from telescope.orchestrator.chat import ChatRenderer
+    from telescope.orchestrator.prompts import EnvironmentSlot
+    from telescope.orchestrator.warm_start import demonstration_examples
+
+    renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
+    runs = []
+    for _ in range(2):
+        environment = SlowDemonstrations()
+        slot = EnvironmentSlot(index=0, name="slow_demos", environment=environment, samples=environment.load_dataset())
+        runs.append(asyncio.run(demonstration_examples([slot], renderer, limit=100, seed=7)))
+    assert runs[0] == runs[1] and len(runs[0]) == 20  # the same examples in the same order; none for 0, 6, 12, 18
+    environment = SlowDemonstrations()
+    slot = EnvironmentSlot(index=0, name="slow_demos", environment=environment, samples=environment.load_dataset())
+    limited = asyncio.run(demonstration_examples([slot], renderer, limit=3, seed=7))
+    assert limited == runs[0][: len(limited)] and 3 <= len(limited) <= 8  # stops after the batch that reaches it
 
 
 @pytest.mark.slow

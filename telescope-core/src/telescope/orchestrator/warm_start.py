@@ -23,14 +23,19 @@ rounding (the host's vector kernels); at 1.5e-3 every seed tried left it by step
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable, Iterator
 
 from telescope.api.agent import AgentEnvironment
-from telescope.api.environment import MultiTurnEnvironment
+from telescope.api.environment import EnvironmentBase, MultiTurnEnvironment
 from telescope.api.records import Sample, SupervisedExample
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.prompts import EnvironmentSlot
+
+#: Samples whose demonstrations are made at once (in worker threads: a browser environment loads a page
+#: for each prompt, so one at a time would keep a run's start waiting on the browser for minutes).
+DEMONSTRATION_CONCURRENCY = 8
 
 #: record(environment, sample, replies) -> the program's calls answered with ``replies``, as examples
 RecordAgent = Callable[[AgentEnvironment, Sample, list[str]], Awaitable[list[SupervisedExample]]]
@@ -43,27 +48,27 @@ async def demonstration_examples(
 
     An agent environment's demonstration is its program run with a policy that answers its
     ``demonstration_replies``: ``record_agent`` runs it, and each recorded call is an example.
+    The samples are taken in a seeded order, :data:`DEMONSTRATION_CONCURRENCY` at a time (the
+    environments' calls in worker threads, as their rollouts' are), until ``limit`` examples.
     """
     rng = random.Random(seed)
     examples: list[SupervisedExample] = []
-    eos = renderer.eos_token_id
     candidates = [(slot, index) for slot in slots for index in slot.usable]
     rng.shuffle(candidates)
-    for slot, index in candidates:
-        sample = slot.samples[index]
-        environment = slot.environment
+
+    async def examples_of(slot: EnvironmentSlot, index: int) -> list[SupervisedExample]:
+        environment, sample = slot.environment, slot.samples[index]
         if isinstance(environment, AgentEnvironment):
             replies = environment.demonstration_replies(sample)
-            if replies is not None and record_agent is not None:
-                examples.extend(await record_agent(environment, sample, replies))
-        elif isinstance(environment, MultiTurnEnvironment) and (turns := environment.demonstration_turns(sample)):
-            examples.extend(played_demonstration(environment, sample, turns, renderer))
-        else:
-            demo = environment.demonstration(sample)
-            if demo is None:
-                continue
-            completion = renderer.encode(demo) + ([eos] if eos is not None else [])
-            examples.append(SupervisedExample(renderer.prompt_ids(environment.format_prompt(sample)), completion))
+            if replies is None or record_agent is None:
+                return []
+            return await record_agent(environment, sample, replies)
+        return await asyncio.to_thread(sample_examples, environment, sample, renderer)
+
+    for start in range(0, len(candidates), DEMONSTRATION_CONCURRENCY):
+        chunk = candidates[start : start + DEMONSTRATION_CONCURRENCY]
+        for found in await asyncio.gather(*(examples_of(slot, index) for slot, index in chunk)):
+            examples.extend(found)
         if len(examples) >= limit:
             break
     if not examples:
@@ -73,6 +78,17 @@ async def demonstration_examples(
             "set warm_start_steps: 0"
         )
     return examples
+
+
+def sample_examples(environment: EnvironmentBase, sample: Sample, renderer: ChatRenderer) -> list[SupervisedExample]:
+    """The examples of one sample of a non-agent environment: its demonstration turns, or its one demonstration."""
+    if isinstance(environment, MultiTurnEnvironment) and (turns := environment.demonstration_turns(sample)):
+        return played_demonstration(environment, sample, turns, renderer)
+    demo = environment.demonstration(sample)
+    if demo is None:
+        return []
+    eos = [renderer.eos_token_id] if renderer.eos_token_id is not None else []
+    return [SupervisedExample(renderer.prompt_ids(environment.format_prompt(sample)), renderer.encode(demo) + eos)]
 
 
 def played_demonstration(
