@@ -142,6 +142,55 @@ def test_a_hanging_environment_step_is_timed_out(tokenizer: Any) -> None:
     assert any(c.kind == "environment_step" for c in running_calls())  # abandoned, still listed while it runs
 
 
+class SlowStartGame(HangingGame):
+    """A game whose episodes start with blocking work (a page to load), and one whose start raises."""
+
+    def __init__(self) -> None:
+        self.start_threads: list[int] = []
+
+    def initial_state(self, sample: Sample) -> RolloutState:
+        self.start_threads.append(threading.get_ident())
+        if sample.sample_id == "broken":
+            raise RuntimeError("the browser would not start")
+        return super().initial_state(sample)
+
+    def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
+        return [{"role": "user", "content": "again"}]
+
+
+def test_an_episode_starts_off_the_event_loop_and_a_start_that_fails_errors_that_rollout(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    env = SlowStartGame()
+
+    async def generate(prompt_ids: list[int], max_tokens: int, turn: int) -> Generation:
+        ids = [*renderer.encode("hi"), renderer.eos_token_id or 0]
+        return Generation(ids, [-0.5] * len(ids), "stop", 0, 0)
+
+    async def rollout(sample_id: str) -> Any:
+        sample = Sample(prompt="start", sample_id=sample_id)
+        messages = env.format_prompt(sample)
+        limits = RolloutLimits(max_tokens=8, max_model_len=512)
+        return await run_rollout(
+            env,
+            sample,
+            messages,
+            renderer.prompt_ids(messages),
+            renderer=renderer,
+            generate=generate,
+            policy_version=lambda: 0,
+            limits=limits,
+        )
+
+    async def main() -> list[Any]:
+        return list(await asyncio.gather(rollout("0"), rollout("broken")))
+
+    good, broken = asyncio.run(main())  # the event loop runs on this (the main) thread
+    assert len(env.start_threads) == 2 and threading.get_ident() not in env.start_threads
+    assert good.error is None and len(good.turns) == 3 and good.reward.total_reward == 3.0
+    assert broken.reward.total_reward == 0.0 and "RuntimeError" in (broken.error or "")
+    assert "the browser would not start" in (broken.error or "") and not broken.turns
+
+
 async def _silent_server() -> tuple[asyncio.AbstractServer, int]:
     """A TCP server that reads requests and never answers."""
 

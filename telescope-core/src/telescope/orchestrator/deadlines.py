@@ -1,7 +1,7 @@
 """Time limits on environment code: a reward function or an environment step that hangs.
 
-Environment code (``compute_reward``, ``env_response``, ``is_done``) is synchronous
-and runs off the event loop. :func:`call_with_deadline` runs one call in a thread
+Environment code (``initial_state``, ``compute_reward``, ``env_response``, ``is_done``)
+is synchronous and runs off the event loop. :func:`call_with_deadline` runs one call in a thread
 and gives up waiting after ``timeout_s``: it raises :class:`OperationTimeout`, which
 :func:`~telescope.orchestrator.rollouts.run_rollout` turns into an errored rollout
 (reward 0, counted in the step's ``timeouts/<kind>/count``), and the run goes on.

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from telescope.api import events
 from telescope.api.compaction import Compactor
-from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment
+from telescope.api.environment import BaseEnvironment, EnvironmentBase, MultiTurnEnvironment, RolloutState
 from telescope.api.records import Message, RewardResult, Rollout, Sample, Turn
 from telescope.inference.generation import Generation, ServerUnavailable
 from telescope.orchestrator.chat import ChatRenderer
@@ -120,8 +120,9 @@ async def run_rollout(
         if compactor is not None and multi_turn
         else None
     )
-    state = environment.initial_state(sample) if isinstance(environment, MultiTurnEnvironment) else None
+    state: RolloutState | None = None
     error: str | None = None
+    where = f"of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
 
     def turn_index() -> int:
         return sum(len(turns) for turns in closed) + len(segment.turns)
@@ -142,6 +143,14 @@ async def run_rollout(
         )
 
     try:
+        if isinstance(environment, MultiTurnEnvironment):  # off the loop, timed: it may load a page, start a sandbox
+            state = await call_with_deadline(
+                "environment_step",
+                f"initial_state {where}",
+                limits.environment_step_timeout_s,
+                environment.initial_state,
+                sample,
+            )
         while True:
             if compaction is not None and compaction.due(segment.used):
                 compacted = await compaction.compact(segment, generate_turn)
@@ -169,7 +178,6 @@ async def run_rollout(
             if turn.finish_reason == "length":  # cut by max_tokens (compaction never cuts a reply): the episode ends
                 break
             step_limit = limits.environment_step_timeout_s
-            where = f"of sample {sample.sample_id!r} ({sample.environment or type(environment).__name__})"
             conversation = segment.conversation
             if await call_with_deadline(
                 "environment_step", f"is_done {where}", step_limit, environment.is_done, conversation, state
