@@ -52,7 +52,7 @@ import json
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from telescope.api.browser import BrowserError, BrowserLimits, BrowserProvider, BrowserSession
 from telescope.api.environment import RolloutState
@@ -165,7 +165,7 @@ class MiniWoBEnvironment(ToolEnvironment):
         screenshots: bool = False,
         browser_provider: str | None = None,
         browser_provider_kwargs: dict[str, Any] | None = None,
-        tool_prompt: str = "schemas",
+        tool_prompt: Literal["schemas", "brief", "none"] = "schemas",
     ) -> None:
         super().__init__()
         if tool_prompt not in TOOL_PROMPTS:
