@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +153,90 @@ def write_run(
         log.write("2026-01-02 03:04:05,678 INFO telescope.orchestrator: step 0 done\n")
         log.write("2026-01-02 03:04:06,000 ERROR telescope.orchestrator: something failed\n")
     store.set_status(status, step=steps)  # type: ignore[arg-type]
+    store.close()
+    return run_dir
+
+
+def png_bytes(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A real PNG of one colour (8-bit RGB), as a browser screenshot is."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+#: What the model of :func:`write_browser_run`'s episode saw first, and after its first reply.
+FIRST_PAGE = 'Task: Click the button named ok.\nPage:\nFIRST-PAGE\n[1] button "ok"\n[2] button "cancel"'
+SECOND_PAGE = 'Task: Click the button named ok.\nPage:\nSECOND-PAGE\n[3] text ""'
+#: The browser sessions of :func:`write_browser_run`: (session, [(kind, start offset, duration)]).
+#: Session ``b`` runs inside ``a``'s span and no two actions overlap: a row per action's overlap
+#: would be one row; a row per session, two.
+SESSIONS = (
+    ("aaaaaaaaaaaa", [("goto", 0.0, 0.5), ("snapshot", 0.6, 0.1), ("click", 5.0, 0.3), ("close", 6.0, 0.1)]),
+    ("bbbbbbbbbbbb", [("goto", 1.0, 0.5), ("snapshot", 1.6, 0.1), ("type", 2.0, 0.4), ("close", 3.0, 0.1)]),
+)
+
+
+def write_browser_run(run_dir: Path, start: float = 1000.0) -> Path:
+    """A run with one miniwob-like episode (two replies of ``<tool_call>`` blocks, the pages it
+    saw, two screenshots: turn 0 red, turn 1 blue) among plain rollouts, and the browser events
+    of two sessions (:data:`SESSIONS`) beside a sandbox's and a weight update's."""
+    store = RunStore(run_dir)
+    store.write_config("number_of_steps: 2\n", {"number_of_steps": 2, "environments": [{"name": "miniwob"}]})
+    store.set_status("running", step=0)
+    store.log_metrics(0, {"reward/mean": 0.5, "timing_step_total": 7.0}, timestamp=start + 7.0)
+    prompt = [
+        {"role": "system", "content": "Tools: click(ref), type_text(ref, text)."},
+        {"role": "user", "content": FIRST_PAGE},
+    ]
+    episode = {
+        "group_index": 0,
+        "rollout_index": 0,
+        "sample_id": "miniwob-click-button-0",
+        "environment": "miniwob",
+        "prompt": prompt,
+        "completion": "…",
+        "messages": [
+            *prompt,
+            {
+                "role": "assistant",
+                "content": 'OK-REPLY <tool_call>{"name": "click", "arguments": {"ref": 1}}</tool_call>',
+            },
+            {"role": "tool", "content": SECOND_PAGE},
+            {
+                "role": "assistant",
+                "content": '<tool_call>{"name": "type_text", "arguments": {"ref": 3, "text": "ada"}}</tool_call>',
+            },
+            {"role": "tool", "content": "The task is over."},
+        ],
+        "reward": 1.0,
+        "num_turns": 2,
+        "sample_metrics": {"success": 1.0, "actions": 2.0, "blocked_requests": 0.0, "screenshot_failures": 0.0},
+        "attachments": [
+            {"name": "page", "media_type": "image/png", "turn": 0, "data": png_bytes(32, 24, (220, 20, 20))},
+            {"name": "page", "media_type": "image/png", "turn": 1, "data": png_bytes(48, 20, (20, 20, 220))},
+        ],
+    }
+    plain = {"group_index": 1, "rollout_index": 0, "prompt": "p", "completion": "c", "reward": 0.0}
+    store.log_rollouts(0, [episode, plain])
+    for session, actions in SESSIONS:
+        for kind, offset, duration in actions:
+            store.log_event(
+                {
+                    "kind": f"browser.{kind}",
+                    "start": start + offset,
+                    "duration_s": duration,
+                    "session_id": session,
+                    "step": 0,
+                    "sample_id": "miniwob-click-button-0",
+                }
+            )
+    store.log_event({"kind": "sandbox.execute", "start": start + 0.2, "duration_s": 0.2, "sandbox_id": "sb-1"})
+    store.log_event({"kind": "weights.update", "start": start + 4.0, "duration_s": 0.5})
+    store.set_status("completed", step=1)
     store.close()
     return run_dir
 

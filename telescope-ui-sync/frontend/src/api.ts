@@ -28,7 +28,8 @@ export interface Sample {
 }
 export interface SearchResult { seq: number; step: number; group_index: number; rollout_index: number; reward: number | null; field: string; snippet: string; discard_reason: string | null }
 export interface Lane { id: string; component: string; lane: string }
-export interface TimelineEvent { seq: number; kind: string; lane: string; start: number; duration: number; step: number | null; error: boolean }
+// group: the episode whose events share one row of their lane (a browser event's session), else null.
+export interface TimelineEvent { seq: number; kind: string; lane: string; start: number; duration: number; step: number | null; error: boolean; group?: string | null }
 // A fuller window's density, per lane and bucket (columns of equal length): lane indexes
 // Timeline.lanes, bucket counts `width` seconds from `origin`, kind indexes `kinds`.
 export interface TimelineBins {

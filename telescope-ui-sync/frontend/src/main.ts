@@ -21,9 +21,9 @@ import { sandboxesPage } from "./pages/sandboxes";
 import { logsPage } from "./pages/logs";
 import { axisSize } from "./charts";
 import { protectMath, renderText } from "./render";
-import { KindColors, assignRows, kindColor, offsetLabel, timeTicks } from "./timeline_layout";
+import { KindColors, assignGroupedRows, assignRows, kindColor, offsetLabel, timeTicks } from "./timeline_layout";
 
-Object.assign(window, { telescopeUi: { fmt, axisSize, protectMath, renderText, assignRows, timeTicks, offsetLabel, kindColor, KindColors } });
+Object.assign(window, { telescopeUi: { fmt, axisSize, protectMath, renderText, assignRows, assignGroupedRows, timeTicks, offsetLabel, kindColor, KindColors } });
 
 const PAGES: [string, string, PageFactory][] = [
   ["overview", "Overview", overviewPage],

@@ -1,9 +1,11 @@
 // The timeline's geometry, as pure functions: rows inside a lane for events that overlap
-// (so that 64 concurrent requests of one server are 64 bars, not one), ticks at round
-// offsets with labels precise enough for the zoom (sub-second when zoomed in), and
-// distinct colours for event kinds.
+// (so that 64 concurrent requests of one server are 64 bars, not one; the events of one
+// browser session on one row), ticks at round offsets with labels precise enough for the
+// zoom (sub-second when zoomed in), and distinct colours for event kinds (the browser's
+// kinds fixed ones).
 
 export interface Interval { start: number; end: number }
+export interface GroupedInterval extends Interval { group?: string | null }
 
 /**
  * A row for each interval (in the input's order) such that intervals in one row do not
@@ -21,6 +23,30 @@ export function assignRows(intervals: Interval[]): number[] {
     rows[i] = row;
   }
   return rows;
+}
+
+/**
+ * Rows as {@link assignRows} gives them, except that intervals of one ``group`` (the events
+ * of one browser session) share one row: the group's span, from its first start to its last
+ * end, takes a row as one interval does. So an episode's actions read in order along one row,
+ * and the lane has as many rows as episodes run at one time (not as actions do: an episode's
+ * actions never overlap, so they alone would pack into a row or two and mix the episodes).
+ */
+export function assignGroupedRows(intervals: GroupedInterval[]): number[] {
+  const spans: Interval[] = [];
+  const spanOf = new Map<string, number>();
+  const owner = intervals.map(({ start, end, group }) => {
+    const known = group ? spanOf.get(group) : undefined;
+    if (known === undefined) {
+      spans.push({ start, end });
+      if (group) spanOf.set(group, spans.length - 1);
+      return spans.length - 1;
+    }
+    spans[known] = { start: Math.min(spans[known].start, start), end: Math.max(spans[known].end, end) };
+    return known;
+  });
+  const rows = assignRows(spans);
+  return owner.map((span) => rows[span]);
 }
 
 /** A round step (1, 2 or 5 times a power of ten seconds, or a round minute/hour) near ``span / count``. */
@@ -67,6 +93,24 @@ const KIND_PALETTE = [
   "#ca8a04", "#0e7490", "#6d28d9", "#57534e",
 ];
 export const ERROR_COLOR = "#dc2626";
+/**
+ * The browser's kinds, fixed so that an episode's row reads the same in every run: its actions
+ * (click, type, press, scroll) in strong distinct colours, what it observes (snapshot,
+ * screenshot) and its plumbing (goto, evaluate, close) in greys and dark blue, a blocked
+ * request in yellow. None is in the palette or red.
+ */
+export const FIXED_KIND_COLORS: ReadonlyMap<string, string> = new Map([
+  ["browser.goto", "#1e3a8a"],
+  ["browser.snapshot", "#94a3b8"],
+  ["browser.screenshot", "#64748b"],
+  ["browser.click", "#059669"],
+  ["browser.type", "#c026d3"],
+  ["browser.press", "#d97706"],
+  ["browser.scroll", "#0284c7"],
+  ["browser.evaluate", "#a8a29e"],
+  ["browser.close", "#334155"],
+  ["browser.blocked", "#facc15"],
+]);
 
 /** The ``index``-th colour of the kinds' sequence: the palette, then distinct hues (away from red). */
 export function kindColor(index: number): string {
@@ -76,14 +120,17 @@ export function kindColor(index: number): string {
   return `hsl(${hue.toFixed(1)} 65% ${light}%)`;
 }
 
-/** Colours of event kinds: each kind its own, kept for the page's life (a new kind takes the next free one). */
+/** Colours of event kinds: each kind its own, kept for the page's life (a new kind takes the next
+ * free one; a kind of {@link FIXED_KIND_COLORS} always its fixed one). */
 export class KindColors {
   private readonly known = new Map<string, string>();
+  private next = 0; // the index of the next colour of the sequence
 
   /** Give colours to ``kinds`` not seen yet, in sorted order (so a page's first view is stable). */
   add(kinds: Iterable<string>): void {
     for (const kind of [...new Set(kinds)].sort()) {
-      if (!this.known.has(kind)) this.known.set(kind, kindColor(this.known.size));
+      if (this.known.has(kind)) continue;
+      this.known.set(kind, FIXED_KIND_COLORS.get(kind) ?? kindColor(this.next++));
     }
   }
 

@@ -1,12 +1,14 @@
 // Rollouts (and Discarded): step navigation, groups and samples coloured by reward (the
 // environment's declared range), advantage (±sqrt(G-1)) or length (max_tokens), full-text
 // search over prompts, completions and tool output, one sample in full (Markdown/LaTeX/
-// code/think rendering or raw text, turns and tool calls), and two samples side by side.
+// code/think rendering or raw text, turns and tool calls; an episode of tool calls as its steps,
+// with the page's screenshots when it kept some: see ../episode.ts), and two samples side by side.
 import { get, type RunSummary, type Sample, type SearchResult, type Series } from "../api";
 import { clear, debounce, fmt, h, save, scaleColor, store } from "../dom";
 import type { Ctx, Page } from "../context";
 import { renderText, type RenderMode } from "../render";
 import { clipped } from "../clip";
+import { isToolEpisode, renderEpisode } from "../episode";
 import { LineChart } from "../charts";
 
 type ColorBy = "reward" | "advantage" | "length";
@@ -153,7 +155,9 @@ export function rolloutsPage(ctx: Ctx, discarded: boolean): Page {
     );
     pane.append(h("h4", null, "Completion"), h("div", { class: "completion" }, clipped(String(record.completion ?? ""), (text) => renderText(text, mode))));
     const turns = messages.filter((m) => m.role !== "user" && m.role !== "system");
-    if (turns.length > 1 || turns.some((m) => m.tool_calls || m.role === "tool")) {
+    if (isToolEpisode(record)) {
+      pane.append(renderEpisode(runId, record, mode));
+    } else if (turns.length > 1 || turns.some((m) => m.tool_calls || m.role === "tool")) {
       pane.append(h("h4", null, `Turns and tool calls (${turns.length})`));
       for (const message of turns) pane.append(renderMessage(message));
     }

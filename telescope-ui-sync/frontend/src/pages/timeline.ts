@@ -1,6 +1,9 @@
 // Timeline: one canvas, one band per lane (trainer steps from the metrics, then each
-// component's lanes: ranks, servers, sandboxes, ...); events of a lane that overlap in time
-// (concurrent requests of a server) get a row each inside its band. Wheel zooms around the pointer,
+// component's lanes: ranks, servers, sandboxes, browsers, ...); events of a lane that overlap in time
+// (concurrent requests of a server) get a row each inside its band, and the events of one browser
+// session (an episode) share one row, so that an episode's actions read in order along it (see
+// api_timeline.py for why one lane of rows and not a lane per session); clicking one of them
+// outlines the rest of its session. Wheel zooms around the pointer,
 // drag pans, a click shows the event's fields. The server sends the window's events,
 // fetched again after each zoom or pan; a window with too many sends its longest events
 // and a density per lane and pixel-wide bucket (busy share as opacity, the colour of the
@@ -8,7 +11,7 @@
 import { get, type Timeline, type TimelineEvent } from "../api";
 import { clear, debounce, fmt, h } from "../dom";
 import type { Ctx, Page } from "../context";
-import { ERROR_COLOR, KindColors, assignRows, timeTicks } from "../timeline_layout";
+import { ERROR_COLOR, KindColors, assignGroupedRows, timeTicks } from "../timeline_layout";
 
 const LANE_H = 22;
 const LABEL_W = 170;
@@ -17,7 +20,7 @@ const AXIS_H = 24;
 const ROW_H = 6;
 const MAX_ROWS = 64;
 
-interface Layout { top: number[]; height: number[]; rows: Map<number, number>; total: number }
+interface Layout { top: number[]; height: number[]; rows: Map<number, number>; counts: number[]; total: number }
 
 export function timelinePage(ctx: Ctx): Page {
   const runId = ctx.primary!;
@@ -31,7 +34,8 @@ export function timelinePage(ctx: Ctx): Page {
   let userMoved = false;
   let drag: { x: number; start: number; end: number; moved: boolean } | null = null;
   let selected: number | null = null;
-  let layout: Layout = { top: [], height: [], rows: new Map(), total: 0 };
+  let selectedGroup: string | null = null; // the session of the selected event, whose other events are outlined
+  let layout: Layout = { top: [], height: [], rows: new Map(), counts: [], total: 0 };
   const colors = new KindColors();
   const el = h("div", { class: "page timeline" },
     h("div", { class: "toolbar" }, h("h1", null, "Timeline"),
@@ -55,18 +59,19 @@ export function timelinePage(ctx: Ctx): Page {
       byLane.set(row, list);
     }
     const rows = new Map<number, number>();
-    const top: number[] = [], height: number[] = [];
+    const top: number[] = [], height: number[] = [], counts: number[] = [];
     let y = AXIS_H;
     lanes.forEach((_, i) => {
       const events = byLane.get(i) ?? [];
-      const assigned = assignRows(events.map((ev) => ({ start: ev.start, end: ev.start + ev.duration })));
+      const assigned = assignGroupedRows(events.map((ev) => ({ start: ev.start, end: ev.start + ev.duration, group: ev.group })));
       events.forEach((ev, k) => rows.set(ev.seq, Math.min(assigned[k], MAX_ROWS - 1)));
       const count = Math.min(MAX_ROWS, assigned.length ? Math.max(...assigned) + 1 : 1);
+      counts.push(count);
       top.push(y);
       height.push(count > 1 ? Math.max(LANE_H, count * ROW_H + 4) : LANE_H);
       y += height[i];
     });
-    return { top, height, rows, total: y - AXIS_H };
+    return { top, height, rows, counts, total: y - AXIS_H };
   }
 
   function draw(): void {
@@ -74,6 +79,8 @@ export function timelinePage(ctx: Ctx): Page {
     const width = canvas.parentElement?.clientWidth || 900;
     const lanes = data?.lanes ?? [];
     layout = computeLayout();
+    // the lanes as drawn (what the browser tests read)
+    canvas.dataset.lanes = JSON.stringify(lanes.map((lane, i) => ({ id: lane.id, rows: layout.counts[i], top: layout.top[i], height: layout.height[i] })));
     const height = AXIS_H + Math.max(LANE_H, layout.total) + 4;
     canvas.width = width * ratio;
     canvas.height = height * ratio;
@@ -143,13 +150,14 @@ export function timelinePage(ctx: Ctx): Page {
       g.fillStyle = ev.error ? ERROR_COLOR : colors.get(ev.kind);
       g.fillRect(x0, top, Math.max(2, x1 - x0), barH);
       if (ev.seq === selected) { g.strokeStyle = "#111"; g.lineWidth = 2; g.strokeRect(x0, top - 1, Math.max(2, x1 - x0), barH + 2); }
+      else if (selectedGroup && ev.group === selectedGroup) { g.strokeStyle = "#111"; g.lineWidth = 1; g.strokeRect(x0, top - 0.5, Math.max(2, x1 - x0), barH + 1); }
     }
     g.restore();
   }
 
   /** The top and height of an event's bar: the whole band (less a margin) or its row in it. */
   function eventBox(lane: number, seq: number): [number, number] {
-    if (layout.height[lane] === LANE_H) return [layout.top[lane] + 4, LANE_H - 8];
+    if (layout.counts[lane] <= 1) return [layout.top[lane] + 4, LANE_H - 8];
     return [layout.top[lane] + 2 + (layout.rows.get(seq) ?? 0) * ROW_H, ROW_H - 1];
   }
 
@@ -180,13 +188,18 @@ export function timelinePage(ctx: Ctx): Page {
     clear(detail);
     if ("seq" in hit) {
       selected = hit.seq;
+      const group = "group" in hit ? hit.group ?? null : null;
+      selectedGroup = group;
       draw();
+      const siblings = group ? (data?.events ?? []).filter((e) => e.group === group).sort((a, b) => a.start - b.start) : [];
       const ev = await get<Record<string, unknown>>(`/api/events/${encodeURIComponent(runId)}/${hit.seq}`);
       detail.append(h("h3", null, String(ev.kind)), h("div", { class: "kv" },
         h("span", null, "component / lane"), h("span", null, `${ev.component} · ${ev.lane}`),
         h("span", null, "start"), h("span", null, new Date(Number(ev.start) * 1000).toISOString()),
         h("span", null, "duration"), h("span", null, `${fmt(Number(ev.duration))} s`),
         h("span", null, "step"), h("span", null, String(ev.step ?? "–")),
+        group ? h("span", null, "session") : null,
+        group ? h("span", { class: "event-session" }, `${group}: ${siblings.length} events in view (${siblings.map((e) => e.kind.replace(/^browser\./, "")).join(" → ")})`.slice(0, 400)) : null,
         ev.error ? h("span", { class: "warn" }, "error") : null, ev.error ? h("span", { class: "warn" }, String(ev.error)) : null),
         h("pre", { class: "raw" }, JSON.stringify(ev.fields, null, 2)));
     } else {

@@ -8,18 +8,29 @@ total from the same scan. The page of results shown is then read from the record
 the field that matched and a snippet around the first hit.
 Discarded rollouts (records with a ``discard_reason``) are served by the same routes
 with ``discarded=true``.
+
+A rollout's attachments (a browser episode's screenshots: the records' ``attachments``,
+files under the run directory's ``media/``, see :mod:`telescope.recording.attachments`)
+are served by ``/media`` from the run directory as they are, read when asked (never
+synced into the database). Only a relative path under ``media/`` is served: an absolute
+path, a ``..`` segment or another folder is refused (400), and so is a path a symlink
+leads out of ``media/`` (403, checked on the resolved path). The content type comes from
+the file's suffix, from a short list of types a browser shows without running anything
+(images; text, HTML included, as plain text); any other file is sent as a download.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import duckdb
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 
-from telescope_ui_sync.server.deps import cursor, fast_json, run_row
+from telescope.recording.attachments import MEDIA_DIR
+from telescope_ui_sync.server.deps import cursor, fast_json, inside, run_row
 from telescope_ui_sync.sync.records import message_text, tool_text
 
 router = APIRouter(prefix="/api/rollouts")
@@ -30,6 +41,19 @@ SAMPLE_COLUMNS = (
 )
 _NAMES = [c.strip() for c in SAMPLE_COLUMNS.split(",")]
 SNIPPET = 80
+#: The content type of an attachment by its suffix; any other file is sent as a download.
+#: HTML is sent as text (a page kept with a rollout is shown as its source, never run).
+MEDIA_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+    ".txt": "text/plain; charset=utf-8",
+    ".html": "text/plain; charset=utf-8",
+    ".json": "application/json",
+}
+DOWNLOAD = "application/octet-stream"
 
 
 def _kept(discarded: bool) -> str:
@@ -143,3 +167,26 @@ def search(
             }
         )
     return {"query": q, "total": total, "results": results}
+
+
+@router.get("/media")
+def media(run: str, path: str, cur: duckdb.DuckDBPyConnection = Depends(cursor)) -> FileResponse:
+    """One attachment file of the run (``path`` as a rollout record's ``attachments`` give it:
+    ``media/step-3/g0-r1-t1-page-1a2b3c4d.png``, relative to the run directory)."""
+    base = Path(run_row(cur, run)["path"])
+    parts = PurePosixPath(path).parts
+    if path.startswith("/") or len(parts) < 2 or parts[0] != MEDIA_DIR or ".." in parts:
+        what = f"{path[:200]!r} is not an attachment"
+        raise HTTPException(400, f"{what}: only relative paths under the run's {MEDIA_DIR}/ folder are served")
+    if not base.is_dir():
+        raise HTTPException(410, "the run directory has been deleted")
+    target = inside(base, path)  # 403 for a symlink that leads out of the run directory
+    if not target.is_relative_to(base.resolve() / MEDIA_DIR):
+        raise HTTPException(403, f"{path[:200]!r} leads out of the run's {MEDIA_DIR}/ folder")
+    if not target.is_file():
+        raise HTTPException(404, f"no file {path[:200]!r} in run {run!r}")
+    media_type = MEDIA_TYPES.get(target.suffix.lower(), DOWNLOAD)
+    headers = {"Cache-Control": "private, max-age=3600"}
+    if media_type == DOWNLOAD:
+        headers["Content-Disposition"] = "attachment"
+    return FileResponse(target, media_type=media_type, headers=headers)

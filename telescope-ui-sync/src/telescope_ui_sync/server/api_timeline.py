@@ -14,6 +14,20 @@ window reads only the row groups of its time (``start`` and ``finish`` are colum
 their min/max statistics prune both ends). The lanes and the run's time range come from
 ``event_bins`` too. Responses are encoded with ``json.dumps`` directly (see
 :func:`telescope_ui_sync.server.deps.fast_json`).
+
+Browser episodes: the ``browser.*`` events of every episode (``session_id``, one per
+episode) share one lane, ``browser · main``, in which each session gets a row of its own
+(the front end gives a row to each session's span, so the actions of one episode read left
+to right on one row, and a row is reused once its episode has ended). A lane per session
+was the other way: it would add 64 lanes at a time (22 px each: 1,400 px of timeline for
+one step of 64 episodes) and thousands over a run, most of them empty in any window; one
+lane of rows takes 6 px a concurrent episode, as the 64 concurrent requests of one
+inference server do. For that, each drawn event of a component of :data:`ROW_GROUP_FIELDS`
+comes with its ``group`` (the session), read from the records of the drawn events only (a
+second, small query), so the lane and bin tables stay as they are. Limits: the rows are
+laid out per window (a zoom may move a session to another row), a session is placed by
+its events in the window (a truncated window's longest events only), and a lane draws at
+most 64 rows (more concurrent sessions share the last).
 """
 
 from __future__ import annotations
@@ -31,7 +45,19 @@ from telescope_ui_sync.sync.schema import BIN_WIDTHS
 
 router = APIRouter(prefix="/api")
 
-COMPONENT_ORDER = ("trainer", "orchestrator", "inference", "sandbox", "tool", "reward", "weights", "system")
+COMPONENT_ORDER = (
+    "trainer",
+    "orchestrator",
+    "inference",
+    "sandbox",
+    "browser",
+    "tool",
+    "reward",
+    "weights",
+    "system",
+)
+#: Per component, the event field whose value keeps events on one row of their lane (see the module docstring).
+ROW_GROUP_FIELDS = {"browser": "session_id"}
 STEPS_LANE = {"id": "trainer|steps", "component": "trainer", "lane": "steps"}
 TIMELINE = "run_id = $run AND NOT starts_with(coalesce(kind, ''), 'infra.')"
 
@@ -98,6 +124,28 @@ def _bins(
     return {"origin": start, "width": width, "kinds": list(kinds), **columns}
 
 
+def _groups(cur: duckdb.DuckDBPyConnection, run: str, rows: list[Any]) -> dict[int, str]:
+    """The row group (:data:`ROW_GROUP_FIELDS`: a browser event's session) of each drawn event that has one, by seq.
+
+    Read from the records of those events only (a semi-join on their seqs, the seq range
+    pruning row groups: about 15 ms for 2,000 drawn events among a million): ``rows`` are
+    the drawn events (at most ``limit``), as the timeline query returns them (seq first,
+    component third).
+    """
+    found: dict[int, str] = {}
+    for component, field in ROW_GROUP_FIELDS.items():
+        seqs = [row[0] for row in rows if row[2] == component]
+        if not seqs:
+            continue
+        pairs = cur.execute(
+            "SELECT seq, json_extract_string(record_json, $path) FROM events "
+            "WHERE run_id = $run AND seq BETWEEN $lo AND $hi AND seq IN (SELECT unnest($seqs))",
+            {"run": run, "path": f"$.{field}", "lo": min(seqs), "hi": max(seqs), "seqs": seqs},
+        ).fetchall()
+        found.update((seq, group) for seq, group in pairs if group is not None)
+    return found
+
+
 @router.get("/timeline")
 def timeline(
     run: str,
@@ -147,6 +195,7 @@ def timeline(
         f"ORDER BY {order} LIMIT {limit}",
         params,
     ).fetchall()
+    groups = _groups(cur, run, rows)
     events = [
         {
             "seq": seq,
@@ -156,6 +205,7 @@ def timeline(
             "duration": duration,
             "step": step,
             "error": failed,
+            "group": groups.get(seq),
         }
         for seq, kind, component, lane, ev_start, duration, step, failed in rows
     ]
