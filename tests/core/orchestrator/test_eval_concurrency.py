@@ -8,6 +8,7 @@ The fake services record, per server, how many requests are in flight at once;
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import pytest
 from telescope.models.tiny import PRESETS, build_tokenizer
 from telescope.orchestrator.chat import ChatRenderer
 from telescope.orchestrator.evals import EvalRunner
+from telescope.plugins.registry import PluginKind, Registrar, Registry
 
-from .fakes import FakeServices, loop_config, plugins_for
+from .fakes import FakeServices, ParityEnvironment, loop_config, plugins_for
 from .test_orchestrator import registry_with_parity
 
 
@@ -54,3 +56,23 @@ def test_a_run_bounds_its_evals_with_max_concurrent_prompts_per_server(tmp_path:
     assert runner.per_server_limit == 2
     asyncio.run(runner.run_all(step=0, servers=[0], phase="before"))
     assert servers.peak_in_flight == Counter({0: 2})
+
+
+def test_eval_prompts_are_rendered_off_the_event_loop(tmp_path: Path) -> None:
+    """A prompt may take a page load to render (miniwob): never on the loop that serves every rollout."""
+    rendered_on: list[int] = []
+
+    class Recorded(ParityEnvironment):
+        def format_prompt(self, sample: Any) -> list[dict[str, Any]]:
+            rendered_on.append(threading.get_ident())
+            return super().format_prompt(sample)
+
+    registry = Registry()
+    Registrar(registry, PluginKind.ENVIRONMENT, "tests", "tests", "0")("parity", Recorded)
+    Registrar(registry, PluginKind.ALGORITHM, "tests", "tests", "0")("grpo", "telescope.algorithms.grpo:GRPO")
+    config = loop_config(tmp_path, evals=[{"name": "parity", "num_samples": 6}])
+    renderer = ChatRenderer(build_tokenizer(PRESETS["test"]))
+    runner = EvalRunner(config, plugins_for(registry), renderer, FakeServices(servers=1, delay_s=0.001), Sink())
+    metrics = asyncio.run(runner.run_all(step=0, servers=[0], phase="before"))  # the loop runs on this thread
+    assert metrics["parity"]["eval/parity/num_items"] == 6
+    assert len(rendered_on) == 6 and threading.get_ident() not in rendered_on

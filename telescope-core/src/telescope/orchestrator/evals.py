@@ -269,7 +269,8 @@ class EvalRunner:
                         server, prompt_ids, max_tokens, seed=seed, priority=turn, sampling=sampling
                     )
 
-                messages = environment.format_prompt(sample)
+                # off the loop: rendering may load a page (browser environments) or read files
+                messages = await asyncio.to_thread(environment.format_prompt, sample)
                 with events.context(eval=entry.name, sample_id=sample.sample_id, rollout_index=draw):
                     return await episodes.run(
                         environment,
