@@ -216,7 +216,7 @@ class Failing(AgentEnvironment):
     """A program that fails in a chosen way."""
 
     name = "failing"
-    episode_timeout_s: ClassVar[float | None] = 0.5
+    episode_timeout_s: ClassVar[float | None] = 60.0  # the "hang" case sets a short one: the others must not meet it
     max_calls: ClassVar[int] = 2
     mode = "raise"
     urls: ClassVar[list[str]] = []
@@ -254,6 +254,8 @@ class Failing(AgentEnvironment):
 def test_a_failing_program_is_an_errored_rollout_naming_its_sample(tokenizer: Any, mode: str, expected: str) -> None:
     environment = Failing()
     environment.mode = mode
+    if mode == "hang":
+        environment.episode_timeout_s = 0.5  # type: ignore[misc]
     rollout = run_episode(tokenizer, environment, ScriptedPolicy(tokenizer, ["ok"]))
     assert rollout.error is not None and expected in rollout.error, rollout.error
     assert rollout.reward is not None and rollout.reward.total_reward == 0.0
