@@ -104,6 +104,15 @@ def test_a_wrong_action_fails_the_task_and_no_action_scores_zero(env: MiniWoBEnv
     assert wrong.total_reward == -1.0 and wrong.sample_metrics["success"] == 0.0
     idle = play(env, sample, ["I am not sure what to do."])
     assert idle.total_reward == 0.0 and idle.sample_metrics["actions"] == 0.0
+    # reward "success": a failed attempt scores as no attempt (0), never below it; the raw reward stays a metric
+    scored = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=4, reward="success")
+    try:
+        wrong_click = [call("click", ref=int(other[1 : other.index("]")]))]
+        messages, state, _ = scored.play_replies(sample, wrong_click)
+        failed = scored.compute_reward(messages, sample, state)
+    finally:
+        scored.close()
+    assert failed.total_reward == 0.0 and failed.sample_metrics["raw_reward"] == -1.0
 
 
 def test_bad_tool_calls_are_answered_with_errors_not_raised(env: MiniWoBEnvironment) -> None:

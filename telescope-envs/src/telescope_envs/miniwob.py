@@ -20,10 +20,13 @@ action and a JavaScript heap of ``js_heap_mb``. With ``screenshots`` the page's 
 kept with the rollout as a PNG at the start and after every action
 (:class:`~telescope.api.records.Attachment`; the run store writes them under ``media/``).
 
-Reward: the task's own raw reward (``WOB_RAW_REWARD_GLOBAL``: 1 solved, -1 failed, some
-tasks partial), 0 when the episode ended before the task did. Sample metrics:
-``success`` (reward > 0), ``actions``, ``blocked_requests`` and, with screenshots,
-``screenshot_failures``.
+Reward (``reward``): ``raw``, the task's own raw reward (``WOB_RAW_REWARD_GLOBAL``: 1
+solved, -1 failed, some tasks partial), 0 when the episode ended before the task did; or
+``success``, 1 when the task's reward is positive, else 0. With ``raw`` a failed attempt
+scores below no attempt, so a policy that fails more often than it succeeds learns to stop
+acting (the tiny CPU example collapsed to 0 that way); ``success`` never prefers doing
+nothing. Sample metrics: ``success``, ``raw_reward``, ``actions``, ``blocked_requests`` and,
+with screenshots, ``screenshot_failures``.
 
 Tasks: ``tasks`` (default: click-button, click-link, click-checkboxes, enter-text);
 ``episode_time_s`` replaces the task's own 10-second limit (a model thinks slower than a
@@ -147,6 +150,7 @@ class MiniWoBEnvironment(ToolEnvironment):
     reward_max: ClassVar[float] = 1.0
     metrics_ranges: ClassVar[dict[str, dict[str, float]]] = {
         "success": {"min": 0.0, "max": 1.0},
+        "raw_reward": {"min": -1.0, "max": 1.0},
         "actions": {"min": 0.0, "max": 16.0},
         "blocked_requests": {"min": 0.0, "max": 1000.0},
     }
@@ -166,8 +170,11 @@ class MiniWoBEnvironment(ToolEnvironment):
         browser_provider: str | None = None,
         browser_provider_kwargs: dict[str, Any] | None = None,
         tool_prompt: Literal["schemas", "brief", "none"] = "schemas",
+        reward: Literal["raw", "success"] = "raw",
     ) -> None:
         super().__init__()
+        if reward not in ("raw", "success"):
+            raise ValueError(f"miniwob reward must be 'raw' or 'success', got {reward!r}")
         if tool_prompt not in TOOL_PROMPTS:
             raise ValueError(f"miniwob tool_prompt must be one of {', '.join(TOOL_PROMPTS)}, got {tool_prompt!r}")
         chosen = list(tasks) if tasks is not None else list(DEFAULT_TASKS)
@@ -185,6 +192,7 @@ class MiniWoBEnvironment(ToolEnvironment):
         self.browser_provider = browser_provider
         self.browser_provider_kwargs = dict(browser_provider_kwargs or {})
         self.tool_prompt = tool_prompt
+        self.reward = reward
         self._provider: BrowserProvider | None = None
         self._provider_lock = threading.Lock()
         self._pages: dict[str, str] = {}  # sample id -> the prompt's observation (seeded: always the same)
@@ -359,9 +367,10 @@ class MiniWoBEnvironment(ToolEnvironment):
             session.close()
         raw = float(state.data.get("raw_reward", 0.0)) if state.data.get("done") else 0.0
         return RewardResult(
-            total_reward=raw,
+            total_reward=raw if self.reward == "raw" else float(raw > 0),
             sample_metrics={
                 "success": float(raw > 0),
+                "raw_reward": raw,
                 "actions": float(state.data.get("actions", 0)),
                 "blocked_requests": float(blocked),
                 **({"screenshot_failures": float(state.data["screenshot_failures"])} if self.screenshots else {}),
