@@ -176,3 +176,29 @@ def test_the_browser_provider_is_the_runs_unless_the_environment_names_its_own()
     bad = MiniWoBEnvironment(tasks=["click-button"], samples_per_task=1, browser_provider_kwargs={"num_browsers": 0})
     with pytest.raises(ValueError, match="num_browsers must be at least 1"):
         bad.format_prompt(bad.load_dataset()[0])
+
+
+def test_a_request_the_browser_drops_is_counted_not_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import functools
+    import socket
+    import struct
+    import threading
+    import time
+
+    from telescope_envs.miniwob import _QuietHandler, _QuietServer
+
+    server = _QuietServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    before = _QuietServer.dropped
+    try:
+        with socket.create_connection(server.server_address[:2]) as sock:
+            sock.sendall(b"GET /x.html HTTP/1.1\r\nHost: a")  # half a request, then a reset (as a closed context)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        deadline = time.monotonic() + 10
+        while _QuietServer.dropped == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _QuietServer.dropped == before + 1
+    assert "Traceback" not in capfd.readouterr().err

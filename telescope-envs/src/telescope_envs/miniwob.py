@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -124,7 +125,7 @@ class _TaskServer:
 
     def __init__(self, root: Path) -> None:
         handler = functools.partial(_QuietHandler, directory=str(root))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
         self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, name="miniwob-tasks", daemon=True).start()
 
@@ -134,6 +135,24 @@ class _TaskServer:
             if cls._instance is None:
                 cls._instance = cls(miniwob_folder() / "html")
             return cls._instance
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Counts the requests a browser dropped mid-answer instead of printing their tracebacks.
+
+    An episode's context is closed as soon as it ends, often while its page is still
+    loading a file: the connection is reset under the server's feet, which is expected.
+    """
+
+    daemon_threads = True
+    dropped = 0
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            type(self).dropped += 1
+            return
+        super().handle_error(request, client_address)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
