@@ -353,7 +353,7 @@ class MiniWoBEnvironment(ToolEnvironment):
         if status["done"]:
             state.data.update(done=True, raw_reward=float(status["raw"]))
             return True, "The task is over."
-        return True, self._observation(state.data["utterance"], session.snapshot("#wrap"))
+        return True, self.observe(state)
 
     def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
         replies: list[Message] = []
