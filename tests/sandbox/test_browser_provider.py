@@ -98,3 +98,18 @@ def test_a_killed_browser_errors_its_sessions_and_is_replaced(provider: Any, sit
         fresh.goto(f"{site.origin}/other.html")
         assert "other" in fresh.snapshot()
     assert provider.restarts == 1
+
+
+def test_browser_processes_are_only_the_providers_own(provider: Any, site: LoopbackSite) -> None:
+    from telescope_sandbox.browser import LocalBrowserProvider
+
+    other = LocalBrowserProvider(num_browsers=1, executable_path=CHROMIUM)
+    try:
+        with other.open(site.limits()) as foreign, provider.open(site.limits()) as own:
+            foreign.goto(f"{site.origin}/task.html")
+            own.goto(f"{site.origin}/task.html")
+            [mine] = provider.browser_processes()
+            [theirs] = other.browser_processes()
+            assert mine.pid != theirs.pid
+    finally:
+        other.close()

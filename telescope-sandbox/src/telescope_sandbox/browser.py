@@ -259,6 +259,9 @@ class LocalBrowserProvider(PlaywrightBrowserProvider):
     ) -> None:
         super().__init__(num_browsers=num_browsers, default_limits=default_limits)
         self.executable_path = chromium_path(executable_path)
+        # A switch Chromium ignores, so that this provider's browsers can be told apart from
+        # any other Chromium started by the same process (another provider, a test's own).
+        self._process_marker = f"--telescope-browser-pool={uuid.uuid4().hex}"
 
     async def launch(self, playwright: Any, limits: BrowserLimits) -> Any:
         args = [
@@ -266,18 +269,21 @@ class LocalBrowserProvider(PlaywrightBrowserProvider):
             "--disable-gpu",
             "--disable-dev-shm-usage",
             f"--js-flags=--max-old-space-size={limits.js_heap_mb}",
+            self._process_marker,
         ]
         return await playwright.chromium.launch(executable_path=self.executable_path, headless=True, args=args)
 
     def browser_processes(self) -> list[Any]:
-        """The browsers' main processes (``psutil.Process``; Playwright names no pid): Chromium processes
-        started under this process whose parent is not one, for memory figures and for tests that kill one."""
+        """This provider's browsers' main processes (``psutil.Process``; Playwright names no pid), for
+        memory figures and for tests that kill one: the processes under this one whose command line
+        carries the provider's marker switch and whose parent's does not (renderers and helpers are
+        the main process's children)."""
         import psutil
 
         found = []
         for child in psutil.Process().children(recursive=True):
             try:
-                if "chrom" in child.name() and "chrom" not in child.parent().name():
+                if self._process_marker in child.cmdline() and self._process_marker not in child.parent().cmdline():
                     found.append(child)
             except psutil.Error:
                 continue
