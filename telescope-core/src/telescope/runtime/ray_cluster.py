@@ -166,8 +166,81 @@ def connect_ray(config: TelescopeConfig, run_dir: Path) -> bool:
     if inherited is not None:  # the raylet starts with them, and its workers inherit them: no runtime environment
         common["runtime_env"] = None
     with exported(inherited or {}):
-        ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
+        start_private_cluster(common)
     return True
+
+
+#: Ray 2.60 waits a fixed 30 s (``raylet_start_wait_time_s`` in ``ray/_private/node.py``, no
+#: setting) for a new node's raylet to register with the GCS. On an overloaded machine that is
+#: not always enough (two runs failed so at a load average of 46 on two cores), and the run
+#: would fail before it started. A start that fails this way is tried again; other errors are not.
+PRIVATE_START_ATTEMPTS = 3
+
+#: The text of Ray's exception when the node did not register in time.
+NODE_START_TIMEOUT = "timed out during startup"
+
+
+def start_private_cluster(common: dict[str, Any]) -> None:
+    """``ray.init(address="local")``, tried again (up to :data:`PRIVATE_START_ATTEMPTS`) when Ray's node
+    did not register in time; the processes a failed attempt started (GCS, raylet, agents) are stopped
+    first, since Ray leaves them running. Raises :class:`RayStartError` when every attempt timed out."""
+    for attempt in range(1, PRIVATE_START_ATTEMPTS + 1):
+        before = {child.pid for child in _children()}
+        try:
+            ray.init(address="local", include_dashboard=False, _system_config=PRIVATE_CLUSTER_SYSTEM_CONFIG, **common)
+            return
+        except Exception as exc:
+            if NODE_START_TIMEOUT not in str(exc):
+                raise
+            stopped = _stop_new_children(before)
+            if attempt == PRIVATE_START_ATTEMPTS:
+                raise RayStartError(
+                    f"Ray's private cluster did not start: its node did not register with Ray's GCS within Ray's "
+                    f"30 s, {attempt} times (load average {_load_average()}); the machine may be overloaded: run "
+                    "again when it is less busy, or start a cluster once (`ray start --head`) and attach to it "
+                    "(ray_address: auto)"
+                ) from None
+            log.warning(
+                "Ray's node did not register in time (attempt %d of %d, load average %s); stopped its %d "
+                "processes, starting it again",
+                attempt,
+                PRIVATE_START_ATTEMPTS,
+                _load_average(),
+                stopped,
+            )
+
+
+def _children() -> list[Any]:
+    import psutil
+
+    return list(psutil.Process().children(recursive=True))
+
+
+def _stop_new_children(before: set[int]) -> int:
+    """Terminate (then kill) this process's descendants that are not in ``before``; returns how many."""
+    import psutil
+
+    ray.shutdown()
+    new = [child for child in _children() if child.pid not in before]
+    for child in new:
+        try:
+            child.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(new, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            continue
+    return len(new)
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{value:.1f}" for value in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def inheritable_variables(env: dict[str, Any]) -> dict[str, str] | None:
