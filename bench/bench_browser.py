@@ -5,8 +5,10 @@ from ``--workers`` threads (as the orchestrator's worker threads call an environ
 on ``--browsers`` Chromium processes of the local provider, each episode answered by a
 scripted policy (the right click, read from the prompt). Reports environment steps (tool
 actions) per second, episodes per second, the latency of one action (the click and the
-page's new snapshot) at p50 and p95, and the memory of the browsers' process trees with
-``--workers`` contexts open at once, per context. Needs Chromium, Playwright and
+page's new snapshot) at p50 and p95, and the memory of the browsers' process trees (PSS:
+shared pages divided among the processes that map them, so a renderer's share of Chromium's
+libraries is not counted once per process) with ``--workers`` contexts open at once, with
+none open (the browsers idle, after the episodes), and their difference per context. Needs Chromium, Playwright and
 ``miniwob``. Run by hand: ``python bench/bench_browser.py --browsers 2 --workers 8``.
 """
 
@@ -22,14 +24,19 @@ from concurrent.futures import ThreadPoolExecutor
 from cores_check import report
 
 
-def tree_rss_mb(processes: list) -> float:
+def tree_pss_mb(processes: list) -> float:
+    """The proportional set size of ``processes`` and their descendants, in MiB."""
     total = 0
     for process in processes:
         try:
-            total += process.memory_info().rss
-            total += sum(child.memory_info().rss for child in process.children(recursive=True))
-        except Exception:  # a renderer that exited meanwhile
+            members = [process, *process.children(recursive=True)]
+        except Exception:  # the browser exited meanwhile
             continue
+        for member in members:
+            try:
+                total += member.memory_full_info().pss
+            except Exception:  # a renderer that exited meanwhile
+                continue
     return total / 2**20
 
 
@@ -81,7 +88,7 @@ def main() -> None:
     def measure_memory() -> None:
         for _ in range(args.workers):
             open_now.acquire()
-        peak_mb.append(tree_rss_mb(env._browser().browser_processes()))
+        peak_mb.append(tree_pss_mb(env._browser().browser_processes()))
 
     watcher = threading.Thread(target=measure_memory, daemon=True)
     watcher.start()
@@ -90,6 +97,8 @@ def main() -> None:
         list(pool.map(episode, range(len(samples))))
     wall = time.perf_counter() - wall
     watcher.join(timeout=5)
+    time.sleep(2.0)  # the last contexts' renderers exit
+    idle_mb = tree_pss_mb(env._browser().browser_processes())
     env.close()
     latencies.sort()
     p95 = latencies[max(0, int(0.95 * len(latencies)) - 1)]
@@ -100,8 +109,8 @@ def main() -> None:
     print(f"action (click + new snapshot): p50 {1000 * statistics.median(latencies):.0f} ms, p95 {1000 * p95:.0f} ms")
     if peak_mb:
         print(
-            f"browsers' memory with {args.workers} contexts open: {peak_mb[0]:.0f} MiB, "
-            f"{peak_mb[0] / args.workers:.0f} MiB a context (browser processes included)"
+            f"browsers' memory (PSS) with {args.workers} contexts open: {peak_mb[0]:.0f} MiB, with none: "
+            f"{idle_mb:.0f} MiB; {(peak_mb[0] - idle_mb) / args.workers:.0f} MiB a context"
         )
     print(report("after"))
 
