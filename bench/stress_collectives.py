@@ -28,7 +28,9 @@ drives one of these paths:
 (``libc_malloc_debug``, preloaded: glibc 2.34 and later read ``MALLOC_CHECK_``
 only there), ``MALLOC_CHECK_=3`` (a corrupted chunk aborts the process) and
 ``MALLOC_PERTURB_`` (freed and new memory filled with a byte, so a read of freed
-memory gives garbage rather than the old value). ``--load N`` keeps N busy
+memory gives garbage rather than the old value). ``--keep-freed-memory`` adds the glibc
+settings a run gives its Ray workers (blocks up to 1 GiB from the heap, no trimming), so
+that a tensor's buffer sits in the heap beside small chunks, as in a worker. ``--load N`` keeps N busy
 processes running meanwhile (the second pytest-xdist worker of the test suite).
 A run fails when its process exits non-zero, a rank dies by a signal, or glibc
 prints a heap diagnostic; the script prints one line per run and a summary, and
@@ -262,6 +264,12 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {', '.join(PATHS)}")
     parser.add_argument("--checks", choices=("glibc", "none"), default="glibc", help="glibc heap checks (default)")
     parser.add_argument("--perturb", type=int, default=165, help="MALLOC_PERTURB_ byte (default 165)")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="also the glibc settings a run gives its Ray workers (ray_worker_keep_freed_memory): large blocks "
+        "from the heap, next to small ones, where an overrun past a tensor reaches another chunk's header",
+    )
     parser.add_argument("--load", type=int, default=0, help="busy processes kept running meanwhile (default 0)")
     parser.add_argument("--iterations", type=int, default=200, help="uneven: collectives; groups: 10 x cycles")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take (default 300)")
@@ -285,6 +293,10 @@ def main() -> int:
     # A `timeout` (SIGTERM) still ends the busy processes and the run in progress (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     checks = glibc_check_environment(args.perturb) if args.checks == "glibc" else {}
+    if args.keep_freed_memory:
+        from telescope.runtime.ray_cluster import KEEP_FREED_MEMORY
+
+        checks = {**checks, **KEEP_FREED_MEMORY}
     print(f"checks: {' '.join(f'{k}={v}' for k, v in checks.items()) or 'none'}; load: {args.load} busy processes")
     outcomes = stress(args.paths.split(","), {**os.environ, **checks}, args)
     print("\nsummary:")
