@@ -7,7 +7,8 @@ gradients unscaled before the norm (the reported norm is the float32 step's with
 float16 rounding: measured 6.1e-5 relative, held to 1e-3, where a missing unscale would
 be off by the scale, 1024x), the scale is reported as ``optimizer/loss_scale``, a
 step with a non-finite gradient leaves the weights as they were and halves the scale,
-and good steps raise it again.
+good steps raise it again, and a checkpoint's training state carries the scale and its
+counters.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def poisoned(seed: int) -> object:
     return dataclasses.replace(batch, samples=[first, *batch.samples[1:]])
 
 
-def test_float16_scales_the_loss_skips_an_overflow_and_grows_back(tiny_model: Path) -> None:
+def test_float16_scales_the_loss_skips_an_overflow_and_grows_back(tiny_model: Path, tmp_path: Path) -> None:
     reference = make_backend(str(tiny_model), "megatron", megatron_gradient_checkpointing=False)
     reference.setup(0, 1, "cpu")
     try:
@@ -102,5 +103,18 @@ def test_float16_scales_the_loss_skips_an_overflow_and_grows_back(tiny_model: Pa
         assert [r["optimizer/skipped_steps"] for r in rates] == [0.0, 0.0]
         assert [r["optimizer/loss_scale"] for r in rates] == [512.0, 1024.0]  # two good steps: doubled
         assert max_weight_diff(before, weights_snapshot(backend)) > 0
+        backend.train_step(poisoned(4))  # type: ignore[arg-type]
+        backend.save_checkpoint(tmp_path / "ckpt", training_state=True)
+        saved = backend.loss_scaler.state_dict()  # type: ignore[attr-defined]
     finally:
         backend.close()
+    assert saved == {"scale": 512.0, "good_steps": 0, "hysteresis_left": 0}
+    resumed = make_backend(
+        str(tiny_model), "megatron", megatron_gradient_checkpointing=False, mixed_precision_dtype="float16"
+    )
+    resumed.setup(0, 1, "cpu")
+    try:
+        resumed.load_checkpoint(tmp_path / "ckpt")
+        assert resumed.loss_scaler.state_dict() == saved  # type: ignore[attr-defined]
+    finally:
+        resumed.close()
