@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from telescope.config.composition import composed_schema
 from telescope.testing.trainer import tiny_trainer_config
@@ -112,12 +113,59 @@ def test_upstream_fields_not_built_yet_accept_only_what_the_backend_does(tiny_mo
         "megatron_context_parallel_size (2)"
     ]
     assert problems(megatron_context_parallel_size=2, trainer_num_workers=2) == []
-    assert problems(megatron_fp8=True, megatron_main_grads_dtype="bfloat16") == [
-        "megatron_main_grads_dtype='bfloat16': telescope-megatron does not build this yet; "
-        "set it to 'float32' (or leave it out)",
+    assert problems(megatron_fp8=True, megatron_optimizer_cpu_offload=True) == [
+        "megatron_optimizer_cpu_offload=True: telescope-megatron does not build this yet; "
+        "set it to False (or leave it out)",
         "megatron_fp8=True: telescope-megatron does not build this yet; set it to False (or leave it out)",
     ]
     assert problems(train_backend="fsdp", megatron_expert_parallel_size=2) == []  # ignored by FSDP
+
+
+def test_the_precision_dtypes_need_the_precision_aware_optimizer_as_in_megatron_core(tiny_model: Path) -> None:
+    from telescope_megatron.plugin import MegatronSettings
+    from telescope_megatron.precision import Precision
+
+    from telescope.api.context import TrainerContext
+
+    def problems(**overrides: object) -> list[str]:
+        config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
+        return [message for message, _ in composed_schema().settings_problems(config)]
+
+    assert problems(megatron_main_grads_dtype="bfloat16") == [
+        "megatron_main_grads_dtype='bfloat16' needs megatron_use_precision_aware_optimizer: true (as megatron-core: "
+        "without it the optimizer's main parameters, main gradients and moments are float32)"
+    ]
+    aware = {"megatron_use_precision_aware_optimizer": True}
+    assert problems(**aware) == []
+    lower = {
+        "megatron_main_params_dtype": "float16",
+        "megatron_main_grads_dtype": "bfloat16",
+        "megatron_exp_avg_dtype": "bfloat16",
+        "megatron_exp_avg_sq_dtype": "float16",
+    }
+    assert problems(**aware, **lower) == []
+    assert problems(**aware, megatron_exp_avg_dtype="uint8") == [
+        "megatron_exp_avg_dtype='uint8': telescope-megatron builds float32, bfloat16, float16 only "
+        "(no 8-bit states or parameters)"
+    ]
+    assert problems(train_backend="fsdp", megatron_main_grads_dtype="uint8") == []  # ignored by FSDP
+
+    # a backend built by hand refuses them too, and otherwise reads every field
+    with pytest.raises(ValueError, match="megatron_main_params_dtype='bfloat16' needs"):
+        Precision.of(TrainerContext(model="m"), MegatronSettings(megatron_main_params_dtype="bfloat16"))
+    context = TrainerContext(model="m", model_dtype="float32", mixed_precision_dtype="bfloat16")
+    precision = Precision.of(context, MegatronSettings(**aware, **lower, megatron_grad_reduce_in_fp32=False))
+    assert precision == Precision(
+        compute=torch.bfloat16,
+        main_params=torch.float16,
+        main_grads=torch.bfloat16,
+        grad_buffer=torch.bfloat16,  # without megatron_grad_reduce_in_fp32: the compute dtype
+        exp_avg=torch.bfloat16,
+        exp_avg_sq=torch.float16,
+    )
+    assert Precision.of(TrainerContext(model="m", model_dtype="bfloat16"), MegatronSettings()) == Precision(
+        compute=torch.bfloat16  # no mixed_precision_dtype: the model_dtype; the rest float32
+    )
 
 
 def test_gradient_reduce_overlap_is_refused_with_the_reason(tiny_model: Path) -> None:

@@ -12,16 +12,24 @@ loads the Hugging Face weights into this rank's shards
 data-parallel ranks with ``megatron_use_distributed_optimizer``:
 :mod:`telescope_megatron.optimizer`) and the LR schedule.
 
+Precision (:mod:`telescope_megatron.precision`): the model computes in
+``mixed_precision_dtype`` (else ``model_dtype``); the optimizer steps main parameters
+in ``megatron_main_params_dtype`` (float32 by default) with float32 main gradients and
+Adam moments (each dtype a setting), and copies them back into the model after each
+step; float16 compute scales the loss dynamically (:mod:`telescope_megatron.loss_scaling`).
+
 The training step is :class:`~telescope.trainer.packed_backend.PackedTrainerBackend`'s,
 the base the FSDP backend shares, with this backend's parallelism hooks: the same packing, dealing of
 sequences to *data-parallel* ranks, global loss normalisation, algorithm calls,
 metrics and timeline records. So for the same batch the loss and the update equal
-the FSDP backend's up to float32 rounding. What differs:
+the FSDP backend's up to float32 rounding (in float32; in bfloat16 up to where each
+rounds to 16 bits). What differs:
 
 - the logits come from :func:`~telescope_megatron.model.packed_logits` (attention
   kept inside each packed sample by an explicit mask);
 - gradients are averaged over data-parallel ranks (in float32 with
-  ``megatron_grad_reduce_in_fp32``) before clipping, and the gradient norm sums
+  ``megatron_grad_reduce_in_fp32``) before clipping; clipping and the norm work on the
+  main gradients, and the gradient norm sums
   tensor-parallel shards once and replicated weights (the norms) once;
 - ``megatron_gradient_checkpointing`` recomputes each layer in the backward
   (megatron-core's full, uniform recomputation);
@@ -38,13 +46,15 @@ the FSDP backend's up to float32 rounding. What differs:
   rank holds some of each layer's experts; an expert's gradient is summed over the
   ranks holding the same experts (the expert-data-parallel group) and divided by the
   data-parallel size, and counts once in the gradient norm (see :meth:`MegatronBackend.clip_and_step`);
-- ``named_weights`` gathers one weight at a time over the tensor-parallel group (a
+- ``named_weights`` gathers one main parameter (cast to ``model_dtype``) at a time over the tensor-parallel group (a
   layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
   names in the Hugging Face model's order (a layer at most is held back), so the weight
   transport sees exactly what the FSDP backend sends;
 - checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
   so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
-  rank's optimizer shard (``optimizer/rank_N.pt``); resuming the training state
+  rank's optimizer shard (``optimizer/rank_N.pt``) and precision state
+  (``precision/rank_N.pt``: the loss scale, and the main parameters where
+  ``model_dtype`` cannot hold them); resuming the training state
   needs the same ``world_size``, tensor-, pipeline- and expert-parallel sizes and
   distributed-optimizer setting (weights-only resumes at any layout).
 
@@ -84,6 +94,7 @@ from telescope.trainer.public import (
 from telescope_megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
+from telescope_megatron.loss_scaling import DynamicLossScale
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
 from telescope_megatron.moe import expert_gradient_squares, gather_experts, global_expert_name, is_expert_parameter
 from telescope_megatron.optimizer import build_optimizer
@@ -96,6 +107,7 @@ from telescope_megatron.pipeline import (
     share_from_last_stage,
 )
 from telescope_megatron.plugin import MegatronSettings, inactive_settings
+from telescope_megatron.precision import MainParameters, Precision
 
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
@@ -137,6 +149,7 @@ class MegatronBackend(PackedTrainerBackend):
         self.cp_size = 1
         self.ep_rank = 0
         self.ep_size = 1
+        self.loss_scaler: DynamicLossScale | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -163,6 +176,7 @@ class MegatronBackend(PackedTrainerBackend):
             )
         self.model_path = resolve_model_path(self.context.model)
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.precision = Precision.of(self.context, self.megatron)
         self.shape = ModelShape.from_hf(self.hf_config)
         self._check_divisible(tp, pp, ep)
         self.global_rank, self.global_world_size = rank, world_size
@@ -194,7 +208,7 @@ class MegatronBackend(PackedTrainerBackend):
             expert_parallel_size=ep,
             sequence_parallel=self.megatron.megatron_sequence_parallel,
             recompute=self.megatron.megatron_gradient_checkpointing,
-            params_dtype=DTYPES[self.context.model_dtype],
+            params_dtype=self.precision.compute,
             use_cpu_initialization=self.device.type == "cpu",
         )
         with _environment_kept():  # megatron-core's GPTModel sets NVTE_* (Transformer Engine's attention choice)
@@ -214,6 +228,8 @@ class MegatronBackend(PackedTrainerBackend):
                 self._expert_members.setdefault(expert[0], []).append(name)
         # The last stage's copy of a tied embedding (pipeline parallel only): not streamed, counted once.
         self._tied_copy = "output_layer.weight" if self.shape.tied_embeddings and pp > 1 and self.pp_rank > 0 else None
+        self.main = MainParameters(self._params, self.precision)
+        self.loss_scaler = DynamicLossScale() if self.precision.scales_loss else None
         self.hf_shapes = self._hf_parameter_shapes()
         self.hf_order = list(self.hf_shapes)
         self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
@@ -225,13 +241,21 @@ class MegatronBackend(PackedTrainerBackend):
         self.pad_token_id = int(pad if isinstance(pad, int) else 0)
 
     def build_optimizer(self, learning_rate: float, weight_decay: float) -> torch.optim.Optimizer:
-        """AdamW, its states sharded over the data- (and context-) parallel ranks with the distributed optimizer."""
+        """AdamW over the main parameters, its states sharded over the data- (and context-) parallel ranks with the
+        distributed optimizer (the warm start's optimizer steps the same main parameters)."""
         from megatron.core import parallel_state
 
         group = None
         if self.megatron.megatron_use_distributed_optimizer and self.ep_size == 1:
             group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        return build_optimizer(self.model.parameters(), lr=learning_rate, weight_decay=weight_decay, shard_group=group)
+        return build_optimizer(
+            self.main.parameters(),
+            lr=learning_rate,
+            weight_decay=weight_decay,
+            shard_group=group,
+            exp_avg_dtype=self.precision.exp_avg,
+            exp_avg_sq_dtype=self.precision.exp_avg_sq,
+        )
 
     def _check_divisible(self, tp: int, pp: int, ep: int) -> None:
         s = self.shape
@@ -280,13 +304,14 @@ class MegatronBackend(PackedTrainerBackend):
 
     @torch.no_grad()
     def _load_hf_state(self, hf_state: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face weights into this rank's shards."""
+        """Copy Hugging Face weights into this rank's main parameters, and from them into the model's."""
         full = hf_to_megatron(hf_state, self.shape)
-        for name, param in self._params.items():
+        for name, param in self.main.params.items():
             source = "embedding.word_embeddings.weight" if name == self._tied_copy else name
             expert = expert_of(name)  # one expert: its row of the layer's stacked experts
             tensor = full[expert[0]][expert[1]] if expert else full[source]
             param.copy_(shard(name, tensor, self.tp_rank, self.tp_size))
+        self.main.copy_to_model()
 
     # ------------------------------------------------------ parallelism hooks
 
@@ -310,8 +335,8 @@ class MegatronBackend(PackedTrainerBackend):
 
         def stage_loss(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
             value, sums = loss.compute(index[id(mb)], mb, logits)
-            # summed over data-parallel ranks, averaged in clip_and_step (as the base loop does)
-            return value * self.averaging_ranks(), [sums[k] for k in loss.keys]
+            # summed over data-parallel ranks, averaged in clip_and_step (as the base loop does); float16: scaled
+            return value * (self.averaging_ranks() * self.loss_scale()), [sums[k] for k in loss.keys]
 
         with timers.section("forward_backward", minibatch=minibatch):
             rows = run_schedule(self.model, batches, self.logits, stage_loss)
@@ -344,6 +369,12 @@ class MegatronBackend(PackedTrainerBackend):
     def clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite.
 
+        The accumulated gradients (:class:`~telescope_megatron.precision.MainParameters`'
+        buffers) are reduced, then become the main gradients (divided by the loss scale under
+        float16), which the norm, the clipping and the optimizer read; after a step the main
+        parameters are copied into the model's. A non-finite norm skips the step (and, under
+        float16, counts towards lowering the loss scale).
+
         MoE: an expert's weights live on one expert-parallel rank of each expert-data-parallel
         group, and their gradient already holds the tokens that every expert-parallel rank sent
         them; it is summed over the expert-data-parallel group (the ranks holding the same
@@ -353,54 +384,68 @@ class MegatronBackend(PackedTrainerBackend):
         """
         from megatron.core import parallel_state
 
-        named = [(n, p) for n, p in self._params.items() if p.grad is not None]
-        dense = [(n, p) for n, p in named if not is_expert_parameter(n)]
-        experts = [p for n, p in named if is_expert_parameter(n)]
+        accumulated = [(n, g) for n in self._params if (g := self.main.accumulated(n)) is not None]
+        dense = [(n, g) for n, g in accumulated if not is_expert_parameter(n)]
+        experts = [g for n, g in accumulated if is_expert_parameter(n)]
         if self.cp_size > 1:  # each context-parallel rank's gradients come from its own tokens
-            for _, param in dense:
-                assert param.grad is not None
-                dist.all_reduce(param.grad, group=self.cp_group)
+            for _, grad in dense:
+                dist.all_reduce(grad, group=self.cp_group)
         self._sum_tensor_parallel_partial_grads(dense)
         if self.world_size > 1:
-            self._average_grads([param for _, param in dense], self.dp_group)
+            self._average_grads([grad for _, grad in dense], self.dp_group)
         if experts:
             self._average_grads(experts, parallel_state.get_expert_data_parallel_group())
         self._sum_tied_embedding_grads()
+        grads = self.main.main_grads(self.loss_scale())
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for name, param in dense:
+        for name, grad in grads.items():
             # replicated weights (the norms) counted on one tensor-parallel rank, a tied embedding on one stage
-            if (partition_dim(name) is not None or self.tp_rank == 0) and name != self._tied_copy:
-                assert param.grad is not None
-                squares += param.grad.detach().float().pow(2).sum()
+            if is_expert_parameter(name) or name == self._tied_copy:
+                continue
+            if partition_dim(name) is not None or self.tp_rank == 0:
+                squares += grad.detach().float().pow(2).sum()
         if self.tp_size * self.pp_size > 1:
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
         if experts:
-            squares = squares + expert_gradient_squares(experts)
+            squares = squares + expert_gradient_squares([g for n, g in grads.items() if is_expert_parameter(n)])
         total = squares.sqrt()
         coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
-        for _, param in named:
-            assert param.grad is not None
-            param.grad.mul_(coefficient.to(param.grad.dtype))
+        for grad in grads.values():
+            grad.mul_(coefficient.to(grad.dtype))
         norm = float(total)
         if math.isfinite(norm):
             optimizer.step()
+            self.main.copy_to_model()
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(found_inf=not math.isfinite(norm))
         optimizer.zero_grad(set_to_none=True)
+        self.main.zero_grad()
         return norm
 
-    def _average_grads(self, params: list[torch.nn.Parameter], group: Any) -> None:
+    def loss_scale(self) -> float:
+        """float16: the dynamic loss scale (:mod:`telescope_megatron.loss_scaling`); else 1."""
+        return self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+
+    def optimizer_metrics(self) -> dict[str, float]:
+        """float16: ``optimizer/loss_scale``, the scale after the step (the next step's)."""
+        return {"optimizer/loss_scale": self.loss_scaler.scale} if self.loss_scaler is not None else {}
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.main.zero_grad()
+
+    def _average_grads(self, grads: list[torch.Tensor], group: Any) -> None:
         """Sum each gradient over ``group`` (float32 with ``megatron_grad_reduce_in_fp32``); divide by the DP size."""
         size = dist.get_world_size(group)
         if size == 1 and self.world_size == 1:
             return
-        for param in params:
-            assert param.grad is not None
-            grad = param.grad
+        for grad in grads:
             wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
             if size > 1:
                 dist.all_reduce(wide, group=group)
             grad.copy_(wide / self.world_size)
 
-    def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+    def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Sum over the tensor-parallel ranks the gradients of replicated weights that each rank sees in part.
 
         The q/k norms (Qwen3) are shared by all heads, and each rank holds some of the heads;
@@ -410,11 +455,10 @@ class MegatronBackend(PackedTrainerBackend):
         if self.tp_size == 1:
             return
         sequence_parallel = self.model.config.sequence_parallel
-        for name, param in named:
+        for name, grad in named:
             qk_norm = name.endswith(("q_layernorm.weight", "k_layernorm.weight"))
-            if qk_norm or (sequence_parallel and getattr(param, "sequence_parallel", False)):
-                assert param.grad is not None
-                dist.all_reduce(param.grad, group=self.tp_group)
+            if qk_norm or (sequence_parallel and getattr(self._params[name], "sequence_parallel", False)):
+                dist.all_reduce(grad, group=self.tp_group)
 
     def step_scope(self) -> contextlib.AbstractContextManager[None]:
         """Sequence/context/expert parallel on the CPU: megatron-core's gathers and all-to-all allocate on CUDA."""
@@ -428,16 +472,20 @@ class MegatronBackend(PackedTrainerBackend):
 
         if not (self.shape.tied_embeddings and self.pp_size > 1 and parallel_state.is_rank_in_embedding_group()):
             return
-        param = self._params[self._tied_copy or "embedding.word_embeddings.weight"]
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        dist.all_reduce(param.grad, group=parallel_state.get_embedding_group())
+        grad = self.main.zero_accumulated(self._tied_copy or "embedding.word_embeddings.weight")
+        dist.all_reduce(grad, group=parallel_state.get_embedding_group())
 
     # --------------------------------------------------------------- weights
 
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype of the weights sent to inference and checkpoints: ``model_dtype`` (as the FSDP backend's)."""
+        return DTYPES[self.context.model_dtype]
+
     def _full_tensor(self, name: str) -> torch.Tensor:
-        """The full megatron tensor ``name`` (gathered over the tensor- and expert-parallel groups). Collective."""
-        return self._gathered(name, lambda param: self._params[param].detach())
+        """The full main parameter ``name`` in :attr:`weights_dtype` (gathered over the tensor- and expert-parallel
+        groups). Collective."""
+        return self._gathered(name, lambda param: self.main.params[param].detach().to(self.weights_dtype))
 
     def _gathered(self, name: str, local_of: Callable[[str], torch.Tensor]) -> torch.Tensor:
         """The full tensor ``name`` from each rank's ``local_of(parameter)``; a layer's stacked experts: every rank's.
@@ -460,7 +508,11 @@ class MegatronBackend(PackedTrainerBackend):
         return unshard(name, parts)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights in Hugging Face names and order, one weight gathered at a time. Collective."""
+        """Full weights in Hugging Face names and order, one weight gathered at a time. Collective.
+
+        The main parameters (the master weights) cast to ``model_dtype``: what the FSDP backend
+        sends (see :mod:`telescope_megatron.precision`).
+        """
         yield from self._hf_stream(self._full_tensor)
 
     def _hf_stream(self, full_tensor: Callable[[str], torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -475,8 +527,7 @@ class MegatronBackend(PackedTrainerBackend):
         if self.pp_size == 1:
             yield from local
             return
-        dtype = next(iter(self._params.values())).dtype
-        yield from gather_stages(local, self.hf_shapes, self.hf_owners, dtype, self.device)
+        yield from gather_stages(local, self.hf_shapes, self.hf_owners, self.weights_dtype, self.device)
 
     # ----------------------------------------------------------- checkpoints
 
@@ -489,10 +540,18 @@ class MegatronBackend(PackedTrainerBackend):
         return load_megatron_checkpoint(self, path)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Full gradients in Hugging Face names (collective); zeros where none accumulated."""
+        """Full gradients in Hugging Face names (collective); zeros where none accumulated.
+
+        Inside :meth:`clip_and_step` (once reduced, clipped) the main gradients the optimizer
+        applies; before it, the accumulated ones divided by the loss scale.
+        """
         grads = {}
         for name, param in self._params.items():
-            grads[name] = param.grad.detach() if param.grad is not None else torch.zeros_like(param)
+            grad = self.main.main_grad(name)
+            if grad is None:
+                grad = self.main.accumulated(name)
+                grad = grad.float() / self.loss_scale() if grad is not None else None
+            grads[name] = grad.detach() if grad is not None else torch.zeros_like(param)
 
         def full(name: str) -> torch.Tensor:
             return self._gathered(name, grads.__getitem__)
@@ -504,4 +563,6 @@ class MegatronBackend(PackedTrainerBackend):
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
+        if hasattr(self, "main"):
+            self.main.close()
         super().close()

@@ -3,11 +3,18 @@
 A checkpoint holds the full weights in Hugging Face names (``model.safetensors`` with
 the config and the tokenizer, written by rank 0 through
 :func:`telescope.trainer.checkpoint.write_checkpoint`, as the FSDP backend writes
-them, so ``telescope convert-checkpoint`` and ``from_pretrained`` read either), the
-scheduler, and per rank its optimizer shard (``optimizer/rank_N.pt``) and RNG
-state. Weights load at any parallel layout; the training state only at the layout it
-was saved with (``world_size``, tensor-, pipeline- and expert-parallel sizes, and
-whether the optimizer's states are sharded), which ``meta.json`` records.
+them, so ``telescope convert-checkpoint`` and ``from_pretrained`` read either): the
+main parameters (master weights) in ``model_dtype``. With the training state: the
+scheduler, and per rank its optimizer shard (``optimizer/rank_N.pt``), RNG state and
+precision state (``precision/rank_N.pt``: the float16 loss scale and its counters, and
+this rank's main parameters where ``model_dtype`` cannot hold them exactly, e.g.
+float32 main parameters of a bfloat16 ``model_dtype``; see
+:mod:`telescope_megatron.precision`). A resume loads the Hugging Face weights into the
+main parameters, then the saved main parameters over them, then rounds them into the
+model's, so the main parameters and Adam's moments come back bit for bit. Weights load
+at any parallel layout; the training state only at the layout it was saved with
+(``world_size``, tensor-, pipeline- and expert-parallel sizes, and whether the
+optimizer's states are sharded), which ``meta.json`` records, with the same dtypes.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
         main_files["scheduler.pt"] = backend.scheduler.state_dict()
         rank_files[f"optimizer/rank_{backend.global_rank}.pt"] = rank_state_dict(backend.optimizer)
         rank_files[f"rng/rank_{backend.global_rank}.pt"] = ckpt.rng_state()
+        rank_files[f"precision/rank_{backend.global_rank}.pt"] = precision_state(backend)
 
     def save_config(folder: Path) -> None:
         backend.hf_config.save_pretrained(folder)
@@ -50,6 +58,8 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
         "megatron_expert_parallel_size": backend.ep_size,
         "model": backend.context.model,
         "model_dtype": backend.context.model_dtype,
+        "compute_dtype": str(backend.precision.compute).removeprefix("torch."),
+        "megatron_main_params_dtype": str(backend.precision.main_params).removeprefix("torch."),
     }
     ckpt.write_checkpoint(
         path,
@@ -60,6 +70,23 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
         rank_files=rank_files,
         meta=meta,
     )
+
+
+def precision_state(backend: MegatronBackend) -> dict[str, Any]:
+    """This rank's loss scale and, where the Hugging Face weights cannot hold them exactly, main parameters."""
+    exact = backend.main.exact_in(backend.weights_dtype)
+    return {
+        "loss_scale": backend.loss_scaler.state_dict() if backend.loss_scaler is not None else None,
+        "main_params": None if exact else backend.main.state_dict(),
+    }
+
+
+def load_precision_state(backend: MegatronBackend, state: dict[str, Any]) -> None:
+    """Restore :func:`precision_state` (after the Hugging Face weights; the same layout)."""
+    if state.get("main_params") is not None:
+        backend.main.load_state_dict(state["main_params"])
+    if state.get("loss_scale") is not None and backend.loss_scaler is not None:
+        backend.loss_scaler.load_state_dict(state["loss_scale"])
 
 
 def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, Any]:
@@ -101,6 +128,9 @@ def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, 
         load_rank_state_dict(backend.optimizer, state)
         backend.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
         ckpt.set_rng_state(torch.load(folder / "rng" / f"rank_{backend.global_rank}.pt", weights_only=False))
+        precision_file = folder / "precision" / f"rank_{backend.global_rank}.pt"
+        if precision_file.exists():
+            load_precision_state(backend, torch.load(precision_file, map_location=backend.device, weights_only=False))
     backend.step = int(meta["step"])
     barrier()
     return meta

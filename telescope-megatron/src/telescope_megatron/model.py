@@ -255,11 +255,13 @@ class RMSNorm(torch.nn.RMSNorm):
     refuses ``sequence_parallel`` (megatron-core 0.16 leaves that to Apex or
     Transformer Engine). Under sequence parallelism a norm sees this rank's slice of
     the sequence only: its weight is marked ``sequence_parallel`` so that its gradient
-    is summed over the tensor-parallel ranks (the backend does it before clipping).
+    is summed over the tensor-parallel ranks (the backend does it before clipping). Its
+    weight is in ``config.params_dtype`` as every other parameter (the compute dtype);
+    torch computes the normalisation itself in float32 for 16-bit inputs.
     """
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
-        super().__init__(hidden_size, eps=eps)
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         if config.sequence_parallel:
             self.weight.sequence_parallel = True  # type: ignore[attr-defined]
 

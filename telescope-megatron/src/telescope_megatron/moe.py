@@ -139,7 +139,7 @@ def gather_experts(local: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def expert_gradient_squares(params: list[torch.nn.Parameter]) -> torch.Tensor:
+def expert_gradient_squares(grads: list[torch.Tensor]) -> torch.Tensor:
     """The squared norm of every expert gradient of the model: each rank's shards, each counted once. Collective.
 
     The ranks of an expert tensor x expert x pipeline-parallel group hold different
@@ -148,10 +148,9 @@ def expert_gradient_squares(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """
     from megatron.core import parallel_state
 
-    squares = torch.zeros((), dtype=torch.float32, device=params[0].device)
-    for param in params:
-        assert param.grad is not None
-        squares += param.grad.detach().float().pow(2).sum()
+    squares = torch.zeros((), dtype=torch.float32, device=grads[0].device)
+    for grad in grads:
+        squares += grad.detach().float().pow(2).sum()
     group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
     if dist.get_world_size(group) > 1:
         dist.all_reduce(squares, group=group)

@@ -1,17 +1,22 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Eight are implemented: tensor, pipeline, context,
+config validates unchanged. Thirteen are implemented: tensor, pipeline, context,
 expert (MoE models) and sequence parallelism, activation recomputation, the float32
-gradient reduction and the distributed optimizer (AdamW states sharded over the
+gradient reduction, the distributed optimizer (AdamW states sharded over the
 data-parallel ranks, :mod:`telescope_megatron.optimizer`; with expert parallelism
-it is not applied yet, see :func:`inactive_settings`). Of the others (not built yet):
+it is not applied yet, see :func:`inactive_settings`), and the precision-aware
+optimizer with its four dtypes (main parameters, main gradients, Adam's two moments:
+:mod:`telescope_megatron.precision`; the core's ``mixed_precision_dtype`` sets the
+compute dtype). As megatron-core's ``OptimizerConfig`` asserts, the four dtypes are
+float32 unless ``megatron_use_precision_aware_optimizer`` is set; with it each may be
+float32, bfloat16 or float16 (:func:`precision_problems`). Of the others (not built yet):
 
 each (a global batch size of its own, optimizer offload and its options, the
-unified-memory JIT, the precision-aware optimizer and its dtypes, Transformer Engine,
-FP8, gradient-reduce overlap) is accepted at the value this backend implements (the
-upstream default) and any other value is a validation error naming the field
-(:data:`REFUSED_UNLESS`, with the reason where :data:`REFUSED_BECAUSE` gives one).
+unified-memory JIT, Transformer Engine, FP8, gradient-reduce overlap) is accepted at
+the value this backend implements (the upstream default) and any other value is a
+validation error naming the field (:data:`REFUSED_UNLESS`, with the reason where
+:data:`REFUSED_BECAUSE` gives one).
 
 Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP x CP (the
 dense layout) and of TP x PP x EP (megatron-core's expert layout: expert TP = TP, EP,
@@ -72,12 +77,31 @@ class MegatronSettings(PluginSettings):
         True, description="Overlap CPU optimizer D2H/H2D transfers (with offload, not built: true only)"
     )
     megatron_use_precision_aware_optimizer: bool = Field(
-        False, description="Use the precision-aware optimizer (false only, for now)"
+        False,
+        description="Let the four megatron_*_dtype fields below be other than float32 (as megatron-core: "
+        "without it the main parameters, main gradients and Adam's moments are float32)",
     )
-    megatron_main_grads_dtype: str = Field("float32", description="Data type for main gradients (float32 only)")
-    megatron_main_params_dtype: str = Field("float32", description="Data type for main parameters (float32 only)")
-    megatron_exp_avg_dtype: str = Field("float32", description="Data type for Adam's first moment (float32 only)")
-    megatron_exp_avg_sq_dtype: str = Field("float32", description="Data type for Adam's second moment (float32 only)")
+    megatron_main_grads_dtype: str = Field(
+        "float32",
+        description="Data type of the main gradients (clipping and the optimizer read them): float32, bfloat16 "
+        "or float16 (not float32: with megatron_use_precision_aware_optimizer)",
+    )
+    megatron_main_params_dtype: str = Field(
+        "float32",
+        description="Data type of the main parameters (the master weights the optimizer steps; the model's "
+        "are in the compute dtype): float32, bfloat16 or float16 (not float32: with "
+        "megatron_use_precision_aware_optimizer)",
+    )
+    megatron_exp_avg_dtype: str = Field(
+        "float32",
+        description="Data type of Adam's first moment: float32, bfloat16 or float16 (not float32: with "
+        "megatron_use_precision_aware_optimizer)",
+    )
+    megatron_exp_avg_sq_dtype: str = Field(
+        "float32",
+        description="Data type of Adam's second moment: float32, bfloat16 or float16 (not float32: with "
+        "megatron_use_precision_aware_optimizer)",
+    )
     megatron_sequence_parallel: bool = Field(
         True, description="Split each sequence over the tensor-parallel ranks outside attention/MLP (TP > 1)"
     )
@@ -116,6 +140,7 @@ class MegatronSettings(PluginSettings):
                     fields=(*named, "trainer_num_workers"),
                 )
             )
+        problems += [SettingsProblem(message, fields=(name,)) for name, message in _precision_problems(settings)]
         for name, supported in REFUSED_UNLESS.items():
             value = getattr(settings, name)
             if value != supported:
@@ -137,11 +162,6 @@ REFUSED_UNLESS: dict[str, object] = {
     "megatron_optimizer_offload_fraction": 1.0,  # offload is not built: its options keep their defaults
     "megatron_overlap_cpu_optimizer_d2h_h2d": True,
     "megatron_disable_unified_memory_jit": True,  # the backend never enables the unified-memory JIT
-    "megatron_use_precision_aware_optimizer": False,
-    "megatron_main_grads_dtype": "float32",
-    "megatron_main_params_dtype": "float32",
-    "megatron_exp_avg_dtype": "float32",
-    "megatron_exp_avg_sq_dtype": "float32",
     "megatron_use_transformer_engine": False,
     "megatron_fp8": False,
     "megatron_overlap_grad_reduce": False,
@@ -152,6 +172,42 @@ REFUSED_BECAUSE: dict[str, str] = {
     "megatron_overlap_grad_reduce": "the gradients are all-reduced after the backward pass, in one call per "
     "parameter, not in buckets during it; the setting would change nothing",
 }
+
+
+#: The precision-aware optimizer's dtype fields, and the dtypes each may name.
+PRECISION_DTYPE_FIELDS = (
+    "megatron_main_params_dtype",
+    "megatron_main_grads_dtype",
+    "megatron_exp_avg_dtype",
+    "megatron_exp_avg_sq_dtype",
+)
+PRECISION_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _precision_problems(settings: MegatronSettings) -> list[tuple[str, str]]:
+    problems = []
+    aware = settings.megatron_use_precision_aware_optimizer
+    for name in PRECISION_DTYPE_FIELDS:
+        value = getattr(settings, name)
+        if value not in PRECISION_DTYPES:
+            message = (
+                f"{name}={value!r}: telescope-megatron builds {', '.join(PRECISION_DTYPES)} only "
+                "(no 8-bit states or parameters)"
+            )
+        elif value != "float32" and not aware:
+            message = (
+                f"{name}={value!r} needs megatron_use_precision_aware_optimizer: true (as megatron-core: "
+                "without it the optimizer's main parameters, main gradients and moments are float32)"
+            )
+        else:
+            continue
+        problems.append((name, message))
+    return problems
+
+
+def precision_problems(settings: MegatronSettings) -> list[str]:
+    """What is wrong with the precision-aware optimizer's dtype fields (empty: nothing)."""
+    return [message for _, message in _precision_problems(settings)]
 
 
 def inactive_settings(settings: MegatronSettings, data_parallel_size: int, expert_parallel_size: int = 1) -> list[str]:

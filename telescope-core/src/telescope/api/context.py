@@ -32,6 +32,9 @@ class TrainerContext(_Context):
 
     model: str
     model_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    #: the compute dtype under mixed precision (``mixed_precision_dtype``; each backend says how it applies
+    #: it); None: compute in ``model_dtype`` (the default of a context built by hand)
+    mixed_precision_dtype: Literal["float32", "float16", "bfloat16"] | None = None
     seed: int = 0
     number_of_steps: int = 1
     learning_rate: float = 1e-6
@@ -56,6 +59,7 @@ class TrainerContext(_Context):
         return cls(
             model=c.model,
             model_dtype=c.model_dtype,
+            mixed_precision_dtype=c.mixed_precision_dtype,
             seed=c.seed,
             number_of_steps=c.number_of_steps,
             learning_rate=c.learning_rate,

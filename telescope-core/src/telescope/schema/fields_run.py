@@ -34,6 +34,12 @@ class ModelFields(SectionFields):
 
     model: str = Field("Qwen/Qwen2.5-3B", description="HuggingFace model identifier or local path")
     model_dtype: Dtype = Field("float32", description="Model weight precision")
+    mixed_precision_dtype: Dtype | None = Field(
+        "bfloat16",
+        description="Trainer mixed precision compute dtype (fsdp: parameters cast for the forward and backward, "
+        "float32 gradient reduction; megatron: model parameters in this dtype, the optimizer steps "
+        "megatron_main_params_dtype copies). null to disable",
+    )
     warm_start_steps: int = Field(
         0, ge=0, description="Supervised steps on the environments' demonstrations before RL (0 = none)"
     )

@@ -14,6 +14,11 @@ DTensor dispatch to every optimizer op, hooks and parameter copies to every laye
 (17% of a CPU step of the ``small`` model, and 0.5 s of first-step set-up), and the
 same code path runs either way (``full_tensor`` and the state-dict API take both).
 
+Mixed precision (the context's ``mixed_precision_dtype``, which the Megatron backend reads
+too): FSDP2's ``MixedPrecisionPolicy`` casts the parameters to it for the forward and
+backward and reduces the gradients in float32; the parameters, their gradients and
+AdamW's states stay in ``model_dtype``. No loss scaling (float16 compute is not scaled).
+
 The hooks: FSDP reduce-scatters the gradients on the last micro-batch of a
 minibatch only (``set_requires_gradient_sync``) and averages them over every rank,
 so each loss is scaled by the world size; ``clip_and_step`` is torch's
@@ -92,7 +97,7 @@ class FSDPBackend(PackedTrainerBackend):
         self.model = self._load_model()
         if self.fsdp.gradient_checkpointing:
             self._enable_activation_checkpointing()
-        mp_dtype = self.fsdp.mixed_precision_dtype
+        mp_dtype = self.context.mixed_precision_dtype
         policy = MixedPrecisionPolicy(
             param_dtype=DTYPES[mp_dtype] if mp_dtype else None,
             reduce_dtype=torch.float32 if mp_dtype else None,
@@ -118,7 +123,7 @@ class FSDPBackend(PackedTrainerBackend):
         """Whether the model is wrapped with ``fully_shard``: several ranks, or a mixed-precision cast to make."""
         if self.global_world_size > 1:
             return True
-        cast = self.fsdp.mixed_precision_dtype
+        cast = self.context.mixed_precision_dtype
         return cast is not None and DTYPES[cast] != DTYPES[self.context.model_dtype]
 
     def _enable_activation_checkpointing(self) -> None:

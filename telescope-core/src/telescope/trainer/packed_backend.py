@@ -39,7 +39,8 @@ The hooks, which is all a backend that parallelises the model its own way suppli
 - :meth:`averaging_ranks`: the number of ranks the gradient reduction averages over
   (each loss is scaled by it, so that the reduction sums);
 - optional: :meth:`build_optimizer`, :meth:`set_gradient_sync`, :meth:`all_reduce_sum`,
-  :meth:`step_scope`, and :meth:`forward_backward_minibatch` /
+  :meth:`step_scope`, :meth:`loss_scale` and :meth:`optimizer_metrics` (float16 loss
+  scaling and its metrics), and :meth:`forward_backward_minibatch` /
   :meth:`reference_logprobs` for a backend that runs micro-batches through a schedule
   of its own (pipeline parallelism);
 - and :class:`~telescope.api.trainer.TrainerBackend`'s ``named_weights``,
@@ -169,6 +170,18 @@ class PackedTrainerBackend(TrainerBackend):
         """A context every step runs in (a backend's device or allocator scope); none by default."""
         return contextlib.nullcontext()
 
+    def loss_scale(self) -> float:
+        """The factor each micro-batch's loss is multiplied by before its backward (1 by default).
+
+        A backend that scales the loss (float16's dynamic loss scaling) divides the
+        gradients by it again in :meth:`clip_and_step`, before the norm.
+        """
+        return 1.0
+
+    def optimizer_metrics(self) -> dict[str, float]:
+        """Metrics of the backend's optimizer after a step (e.g. the loss scale), added to ``train_step``'s."""
+        return {}
+
     def forward_backward_minibatch(
         self,
         sequences: list[PackedSequence],
@@ -193,8 +206,9 @@ class PackedTrainerBackend(TrainerBackend):
             value, sums = loss.compute(i, mb, logits)
             with timers.section("backward", **ids):
                 # each loss is divided by the *global* denominator, so the gradients must be
-                # summed over ranks; the reduction averages them, hence the factor
-                (value * self.averaging_ranks()).backward()
+                # summed over ranks; the reduction averages them, hence the factor (and the loss
+                # scale of float16 training, divided out of the gradients in clip_and_step)
+                (value * (self.averaging_ranks() * self.loss_scale())).backward()
             parts.append(sums)
         return parts
 
@@ -288,6 +302,7 @@ class PackedTrainerBackend(TrainerBackend):
             "timing_trainer_step_total": step_time,
         }
         metrics.update(self._loss_part_metrics(totals, optimizer_steps))
+        metrics.update(self.optimizer_metrics())
         metrics.update(zip(timing.keys(), timing_mean, strict=True))
         if timers.record_events:
             self._events.extend(timers.records)

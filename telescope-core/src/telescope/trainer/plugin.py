@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
@@ -19,9 +19,6 @@ class FSDPSettings(PluginSettings):
 
     section = "model"
 
-    mixed_precision_dtype: Literal["float32", "float16", "bfloat16"] | None = Field(
-        "bfloat16", description="FSDP mixed precision compute dtype. null to disable"
-    )
     gradient_checkpointing: bool = Field(True, description="FSDP activation recomputation (saves memory)")
     fsdp_context_parallel_size: int = Field(
         1,
