@@ -1,11 +1,13 @@
 """The bucketed data-parallel gradient reduction, and its overlap with the backward.
 
 Two gloo ranks, on the tiny Qwen2: data parallel 2 and context parallel 2, each with
-buckets small enough to make several, with and without ``megatron_overlap_grad_reduce``.
-Every step equals the FSDP backend's (the comparison of ``test_training``); the overlapped
-step equals the one reduced after the backward bit for bit (each bucket sums the same two
-tensors); and the overlapped runs issue their bucket all-reduces *while* the backward runs,
-as observed from outside the backend: ``Tensor.backward`` and ``dist.all_reduce`` are
+buckets small enough to make several, with and without ``megatron_overlap_grad_reduce``
+(and with recomputation). Every float32 step equals the FSDP backend's (the comparison of
+``test_training``); the overlapped step equals the one reduced after the backward bit for
+bit (each bucket sums the same two tensors), in float32 and under bfloat16 compute with
+float32 buffers and with bfloat16 ones (``megatron_grad_reduce_in_fp32: false``); and
+the overlapped runs issue their bucket all-reduces *while* the backward runs, as
+observed from outside the backend: ``Tensor.backward`` and ``dist.all_reduce`` are
 wrapped, and the asynchronous all-reduces started inside a backward are counted.
 """
 
@@ -35,6 +37,13 @@ RUNS: list[dict[str, Any]] = [
     {"megatron_overlap_grad_reduce": False},  # data parallel 2, reduced after the backward
     {"megatron_overlap_grad_reduce": True},  # data parallel 2, overlapped
     {"megatron_overlap_grad_reduce": True, "megatron_context_parallel_size": 2},  # the DP x CP group, overlapped
+    {"megatron_overlap_grad_reduce": True, "megatron_gradient_checkpointing": True},  # hooks inside the recompute
+]
+#: bfloat16 compute, off then on: float32 buffers of their own, then buffers in bfloat16 (the parameters' grads).
+BF16_RUNS: list[dict[str, Any]] = [
+    {"mixed_precision_dtype": "bfloat16", "megatron_overlap_grad_reduce": overlap, "megatron_grad_reduce_in_fp32": fp32}
+    for fp32 in (True, False)
+    for overlap in (False, True)
 ]
 
 
@@ -105,7 +114,10 @@ def buckets_worker(rank: int, world_size: int, model: str, out: str) -> None:
     from telescope.trainer.distributed import destroy_process_group, init_process_group
 
     init_process_group(rank, world_size, torch.device("cpu"))
-    steps = [bucketed_step(model, rank, world_size, megatron_gradient_checkpointing=False, **run) for run in RUNS]
+    steps = [
+        bucketed_step(model, rank, world_size, **{"megatron_gradient_checkpointing": False, **run})
+        for run in RUNS + BF16_RUNS
+    ]
     torch.save(steps, Path(out) / f"rank{rank}.pt")
     destroy_process_group()
 
@@ -115,16 +127,24 @@ def test_bucketed_and_overlapped_reduction_equal_fsdp(tiny_model: Path, tmp_path
     spawn_ranks(buckets_worker, 2, str(tiny_model), str(tmp_path))
     fsdp = one_step(str(tiny_model), "fsdp")
     for rank in range(2):
-        after, overlapped, context_parallel = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
-        for step in (after, overlapped, context_parallel):
+        steps = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        after, *overlapped_runs = steps[: len(RUNS)]
+        for step in steps:
             assert step["buckets"] >= 4, "the bucket size should force several buckets"
+        for step in steps[: len(RUNS)]:
             assert_same_step(step, fsdp)
         # without overlap nothing is launched inside a backward; with it every bucket is
-        assert after["launched_in_backward"] == after["counted_by_reducer"] == 0
-        for step in (overlapped, context_parallel):
-            assert step["launched_in_backward"] == step["counted_by_reducer"] == step["buckets"]
+        for run, step in zip(RUNS + BF16_RUNS, steps, strict=True):
+            want = step["buckets"] if run["megatron_overlap_grad_reduce"] else 0
+            assert step["launched_in_backward"] == step["counted_by_reducer"] == want, run
         # the same sums in the same order: the same step, bit for bit
-        assert overlapped["metrics"]["grad_norm"] == after["metrics"]["grad_norm"]
-        for name, tensor in after["after"].items():
-            assert torch.equal(overlapped["gradients"][name], after["gradients"][name]), name
-            assert torch.equal(overlapped["after"][name], tensor), name
+        pairs = [(after, overlapped_runs[0]), (after, overlapped_runs[2])]  # recomputation: the same gradients
+        bf16 = steps[len(RUNS) :]
+        pairs += [(bf16[0], bf16[1]), (bf16[2], bf16[3])]
+        for plain, overlapped in pairs:
+            assert overlapped["metrics"]["grad_norm"] == plain["metrics"]["grad_norm"]
+            for name, tensor in plain["after"].items():
+                assert torch.equal(overlapped["gradients"][name], plain["gradients"][name]), name
+                assert torch.equal(overlapped["after"][name], tensor), name
+        moved = max(float((bf16[1]["after"][k] - bf16[1]["before"][k]).abs().max()) for k in bf16[1]["after"])
+        assert moved > 1e-4, "the bfloat16 step did not move the weights"
