@@ -64,6 +64,34 @@ def test_plan_buckets_respects_size_dtype_and_group() -> None:
         plan_buckets(params, 0)
 
 
+def test_a_gradient_accumulated_after_its_bucket_started_is_an_error() -> None:
+    """Two backwards under one arm: the second accumulates into a bucket already reduced, and is refused."""
+    import torch.distributed as dist
+    from telescope_megatron.grad_buckets import GradReducer
+    from telescope_megatron.precision import MainParameters, Precision
+
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    owned = init_process_group(0, 1, torch.device("cpu"))
+    try:
+        params = {"a": torch.nn.Parameter(torch.ones(3)), "b": torch.nn.Parameter(torch.ones(2))}
+        main = MainParameters(params, Precision())
+        reducer = GradReducer(main, dict.fromkeys(reversed(params), dist.group.WORLD), 1, overlap=True)
+        reducer.arm()
+        (params["a"].sum() + params["b"].sum()).backward()  # both ready: the one bucket starts
+        with pytest.raises(RuntimeError, match=r"gradient of [ab] was accumulated again"):
+            (params["a"].sum() * 2).backward()
+        reducer.arm()  # a new last backward: accepted again
+        (params["a"].sum() + params["b"].sum()).backward()
+        reducer.finish()
+        assert torch.equal(main.accumulated("b"), torch.full((2,), 2.0))  # one rank, divisor 1: the local sum
+        reducer.close()
+        main.close()
+    finally:
+        if owned:
+            destroy_process_group()
+
+
 def bucketed_step(model: str, rank: int, world_size: int, **overrides: Any) -> dict[str, Any]:
     """``test_training.one_step`` with small buckets; adds the bucket count and the all-reduces inside backwards."""
     import torch.distributed as dist

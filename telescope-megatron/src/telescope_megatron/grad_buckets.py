@@ -24,7 +24,9 @@ Design (the idea of megatron-core's DDP buckets, without its contiguous gradient
   backward did not, waits for all, then unpacks. Each flat tensor and its work handle are
   kept until the wait; the gradient buffers themselves are only read at launch and written
   at the unpack, so the gradients seen before :meth:`~GradReducer.finish` are the local
-  ones, as without overlap.
+  ones, as without overlap. This needs each parameter's gradient accumulated once in the
+  armed backward (true of the models built here, recomputation included): a second
+  accumulation after its bucket started is an error, not a silently stale sum.
 
 Limits: packing copies each bucket (one bucket of extra memory at a time without overlap,
 all launched buckets with it), where megatron-core's gradients are views of the flat buffer;
@@ -148,6 +150,11 @@ class GradReducer:
         def ready(_: torch.Tensor) -> None:
             if not self._armed:
                 return
+            if self._bucket_of[name] < self._next:
+                raise RuntimeError(
+                    f"the gradient of {name} was accumulated again after its bucket's reduction started: "
+                    "megatron_overlap_grad_reduce needs one accumulation per parameter in a backward"
+                )
             self._ready.add(name)
             while self._next < len(self.buckets) and all(n in self._ready for n in self.buckets[self._next].names):
                 if self._launch(self._next):
