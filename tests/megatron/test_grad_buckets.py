@@ -176,3 +176,35 @@ def test_bucketed_and_overlapped_reduction_equal_fsdp(tiny_model: Path, tmp_path
                 assert torch.equal(overlapped["after"][name], tensor), name
         moved = max(float((bf16[1]["after"][k] - bf16[1]["before"][k]).abs().max()) for k in bf16[1]["after"])
         assert moved > 1e-4, "the bfloat16 step did not move the weights"
+
+
+def pipeline_worker(rank: int, world_size: int, model: str, out: str) -> None:
+    from telescope.trainer.distributed import destroy_process_group, init_process_group
+
+    init_process_group(rank, world_size, torch.device("cpu"))
+    step = bucketed_step(
+        model,
+        rank,
+        world_size,
+        megatron_pipeline_parallel_size=2,
+        megatron_overlap_grad_reduce=True,
+        megatron_gradient_checkpointing=False,
+    )
+    torch.save(step, Path(out) / f"rank{rank}.pt")
+    destroy_process_group()
+
+
+@pytest.mark.slow
+def test_overlap_under_pipeline_parallelism_equals_fsdp(tiny_model: Path, tmp_path: Path) -> None:
+    """PP 2 x DP 2: the reducer armed for the whole 1F1B schedule launches every bucket inside it.
+
+    megatron-core's schedule runs its backwards through the autograd engine directly (not
+    ``Tensor.backward``), so the launches are counted by the reducer's hooks here.
+    """
+    spawn_ranks(pipeline_worker, 4, str(tiny_model), str(tmp_path))
+    fsdp = one_step(str(tiny_model), "fsdp")
+    for rank in range(4):
+        step = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert step["buckets"] >= 4, "the bucket size should force several buckets"
+        assert step["counted_by_reducer"] == step["buckets"]
+        assert_same_step(step, fsdp)

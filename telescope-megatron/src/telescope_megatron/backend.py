@@ -353,6 +353,7 @@ class MegatronBackend(PackedTrainerBackend):
             return value * (self.averaging_ranks() * self.loss_scale()), [sums[k] for k in loss.keys]
 
         with timers.section("forward_backward", minibatch=minibatch):
+            self.grad_reducer.arm(backwards=len(batches))  # overlap: a parameter is done after its last micro-batch
             rows = run_schedule(self.model, batches, self.logits, stage_loss)
         rows = share_from_last_stage(rows, len(batches), len(loss.keys), self.device)
         return [dict(zip(loss.keys, row, strict=True)) for row in rows]

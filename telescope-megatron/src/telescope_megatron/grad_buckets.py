@@ -15,8 +15,9 @@ Design (the idea of megatron-core's DDP buckets, without its contiguous gradient
   summed with one ``all_reduce``, divided, and copied back. A parameter with no gradient on
   this rank contributes zeros and gets the reduced gradient (every rank then steps it alike).
 - **overlap** (``megatron_overlap_grad_reduce``): the backend arms the reducer before the
-  last micro-batch of a minibatch (:meth:`GradReducer.arm`); a hook after each parameter's
-  gradient accumulation marks it ready, and once every parameter of a bucket is ready the
+  last micro-batch of a minibatch (:meth:`GradReducer.arm`; under pipeline parallelism
+  before the schedule, counting one accumulation per micro-batch); a hook after each
+  parameter's gradient accumulation marks it ready, and once every parameter of a bucket is ready the
   bucket is packed and its ``all_reduce`` launched asynchronously, while the backward goes
   on. Buckets are launched strictly in layout order (a ready bucket waits for the ones
   before it), so every rank issues the same collectives in the same order whatever the
@@ -24,16 +25,17 @@ Design (the idea of megatron-core's DDP buckets, without its contiguous gradient
   backward did not, waits for all, then unpacks. Each flat tensor and its work handle are
   kept until the wait; the gradient buffers themselves are only read at launch and written
   at the unpack, so the gradients seen before :meth:`~GradReducer.finish` are the local
-  ones, as without overlap. This needs each parameter's gradient accumulated once in the
-  armed backward (true of the models built here, recomputation included): a second
-  accumulation after its bucket started is an error, not a silently stale sum.
+  ones, as without overlap. This needs each parameter's gradient accumulated once per
+  armed backward (true of the models built here, recomputation included): an accumulation
+  after its bucket started is an error, not a silently stale sum. A parameter that gets no
+  gradient in an armed backward (an expert no token reached) only delays its bucket, and
+  the ones after it, to :meth:`~GradReducer.finish`.
 
 Limits: packing copies each bucket (one bucket of extra memory at a time without overlap,
 all launched buckets with it), where megatron-core's gradients are views of the flat buffer;
-under pipeline parallelism the reduction is bucketed but not overlapped (the 1F1B schedule
-does not arm the reducer); the tensor-parallel partial sums and the tied embedding's sum over
-the embedding group stay one ``all_reduce`` per parameter (a few small tensors: the norms,
-one embedding), in the backend.
+the tensor-parallel partial sums and the tied embedding's sum over the embedding group stay
+one ``all_reduce`` per parameter (a few small tensors: the norms, one embedding), in the
+backend.
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ class GradReducer:
         self._sizes = {id(g): dist.get_world_size(g) for g in keys.values()}
         self._armed = False
         self._ready: set[str] = set()
+        self._counts: dict[str, int] = {}
+        self._expected = 1
         self._next = 0  # the first bucket not launched yet
         self._in_flight: dict[int, _InFlight] = {}
         #: Buckets whose all_reduce the backward launched (from the hooks) in the last reduction.
@@ -137,10 +141,15 @@ class GradReducer:
 
     # ------------------------------------------------------------- overlap
 
-    def arm(self) -> None:
-        """The next backward is the minibatch's last: launch each bucket as its gradients are complete."""
+    def arm(self, backwards: int = 1) -> None:
+        """The next ``backwards`` backwards end the minibatch: launch each bucket as its gradients are complete.
+
+        A parameter is complete once its gradient was accumulated ``backwards`` times (one
+        per micro-batch of a pipeline schedule; 1 before the last micro-batch otherwise).
+        """
         self.discard()
         self._armed = self.overlap
+        self._expected = backwards
 
     def disarm(self) -> None:
         """The next backward is not the last of the minibatch: launch nothing."""
@@ -155,6 +164,9 @@ class GradReducer:
                     f"the gradient of {name} was accumulated again after its bucket's reduction started: "
                     "megatron_overlap_grad_reduce needs one accumulation per parameter in a backward"
                 )
+            self._counts[name] = self._counts.get(name, 0) + 1
+            if self._counts[name] < self._expected:
+                return
             self._ready.add(name)
             while self._next < len(self.buckets) and all(n in self._ready for n in self.buckets[self._next].names):
                 if self._launch(self._next):
@@ -227,6 +239,7 @@ class GradReducer:
 
     def _reset(self) -> None:
         self._ready.clear()
+        self._counts.clear()
         self._next = 0
         self._launched_by_hooks = 0
 

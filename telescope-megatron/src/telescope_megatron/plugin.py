@@ -113,8 +113,8 @@ class MegatronSettings(PluginSettings):
     )
     megatron_overlap_grad_reduce: bool = Field(
         False,
-        description="Launch each gradient bucket's data-parallel all-reduce during the last micro-batch's backward "
-        "(not under pipeline parallelism: there the buckets are reduced after the schedule)",
+        description="Launch each gradient bucket's data-parallel all-reduce during the backward, once its "
+        "parameters' gradients are complete (the last micro-batch's, or under pipeline parallelism the schedule's)",
     )
     megatron_use_transformer_engine: bool = Field(
         False, description="Use the Transformer Engine layer spec (false only, for now)"
