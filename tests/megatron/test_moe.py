@@ -78,12 +78,19 @@ def check_runs(runs: list, steps: list, models: dict[str, str], fsdp: dict[str, 
 EP = {"megatron_expert_parallel_size": 2}
 #: EP 2 on two ranks (two experts each, and two data-parallel ranks): every layer sparse, a dense middle layer with
 #: recomputation, two minibatches with the batch ratio reference (a forward-only pass through the experts first);
-#: then EP 2 over two context-parallel ranks (each rank's half of every row goes to both ranks' experts).
+#: then EP 2 over two context-parallel ranks (each rank's half of every row goes to both ranks' experts); then
+#: both with the gradient buckets overlapped with the backward (dense and expert buckets on their two groups).
+OVERLAP = {"megatron_overlap_grad_reduce": True}
 EP2_RUNS: list[tuple[str, dict[str, Any]]] = [
     ("qwen3_moe", {**EP, "megatron_gradient_checkpointing": False}),
     ("qwen3_moe_mixed", {**EP, "megatron_gradient_checkpointing": True}),
     ("qwen3_moe", {**EP, "megatron_gradient_checkpointing": False, "number_of_minibatches": 2, **BATCH_REFERENCE}),
     ("qwen3_moe_mixed", {**EP, "megatron_context_parallel_size": 2, "megatron_gradient_checkpointing": False}),
+    ("qwen3_moe", {**EP, **OVERLAP, "megatron_gradient_checkpointing": False}),
+    (
+        "qwen3_moe_mixed",
+        {**EP, **OVERLAP, "megatron_context_parallel_size": 2, "megatron_gradient_checkpointing": True},
+    ),
 ]
 
 

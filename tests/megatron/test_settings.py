@@ -168,15 +168,15 @@ def test_the_precision_dtypes_need_the_precision_aware_optimizer_as_in_megatron_
     )
 
 
-def test_gradient_reduce_overlap_is_refused_with_the_reason(tiny_model: Path) -> None:
+def test_gradient_reduce_overlap_is_accepted_and_fp8_still_refused(tiny_model: Path) -> None:
     def problems(**overrides: object) -> list[str]:
         config = tiny_trainer_config(tiny_model, **{"train_backend": "megatron", **overrides})
         return [message for message, _ in composed_schema().settings_problems(config)]
 
-    [problem] = problems(megatron_overlap_grad_reduce=True)
-    assert problem.startswith("megatron_overlap_grad_reduce=True: telescope-megatron does not build this yet")
-    assert "all-reduced after the backward pass" in problem and "set it to False" in problem
-    assert problems(train_backend="fsdp", megatron_overlap_grad_reduce=True) == []  # ignored by FSDP
+    assert problems(megatron_overlap_grad_reduce=True) == []  # built: telescope_megatron.grad_buckets
+    [problem] = problems(megatron_overlap_grad_reduce=True, megatron_fp8=True)
+    assert problem.startswith("megatron_fp8=True: telescope-megatron does not build this yet")
+    assert "set it to False" in problem
 
 
 def test_settings_without_effect_yet_are_named() -> None:

@@ -28,7 +28,9 @@ rounds to 16 bits). What differs:
 - the logits come from :func:`~telescope_megatron.model.packed_logits` (attention
   kept inside each packed sample by an explicit mask);
 - gradients are averaged over data-parallel ranks (in float32 with
-  ``megatron_grad_reduce_in_fp32``) before clipping; clipping and the norm work on the
+  ``megatron_grad_reduce_in_fp32``) in flat buckets before clipping, with
+  ``megatron_overlap_grad_reduce`` launched during the last backward
+  (:mod:`telescope_megatron.grad_buckets`); clipping and the norm work on the
   main gradients, and the gradient norm sums
   tensor-parallel shards once and replicated weights (the norms) once;
 - ``megatron_gradient_checkpointing`` recomputes each layer in the backward
@@ -94,6 +96,7 @@ from telescope.trainer.public import (
 from telescope_megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
 from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
+from telescope_megatron.grad_buckets import BUCKET_ELEMENTS, GradReducer
 from telescope_megatron.loss_scaling import DynamicLossScale
 from telescope_megatron.model import ModelShape, build_model, packed_logits, transformer_config
 from telescope_megatron.moe import expert_gradient_squares, gather_experts, global_expert_name, is_expert_parameter
@@ -138,6 +141,8 @@ class MegatronBackend(PackedTrainerBackend):
     """megatron-core GPT model, tensor x pipeline x context x expert x data parallel, CPU (gloo) or CUDA (NCCL)."""
 
     name = "megatron"
+    #: Elements per gradient bucket (:mod:`telescope_megatron.grad_buckets`); set before ``setup`` to change it.
+    grad_bucket_elements = BUCKET_ELEMENTS
 
     def __init__(self, context: TrainerContext, algorithm: Algorithm, settings: MegatronSettings | None = None) -> None:
         super().__init__(context, algorithm, settings)
@@ -229,6 +234,15 @@ class MegatronBackend(PackedTrainerBackend):
         # The last stage's copy of a tied embedding (pipeline parallel only): not streamed, counted once.
         self._tied_copy = "output_layer.weight" if self.shape.tied_embeddings and pp > 1 and self.pp_rank > 0 else None
         self.main = MainParameters(self._params, self.precision)
+        dense = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        experts = parallel_state.get_expert_data_parallel_group() if self._expert_members else None
+        self.grad_reducer = GradReducer(
+            self.main,
+            {n: experts if is_expert_parameter(n) else dense for n in reversed(self._params)},
+            self.world_size,
+            max_elements=self.grad_bucket_elements,
+            overlap=self.megatron.megatron_overlap_grad_reduce,
+        )
         self.loss_scaler = DynamicLossScale() if self.precision.scales_loss else None
         self.hf_shapes = self._hf_parameter_shapes()
         self.hf_order = list(self.hf_shapes)
@@ -339,6 +353,7 @@ class MegatronBackend(PackedTrainerBackend):
             return value * (self.averaging_ranks() * self.loss_scale()), [sums[k] for k in loss.keys]
 
         with timers.section("forward_backward", minibatch=minibatch):
+            self.grad_reducer.arm(backwards=len(batches))  # overlap: a parameter is done after its last micro-batch
             rows = run_schedule(self.model, batches, self.logits, stage_loss)
         rows = share_from_last_stage(rows, len(batches), len(loss.keys), self.device)
         return [dict(zip(loss.keys, row, strict=True)) for row in rows]
@@ -370,7 +385,9 @@ class MegatronBackend(PackedTrainerBackend):
         """Average gradients over data-parallel ranks, clip by the global norm, step unless it is non-finite.
 
         The accumulated gradients (:class:`~telescope_megatron.precision.MainParameters`'
-        buffers) are reduced, then become the main gradients (divided by the loss scale under
+        buffers) are reduced (the data- and context-parallel sums in buckets,
+        :mod:`telescope_megatron.grad_buckets`; the tensor-parallel and tied-embedding sums
+        per parameter), then become the main gradients (divided by the loss scale under
         float16), which the norm, the clipping and the optimizer read; after a step the main
         parameters are copied into the model's. A non-finite norm skips the step (and, under
         float16, counts towards lowering the loss scale).
@@ -384,17 +401,10 @@ class MegatronBackend(PackedTrainerBackend):
         """
         from megatron.core import parallel_state
 
-        accumulated = [(n, g) for n in self._params if (g := self.main.accumulated(n)) is not None]
-        dense = [(n, g) for n, g in accumulated if not is_expert_parameter(n)]
-        experts = [g for n, g in accumulated if is_expert_parameter(n)]
-        if self.cp_size > 1:  # each context-parallel rank's gradients come from its own tokens
-            for _, grad in dense:
-                dist.all_reduce(grad, group=self.cp_group)
-        self._sum_tensor_parallel_partial_grads(dense)
-        if self.world_size > 1:
-            self._average_grads([grad for _, grad in dense], self.dp_group)
-        if experts:
-            self._average_grads(experts, parallel_state.get_expert_data_parallel_group())
+        self.grad_reducer.finish()  # the data- (and context-) parallel sums, bucketed; experts' over expert DP
+        self._sum_tensor_parallel_partial_grads(
+            [(n, g) for n in self._params if not is_expert_parameter(n) and (g := self.main.accumulated(n)) is not None]
+        )
         self._sum_tied_embedding_grads()
         grads = self.main.main_grads(self.loss_scale())
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -406,7 +416,7 @@ class MegatronBackend(PackedTrainerBackend):
                 squares += grad.detach().float().pow(2).sum()
         if self.tp_size * self.pp_size > 1:
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
-        if experts:
+        if any(is_expert_parameter(n) for n in grads):
             squares = squares + expert_gradient_squares([g for n, g in grads.items() if is_expert_parameter(n)])
         total = squares.sqrt()
         coefficient = torch.clamp(self.context.grad_clip / (total + 1e-6), max=1.0)  # as clip_grad_norm_
@@ -431,19 +441,16 @@ class MegatronBackend(PackedTrainerBackend):
         return {"optimizer/loss_scale": self.loss_scaler.scale} if self.loss_scaler is not None else {}
 
     def zero_grad(self) -> None:
+        self.grad_reducer.discard()
         self.optimizer.zero_grad(set_to_none=True)
         self.main.zero_grad()
 
-    def _average_grads(self, grads: list[torch.Tensor], group: Any) -> None:
-        """Sum each gradient over ``group`` (float32 with ``megatron_grad_reduce_in_fp32``); divide by the DP size."""
-        size = dist.get_world_size(group)
-        if size == 1 and self.world_size == 1:
-            return
-        for grad in grads:
-            wide = grad.float() if self.megatron.megatron_grad_reduce_in_fp32 else grad
-            if size > 1:
-                dist.all_reduce(wide, group=group)
-            grad.copy_(wide / self.world_size)
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """``megatron_overlap_grad_reduce``: the last micro-batch's backward launches the buckets' reductions."""
+        if enabled:
+            self.grad_reducer.arm()
+        else:
+            self.grad_reducer.disarm()
 
     def _sum_tensor_parallel_partial_grads(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Sum over the tensor-parallel ranks the gradients of replicated weights that each rank sees in part.
@@ -561,6 +568,8 @@ class MegatronBackend(PackedTrainerBackend):
     def close(self) -> None:
         from megatron.core import parallel_state
 
+        if hasattr(self, "grad_reducer"):  # waits for any reduction in flight: before the groups go
+            self.grad_reducer.close()
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         if hasattr(self, "main"):

@@ -1,22 +1,25 @@
 """Registers the ``megatron`` trainer backend and the ``megatron_*`` settings it owns.
 
 All 21 ``megatron_*`` fields of the upstream are declared, so that an upstream
-config validates unchanged. Thirteen are implemented: tensor, pipeline, context,
+config validates unchanged. Fourteen are implemented: tensor, pipeline, context,
 expert (MoE models) and sequence parallelism, activation recomputation, the float32
-gradient reduction, the distributed optimizer (AdamW states sharded over the
-data-parallel ranks, :mod:`telescope_megatron.optimizer`; with expert parallelism
-it is not applied yet, see :func:`inactive_settings`), and the precision-aware
-optimizer with its four dtypes (main parameters, main gradients, Adam's two moments:
-:mod:`telescope_megatron.precision`; the core's ``mixed_precision_dtype`` sets the
-compute dtype). As megatron-core's ``OptimizerConfig`` asserts, the four dtypes are
-float32 unless ``megatron_use_precision_aware_optimizer`` is set; with it each may be
-float32, bfloat16 or float16 (:func:`precision_problems`). Of the others (not built yet):
+gradient reduction, the gradient reduction overlapped with the backward (bucketed
+all-reduces launched as the last micro-batch's backward completes each bucket:
+:mod:`telescope_megatron.grad_buckets`), the distributed optimizer (AdamW states
+sharded over the data-parallel ranks, :mod:`telescope_megatron.optimizer`; with
+expert parallelism it is not applied yet, see :func:`inactive_settings`), and the
+precision-aware optimizer with its four dtypes (main parameters, main gradients,
+Adam's two moments: :mod:`telescope_megatron.precision`; the core's
+``mixed_precision_dtype`` sets the compute dtype). As megatron-core's
+``OptimizerConfig`` asserts, the four dtypes are float32 unless
+``megatron_use_precision_aware_optimizer`` is set; with it each may be float32,
+bfloat16 or float16 (:func:`precision_problems`). Of the others (not built yet):
 
 each (a global batch size of its own, optimizer offload and its options, the
-unified-memory JIT, Transformer Engine, FP8, gradient-reduce overlap) is accepted at
-the value this backend implements (the upstream default) and any other value is a
-validation error naming the field (:data:`REFUSED_UNLESS`, with the reason where
-:data:`REFUSED_BECAUSE` gives one).
+unified-memory JIT, Transformer Engine, FP8) is accepted at the value this backend
+implements (the upstream default) and any other value is a validation error naming
+the field (:data:`REFUSED_UNLESS`, with the reason where :data:`REFUSED_BECAUSE`
+gives one).
 
 Load-time rules: ``trainer_num_workers`` must be a multiple of TP x PP x CP (the
 dense layout) and of TP x PP x EP (megatron-core's expert layout: expert TP = TP, EP,
@@ -109,7 +112,9 @@ class MegatronSettings(PluginSettings):
         True, description="Shard AdamW's states across data-parallel ranks (ZeRO-1; DP x CP > 1 to help)"
     )
     megatron_overlap_grad_reduce: bool = Field(
-        False, description="Overlap the gradient all-reduce with the backward pass (false only, for now)"
+        False,
+        description="Launch each gradient bucket's data-parallel all-reduce during the backward, once its "
+        "parameters' gradients are complete (the last micro-batch's, or under pipeline parallelism the schedule's)",
     )
     megatron_use_transformer_engine: bool = Field(
         False, description="Use the Transformer Engine layer spec (false only, for now)"
@@ -164,14 +169,10 @@ REFUSED_UNLESS: dict[str, object] = {
     "megatron_disable_unified_memory_jit": True,  # the backend never enables the unified-memory JIT
     "megatron_use_transformer_engine": False,
     "megatron_fp8": False,
-    "megatron_overlap_grad_reduce": False,
 }
 
 #: Why a field of :data:`REFUSED_UNLESS` cannot take another value, where the name does not say it.
-REFUSED_BECAUSE: dict[str, str] = {
-    "megatron_overlap_grad_reduce": "the gradients are all-reduced after the backward pass, in one call per "
-    "parameter, not in buckets during it; the setting would change nothing",
-}
+REFUSED_BECAUSE: dict[str, str] = {}
 
 
 #: The precision-aware optimizer's dtype fields, and the dtypes each may name.
