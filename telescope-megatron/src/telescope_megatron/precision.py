@@ -128,11 +128,6 @@ class MainParameters:
 
         return accumulate
 
-    @property
-    def separate(self) -> bool:
-        """Whether the main parameters are tensors of their own (not the model's)."""
-        return any(main is not self.model[name] for name, main in self.params.items())
-
     def parameters(self) -> list[torch.nn.Parameter]:
         """The main parameters, in the model's order (what the optimizer steps)."""
         return list(self.params.values())
