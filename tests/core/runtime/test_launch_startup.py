@@ -74,3 +74,51 @@ def test_ctrl_c_leaves_its_reason_in_the_status(monkeypatch: pytest.MonkeyPatch,
     assert code == 130
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted" and status["error"] == "interrupted by SIGINT (Ctrl-C)"
+
+
+def test_sigterm_while_ray_starts_is_an_interruption(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``): the run was stopped, not completed.
+
+    The exit was once reported as ``completed`` with code 15, after waiting two minutes for the
+    tokenizer thread, which an exception raised mid-import in the main thread can leave blocked
+    on the import lock for good: an interrupted run waits for it only its cleanup's budget.
+    """
+    import json
+    import signal
+
+    from telescope.config import load_config
+
+    def connect(config: object, run_dir: Path) -> bool:
+        raise SystemExit(signal.SIGTERM)  # what Ray's handler does
+
+    waits: list[float] = []
+    wait = launch._EarlyTokenizer.wait_until_imported
+
+    def recorded_wait(self: launch._EarlyTokenizer, timeout_s: float = 120.0) -> None:
+        waits.append(timeout_s)
+        wait(self, timeout_s)
+
+    monkeypatch.setattr(ray_cluster, "connect_ray", connect)
+    monkeypatch.setattr(launch._EarlyTokenizer, "wait_until_imported", recorded_wait)
+    args = ["--model", "tiny:test", "--environments", "[{name: countdown}]", "--use_wandb", "false"]
+    run_dir = tmp_path / "run"
+    code = launch.launch_run(load_config(None, [*args, "--run_dir", str(run_dir)]))
+    assert code == 130
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["error"] == "terminated by SIGTERM"
+    assert waits == [launch.TERMINATION_CLEANUP_S]
+
+
+def test_another_exit_during_the_start_is_a_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import json
+
+    from telescope.config import load_config
+
+    def connect(config: object, run_dir: Path) -> bool:
+        raise SystemExit(3)
+
+    monkeypatch.setattr(ray_cluster, "connect_ray", connect)
+    args = ["--model", "tiny:test", "--environments", "[{name: countdown}]", "--use_wandb", "false"]
+    run_dir = tmp_path / "run"
+    assert launch.launch_run(load_config(None, [*args, "--run_dir", str(run_dir)])) == 3
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"

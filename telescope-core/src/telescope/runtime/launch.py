@@ -27,7 +27,12 @@ when the GCS no longer accepts connections (else gives it :data:`TERMINATION_CLE
 instead of waiting for a GCS that is gone; when Ray no longer answers, the process
 exits right after its own cleanup (``os._exit``), before Ray's core worker would kill
 it a minute later. A second
-SIGTERM during that cleanup is ignored. When the trainer group is lost
+SIGTERM during that cleanup is ignored. While ``ray.init`` runs, Ray's own handler is
+installed (it calls ``sys.exit(15)``): that exit is an interruption by SIGTERM too. A
+signal's exception can land in the middle of an import in the main thread, leaving
+Python's import lock held, and the start-up's tokenizer thread, waiting on that lock,
+never finishes; so an interrupted run waits for that thread's imports at most
+:data:`TERMINATION_CLEANUP_S`. When the trainer group is lost
 (:class:`~telescope.orchestrator.orchestrator.TrainerLost`), the error names the
 command that resumes from the last checkpoint.
 """
@@ -309,6 +314,12 @@ def launch_run(loaded: LoadedConfig) -> int:
         signal.signal(signal.SIGTERM, on_sigterm)  # after ray.init, which installs its own handler
         summary = event_loop.run(_train(config, run_dir, store, loggers, plugins, terminated, tokenizer_loading))
         log.info("run completed: %s", summary)
+    except SystemExit as exc:  # Ray's handler while ray.init runs: sys.exit(SIGTERM); anything else is a failure
+        by_sigterm = exc.code == signal.SIGTERM
+        status, code = ("interrupted", 130) if by_sigterm else ("failed", exc.code if isinstance(exc.code, int) else 1)
+        error = _Terminated("terminated by SIGTERM") if by_sigterm else exc
+        if by_sigterm:
+            print("telescope: interrupted; workers stopped, the run directory is intact", file=sys.stderr)
     except (KeyboardInterrupt, _Terminated) as exc:
         status, code = "interrupted", 130
         # status.json's error says which signal stopped the run (a bare KeyboardInterrupt says nothing)
@@ -339,7 +350,7 @@ def launch_run(loaded: LoadedConfig) -> int:
         )
     finally:
         if tokenizer_loading is not None:  # a run that ended early: the hooks below may import transformers
-            tokenizer_loading.wait_until_imported()
+            tokenizer_loading.wait_until_imported(TERMINATION_CLEANUP_S if status == "interrupted" else 120.0)
         signal.signal(signal.SIGTERM, previous_sigterm)
         store.set_status(status, error=str(error) if error else None)
         if started_run:  # observers see run_end only for a run they saw start
