@@ -37,13 +37,14 @@ Printed per case: parameters, real tokens per step (no padding), the median and 
 fastest step time over all timed steps of all runs (on a shared machine the fastest
 is the least disturbed; with ranks, each step's slowest rank), tokens/s (at the
 median), the loss of the last timed step (float32: the two backends agree to
-rounding, a check that they ran the same step), and peak memory, one figure a rank:
+rounding, a check that they ran the same step), and peak memory, one figure a rank
+(its largest over the runs):
 
 - on the CPU, the process's resident-set high-water mark (``VmHWM``) during the timed
   steps, reset just before them (``/proc/self/clear_refs``, Linux), and how far it rose
-  above the resident set at that reset (the step's own memory: activations, gradients,
-  the optimizer's first states); the resident set at the reset holds the libraries,
-  the weights and the optimizer;
+  above the resident set at that reset (the step's own memory: activations and
+  gradients, and with ``--warmup 0`` Adam's states, made at the first step); the
+  resident set at the reset holds the libraries, the weights and the optimizer;
 - on CUDA, ``torch.cuda.max_memory_allocated`` over the timed steps, and the model
   FLOPs utilisation as ``bench_trainer.py`` computes it (6 x parameters x tokens plus
   12 x layers x hidden x seq-len per token, against a measured bf16 matmul rate of the
@@ -51,6 +52,10 @@ rounding, a check that they ran the same step), and peak memory, one figure a ra
 
 On the CPU torch uses the machine's cores unless ``OMP_NUM_THREADS`` says otherwise:
 ``OMP_NUM_THREADS=1`` times what the loop's trainer does with one Ray CPU.
+
+Limits: the CUDA path (``--device cuda``, with ``--world-size 2`` one card a rank) runs
+the code the CPU path runs plus the synchronisations and counters named above; its
+figures are recorded only where a GPU has run it (``bench/README.md``).
 
 Current figures: ``bench/README.md``.
 """
