@@ -118,13 +118,17 @@ print(swaps)
 """
 
 
+#: Transfers refused because they met the swapped-in link, at least, before the race stops.
+RACES_MET = 50
+
+
 @pytest.mark.slow
 def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSandbox, host_dir: Path) -> None:
     before = _snapshot(host_dir)
     sandbox.upload("d/x/f.txt", b"first")
     results: list[Any] = []
     runner = threading.Thread(
-        target=lambda: results.append(sandbox.execute(["python3", "-c", _SWAPPER, str(host_dir), "50"], timeout_s=55))
+        target=lambda: results.append(sandbox.execute(["python3", "-c", _SWAPPER, str(host_dir), "240"], timeout_s=250))
     )
     runner.start()
     try:
@@ -132,8 +136,10 @@ def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSand
             time.sleep(0.01)
         read: list[bytes] = []
         refused = 0
-        i, busy_until = 0, time.monotonic() + 3  # enough rounds, and long enough for many swaps
-        while i < 2000 or time.monotonic() < busy_until:
+        # Enough rounds, and enough of them meeting the link: counted, not timed, so a loaded machine (the
+        # swapper starved of CPU) takes longer instead of failing; the swapper's own limit ends a stuck race.
+        i = 0
+        while (i < 2000 or refused < RACES_MET) and runner.is_alive():
             i += 1
             for op in (
                 partial(sandbox.upload, "d/x/f.txt", b"host wrote %d" % i),
@@ -151,7 +157,7 @@ def test_transfers_racing_a_symlink_swap_never_touch_the_host(sandbox: LocalSand
         sandbox.upload("stop", b"")
         runner.join()
     assert results and results[0].exit_code == 0, results
-    assert int(results[0].stdout) > 20 and refused > 0  # the race was on: transfers met the link
+    assert int(results[0].stdout) >= 2 and refused >= RACES_MET  # the race was on: transfers met the link
     assert not any(b"HOST SECRET" in data for data in read)
     assert _snapshot(host_dir) == before
 
