@@ -99,9 +99,14 @@ def _stream_weights(
         write_index,
     )
 
-    order: list[tuple[str, str]] = [(f, n) for f, names in iter_files(reader) for n in names if n not in drop]
-    entries: list[Entry] = [(n, dtype, reader.shape(n)) for _, n in order]
-    reader.close()  # the headers are read; the files are reopened one by one below
+    order: list[tuple[str, str]] = []
+    entries: list[Entry] = []
+    for file, names in iter_files(reader):  # the headers, one file open at a time
+        for name in names:
+            if name not in drop:
+                order.append((file, name))
+                entries.append((name, dtype, reader.shape(name)))
+        reader.close()
     shards = plan_shards(entries, max_shard_bytes)
     files = [shard_file_name(i, len(shards)) for i in range(len(shards))]
     file_of = {name: f for (f, name) in order}
