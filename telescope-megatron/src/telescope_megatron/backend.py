@@ -7,8 +7,9 @@ with ``megatron_tensor_parallel_size``, ``megatron_pipeline_parallel_size``,
 remaining ranks are data parallel, and expert parallelism is carved out of the
 data- and context-parallel ranks, as megatron-core does),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
-loads the Hugging Face weights into this rank's shards
-(:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
+reads from the Hugging Face safetensors only this rank's slices of the weights
+(:mod:`telescope_megatron.sharded_load`, names and layouts from
+:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
 data-parallel ranks with ``megatron_use_distributed_optimizer``:
 :mod:`telescope_megatron.optimizer`) and the LR schedule.
 
@@ -52,8 +53,9 @@ rounds to 16 bits). What differs:
   layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
   names in the Hugging Face model's order (a layer at most is held back), so the weight
   transport sees exactly what the FSDP backend sends;
-- checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
-  so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
+- checkpoints hold the Hugging Face weights as a sharded folder, each file written by a
+  rank of the stage that holds its tensors (:mod:`telescope_megatron.sharded_save`; with
+  the config, so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``) and precision state
   (``precision/rank_N.pt``: the loss scale, and the main parameters where
   ``model_dtype`` cannot hold them); resuming the training state
@@ -65,8 +67,7 @@ virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shar
 further over data-parallel ranks by torch's ZeRO-1 (not megatron-core's distributed optimizer, see
 :mod:`telescope_megatron.optimizer`), and not sharded with expert parallelism (an expert's
 data-parallel ranks are not the dense weights' ones);
-every rank loads the full Hugging Face model once at set-up before keeping its
-shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
+the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
 
 from __future__ import annotations

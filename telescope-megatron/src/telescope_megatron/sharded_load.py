@@ -146,6 +146,7 @@ def load_hf_weights(backend: MegatronBackend, folder: Path | str) -> int:
             source = "embedding.word_embeddings.weight" if name == backend._tied_copy else name
             part = local_tensor(reader, source, backend.shape, backend.tp_rank, backend.tp_size)
             param.copy_(part.to(backend.weights_dtype))
+            reader.close()  # unmap the files: their pages read so far would count in the resident set
         read = reader.elements_read
     backend.main.copy_to_model()
     return read
