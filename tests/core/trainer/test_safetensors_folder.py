@@ -84,3 +84,38 @@ def test_shards_are_planned_under_the_size_a_larger_tensor_alone() -> None:
     plan = plan_shards([("a", torch.float32, (4,)), ("b", torch.float32, (2,)), ("c", torch.float32, (9,))], 24)
     assert [[n for n, _, _ in shard] for shard in plan] == [["a", "b"], ["c"]]
     assert shard_file_name(0, 1) == "model.safetensors" and shard_file_name(1, 3) == "model-00002-of-00003.safetensors"
+
+
+def test_the_fsdp_backend_loads_weights_from_a_sharded_checkpoint(tiny_model: Path, tmp_path: Path) -> None:
+    """A checkpoint whose weights are sharded with an index (as the megatron backend writes them) loads."""
+    from telescope.plugins.facade import get_plugins
+    from telescope.testing.trainer import synthetic_batch, tiny_trainer_config, weights_snapshot
+
+    config = tiny_trainer_config(tiny_model)
+    plugins = get_plugins()
+    backend = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
+    backend.setup()
+    try:
+        backend.train_step(synthetic_batch())
+        backend.save_checkpoint(tmp_path / "ckpt", training_state=False)
+        trained = weights_snapshot(backend)
+    finally:
+        backend.close()
+    single = tmp_path / "ckpt" / "model.safetensors"
+    tensors = load_file(str(single))
+    single.unlink()
+    names = list(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        save_file({n: tensors[n] for n in part}, str(tmp_path / "ckpt" / shard_file_name(i, 2)))
+        weight_map.update(dict.fromkeys(part, shard_file_name(i, 2)))
+    write_index(tmp_path / "ckpt", weight_map, 0)
+    fresh = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
+    fresh.setup()
+    try:
+        fresh.load_checkpoint(tmp_path / "ckpt")
+        loaded = weights_snapshot(fresh)
+    finally:
+        fresh.close()
+    for name, tensor in trained.items():
+        assert torch.equal(loaded[name], tensor), name
