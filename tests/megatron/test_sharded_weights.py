@@ -161,6 +161,10 @@ def test_each_rank_writes_its_own_files_of_a_sharded_hf_folder(
     assert list(on_disk) != [] and set(on_disk) == set(weights)
     for name, tensor in weights.items():
         assert torch.equal(on_disk[name], tensor), name
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in weights.items()), "from_pretrained differs"
     if layout == "pp2":  # each stage's file holds its own layers only
         assert all(file == files[0] for n, file in index["weight_map"].items() if n.startswith("model.layers.0."))
         assert index["weight_map"]["model.norm.weight"] == files[1]
