@@ -104,3 +104,15 @@ def test_a_missing_weight_still_fails_clearly(tiny_model: Path, tmp_path: Path) 
     with pytest.raises(click.ClickException, match=r"missing \['model.norm.weight'\]"):
         convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     assert not (tmp_path / "hf").exists(), "nothing written for a bad checkpoint"
+
+
+def test_the_command_takes_the_largest_shard_size(tiny_model: Path, tmp_path: Path) -> None:
+    from telescope.cli.main import main
+
+    sharded_checkpoint(tiny_model, tmp_path / "ckpt", parts=1)
+    assert main(["convert-checkpoint", str(tmp_path / "ckpt"), str(tmp_path / "one")]) == 0
+    assert sorted(p.name for p in (tmp_path / "one").glob("*.safetensors")) == ["model.safetensors"]
+    assert main(["convert-checkpoint", str(tmp_path / "ckpt"), str(tmp_path / "many"), "--max-shard-gb", "0.0001"]) == 0
+    index = json.loads((tmp_path / "many" / INDEX).read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert load_folder(tmp_path / "many").keys() == load_folder(tmp_path / "one").keys()
