@@ -32,12 +32,15 @@ parameters as before); a test compares them at TP 2, PP 2 and EP 2 and counts th
 elements each rank reads. Why slices rather than ``from_pretrained``: that builds
 the whole model on every rank, so a rank's set-up peak was the model's size; now it
 is its own shards plus the largest slice it reads (see docs/megatron-backend.md).
+The files are memory-mapped by ``safe_open``; the pages a read touches count in the
+rank's resident set while mapped, so the files are closed (unmapped) after each
+parameter and those pages never add up beyond one parameter's.
 
-Limits: ``get_slice`` reads contiguous runs of the file, so a column range (the
-``linear_proj`` and ``linear_fc2`` shards, split along dimension 1) touches each
-row's bytes in the page cache while copying only this rank's; a model named by a
-hub id is read from the local Hugging Face cache (downloaded first, as
-``from_pretrained`` would, when it is not there).
+Limits: ``get_slice`` reads each row's run of the file, so a column range (the
+``linear_proj`` and ``linear_fc2`` shards, split along dimension 1) touches the pages
+of every row of that tensor (page cache, reclaimable) while copying only this rank's
+columns; a model named by a hub id is read from the local Hugging Face cache
+(downloaded first, as ``from_pretrained`` would, when it is not there).
 """
 
 from __future__ import annotations
