@@ -20,11 +20,12 @@ stage on the first data-parallel replica (data-parallel rank 0, context parallel
 included); the other replicas take part in the gathers and write nothing. The stages
 write at the same time, with no traffic between them.
 
-Memory bound (per rank, on top of its own shards): one gathered tensor (the
-tensor-parallel all-gather holds the ``T`` parts and their concatenation, so twice the
-largest full tensor; a layer's stacked experts for MoE) plus the Hugging Face
-reordering's hold-back inside one layer (:func:`~telescope_megatron.convert.stream_hf_weights`),
-never the model. Writing ``T`` files per stage rather than one spreads the disk
+Memory bound (per rank, on top of its own shards): one gathered tensor (this rank's
+part cast to ``model_dtype``, the ``T`` gathered parts and their concatenation: ``2 + 1/T``
+times the largest full tensor; a layer's stacked experts for MoE), or the Hugging Face
+reordering's hold-back of at most one layer
+(:func:`~telescope_megatron.convert.stream_hf_weights`) where that is more; never the
+model. Measured: docs/megatron-backend.md. Writing ``T`` files per stage rather than one spreads the disk
 writes over the ranks that gather anyway.
 """
 
