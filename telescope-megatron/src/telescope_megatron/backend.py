@@ -7,8 +7,9 @@ with ``megatron_tensor_parallel_size``, ``megatron_pipeline_parallel_size``,
 remaining ranks are data parallel, and expert parallelism is carved out of the
 data- and context-parallel ranks, as megatron-core does),
 builds the model from the Hugging Face config (:mod:`telescope_megatron.model`),
-loads the Hugging Face weights into this rank's shards
-(:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
+reads from the Hugging Face safetensors only this rank's slices of the weights
+(:mod:`telescope_megatron.sharded_load`, names and layouts from
+:mod:`telescope_megatron.convert`) and builds AdamW (its states sharded over the
 data-parallel ranks with ``megatron_use_distributed_optimizer``:
 :mod:`telescope_megatron.optimizer`) and the LR schedule.
 
@@ -52,8 +53,9 @@ rounds to 16 bits). What differs:
   layer's experts, stacked, over the expert-parallel group too) and yields Hugging Face
   names in the Hugging Face model's order (a layer at most is held back), so the weight
   transport sees exactly what the FSDP backend sends;
-- checkpoints hold the Hugging Face weights (``model.safetensors`` + config,
-  so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
+- checkpoints hold the Hugging Face weights as a sharded folder, each file written by a
+  rank of the stage that holds its tensors (:mod:`telescope_megatron.sharded_save`; with
+  the config, so ``telescope convert-checkpoint`` and ``from_pretrained`` read them) and each
   rank's optimizer shard (``optimizer/rank_N.pt``) and precision state
   (``precision/rank_N.pt``: the loss scale, and the main parameters where
   ``model_dtype`` cannot hold them); resuming the training state
@@ -65,8 +67,7 @@ virtual (interleaved) pipeline; the optimizer is torch AdamW on each rank's shar
 further over data-parallel ranks by torch's ZeRO-1 (not megatron-core's distributed optimizer, see
 :mod:`telescope_megatron.optimizer`), and not sharded with expert parallelism (an expert's
 data-parallel ranks are not the dense weights' ones);
-every rank loads the full Hugging Face model once at set-up before keeping its
-shards; the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
+the logits are gathered over the vocabulary (see :mod:`telescope_megatron.model`).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ from telescope.trainer.public import (
     token_logprobs,
 )
 from telescope_megatron.checkpoint import load_megatron_checkpoint, save_megatron_checkpoint
-from telescope_megatron.convert import expert_of, hf_to_megatron, partition_dim, shard, stream_hf_weights, unshard
+from telescope_megatron.convert import expert_of, partition_dim, stream_hf_weights, unshard
 from telescope_megatron.cpu_patches import cuda_free
 from telescope_megatron.grad_buckets import BUCKET_ELEMENTS, GradReducer
 from telescope_megatron.loss_scaling import DynamicLossScale
@@ -111,6 +112,7 @@ from telescope_megatron.pipeline import (
 )
 from telescope_megatron.plugin import MegatronSettings, inactive_settings
 from telescope_megatron.precision import MainParameters, Precision
+from telescope_megatron.sharded_load import load_hf_weights, weights_folder
 
 if TYPE_CHECKING:
     from telescope.api.algorithm import Algorithm
@@ -247,7 +249,7 @@ class MegatronBackend(PackedTrainerBackend):
         self.hf_shapes = self._hf_parameter_shapes()
         self.hf_order = list(self.hf_shapes)
         self.hf_owners = {name: hf_owner(name, stages, pp) for name in self.hf_order}
-        self._load_hf_state(self._read_hf_state(self.model_path))
+        load_hf_weights(self, weights_folder(self.model_path))  # this rank's slices only
         self.model.train()
         self.optimizer = self.build_optimizer(self.context.learning_rate, self.context.weight_decay)
         self.scheduler = self.build_scheduler(self.optimizer)
@@ -309,23 +311,6 @@ class MegatronBackend(PackedTrainerBackend):
         with torch.device("meta"):
             reference = AutoModelForCausalLM.from_config(self.hf_config)
         return {name: param.shape for name, param in reference.named_parameters()}
-
-    def _read_hf_state(self, folder: str | Path) -> dict[str, torch.Tensor]:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[self.context.model_dtype])
-        return dict(model.state_dict())
-
-    @torch.no_grad()
-    def _load_hf_state(self, hf_state: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face weights into this rank's main parameters, and from them into the model's."""
-        full = hf_to_megatron(hf_state, self.shape)
-        for name, param in self.main.params.items():
-            source = "embedding.word_embeddings.weight" if name == self._tied_copy else name
-            expert = expert_of(name)  # one expert: its row of the layer's stacked experts
-            tensor = full[expert[0]][expert[1]] if expert else full[source]
-            param.copy_(shard(name, tensor, self.tp_rank, self.tp_size))
-        self.main.copy_to_model()
 
     # ------------------------------------------------------ parallelism hooks
 
@@ -522,8 +507,16 @@ class MegatronBackend(PackedTrainerBackend):
         """
         yield from self._hf_stream(self._full_tensor)
 
-    def _hf_stream(self, full_tensor: Callable[[str], torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every Hugging Face tensor in order from ``full_tensor(megatron name)`` (each stage's, then all stages')."""
+    def stage_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This pipeline stage's full weights in Hugging Face names and order, one gathered at a time (over the
+        tensor- and expert-parallel groups, which lie within the stage). Collective over the stage's ranks."""
+        yield from self._hf_stream(self._full_tensor, all_stages=False)
+
+    def _hf_stream(
+        self, full_tensor: Callable[[str], torch.Tensor], *, all_stages: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every Hugging Face tensor in order from ``full_tensor(megatron name)`` (this stage's, then with
+        ``all_stages`` every stage's)."""
         own: dict[str, None] = {}  # this stage's megatron tensors in order, one stacked name for a layer's experts
         for name in self._params:
             expert = expert_of(name)
@@ -531,7 +524,7 @@ class MegatronBackend(PackedTrainerBackend):
                 own[expert[0] if expert else name] = None
         mine = [name for name in self.hf_order if self.hf_owners[name] == self.pp_rank]
         local = stream_hf_weights(list(own), full_tensor, self.shape, mine)
-        if self.pp_size == 1:
+        if self.pp_size == 1 or not all_stages:
             yield from local
             return
         yield from gather_stages(local, self.hf_shapes, self.hf_owners, self.weights_dtype, self.device)

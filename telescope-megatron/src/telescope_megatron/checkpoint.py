@@ -1,16 +1,21 @@
-"""The Megatron backend's checkpoints: Hugging Face weights, and each rank's optimizer shard.
+"""The Megatron backend's checkpoints: Hugging Face weights written in shards, and each rank's optimizer shard.
 
-A checkpoint holds the full weights in Hugging Face names (``model.safetensors`` with
-the config and the tokenizer, written by rank 0 through
-:func:`telescope.trainer.checkpoint.write_checkpoint`, as the FSDP backend writes
-them, so ``telescope convert-checkpoint`` and ``from_pretrained`` read either): the
-main parameters (master weights) in ``model_dtype``. With the training state: the
+A checkpoint holds the full weights in Hugging Face names, with the config and the
+tokenizer, so ``telescope convert-checkpoint`` and ``from_pretrained`` read it: a
+sharded folder (``model-0000N-of-0000M.safetensors`` and
+``model.safetensors.index.json``; ``model.safetensors`` alone with one pipeline stage
+and no tensor parallelism), each file written by a rank that holds its tensors
+(:mod:`telescope_megatron.sharded_save`), through
+:func:`telescope.trainer.checkpoint.write_checkpoint` (a temporary folder renamed into
+place when complete, ``meta.json`` last); no rank gathers the model. The weights are
+the main parameters (master weights) in ``model_dtype``. With the training state: the
 scheduler, and per rank its optimizer shard (``optimizer/rank_N.pt``), RNG state and
 precision state (``precision/rank_N.pt``: the float16 loss scale and its counters, and
 this rank's main parameters where ``model_dtype`` cannot hold them exactly, e.g.
 float32 main parameters of a bfloat16 ``model_dtype``; see
-:mod:`telescope_megatron.precision`). A resume loads the Hugging Face weights into the
-main parameters, then the saved main parameters over them, then rounds them into the
+:mod:`telescope_megatron.precision`). A resume reads this rank's slices of the
+Hugging Face weights into the main parameters (:mod:`telescope_megatron.sharded_load`,
+either folder layout), then the saved main parameters over them, then rounds them into the
 model's, so the main parameters and Adam's moments come back bit for bit. Weights load
 at any parallel layout; the training state only at the layout it was saved with
 (``world_size``, tensor-, pipeline- and expert-parallel sizes, and whether the
@@ -19,6 +24,7 @@ optimizer's states are sharded), which ``meta.json`` records, with the same dtyp
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +33,8 @@ import torch
 from telescope.trainer.public import barrier
 from telescope.trainer.public import checkpoint as ckpt
 from telescope_megatron.optimizer import is_sharded, load_rank_state_dict, rank_state_dict
+from telescope_megatron.sharded_load import load_hf_weights
+from telescope_megatron.sharded_save import write_hf_shards
 
 if TYPE_CHECKING:
     from telescope_megatron.backend import MegatronBackend
@@ -34,7 +42,6 @@ if TYPE_CHECKING:
 
 def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_state: bool = True) -> None:
     """Hugging Face weights + config (+ tokenizer), and per-rank optimizer shards. Collective."""
-    weights = {name: t.to("cpu", copy=True).contiguous() for name, t in backend.named_weights()}
     main_files: dict[str, Any] = {}
     rank_files: dict[str, Any] = {}
     if training_state:
@@ -64,7 +71,8 @@ def save_megatron_checkpoint(backend: MegatronBackend, path: Path, *, training_s
     ckpt.write_checkpoint(
         path,
         rank=backend.global_rank,
-        weights=weights,
+        weights=None,
+        write_weights=functools.partial(write_hf_shards, backend),
         save_config=save_config,
         main_files=main_files,
         rank_files=rank_files,
@@ -91,14 +99,9 @@ def load_precision_state(backend: MegatronBackend, state: dict[str, Any]) -> Non
 
 def load_megatron_checkpoint(backend: MegatronBackend, path: Path) -> dict[str, Any]:
     """Restore weights (any layout), and optimizer/scheduler/RNG/step (same layout only). Collective."""
-    from safetensors.torch import load_file
-
     folder = ckpt.resolve_checkpoint(Path(path))
     meta = ckpt.read_meta(folder)
-    hf_state: dict[str, torch.Tensor] = load_file(str(folder / "model.safetensors"))
-    if backend.shape.tied_embeddings:
-        hf_state.setdefault("lm_head.weight", hf_state["model.embed_tokens.weight"])
-    backend._load_hf_state({k: v.to(backend.device) for k, v in hf_state.items()})
+    load_hf_weights(backend, folder)  # this rank's slices, at any layout
     shard_file = folder / "optimizer" / f"rank_{backend.global_rank}.pt"
     if meta.get("training_state") and shard_file.exists():
         layout = (

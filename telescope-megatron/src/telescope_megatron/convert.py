@@ -109,13 +109,27 @@ def expert_of(name: str) -> tuple[str, int] | None:
 
 
 def _merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    groups, d = shape.num_query_groups, shape.head_dim
-    per_group = shape.num_attention_heads // groups
+    return merge_qkv_groups(q, k, v, shape.num_query_groups, shape.head_dim)
+
+
+def merge_qkv_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, head_dim: int) -> torch.Tensor:
+    """``linear_qkv``'s layout of ``groups`` consecutive key/value groups: each group's q rows, k rows, v rows."""
     rest = q.shape[1:]
-    q = q.reshape(groups, per_group * d, *rest)
-    k = k.reshape(groups, d, *rest)
-    v = v.reshape(groups, d, *rest)
+    q = q.reshape(groups, -1, *rest)
+    k = k.reshape(groups, head_dim, *rest)
+    v = v.reshape(groups, head_dim, *rest)
     return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def hf_source(name: str) -> str | None:
+    """The one Hugging Face tensor that megatron tensor ``name`` is, renamed (stacked experts: the 3-D tensor);
+    None for the merged ones (``linear_qkv``, a dense ``linear_fc1``) and unknown names."""
+    if name in _GLOBAL_PLAIN:
+        return _GLOBAL_PLAIN[name]
+    match = _LAYER.match(name)
+    if match is None or match.group(2) not in _LAYER_PLAIN:
+        return None
+    return f"model.layers.{match.group(1)}.{_LAYER_PLAIN[match.group(2)]}"
 
 
 def _split_qkv(qkv: torch.Tensor, shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -79,10 +79,23 @@ def select_steps(spec: str | None, available: list[int]) -> list[int]:
     default=None,
     help="Weight dtype of the output (default: the run's model_dtype).",
 )
-def convert_checkpoint_command(checkpoint: Path, out: Path, steps: str | None, dtype: str | None) -> None:
+@click.option(
+    "--max-shard-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Largest output safetensors file, in GiB (a larger single tensor gets a file of its own).",
+)
+def convert_checkpoint_command(
+    checkpoint: Path, out: Path, steps: str | None, dtype: str | None, max_shard_gb: float
+) -> None:
     """Convert a checkpoint, or a run's checkpoints (each to OUT/step_XXXXXXXX), to Hugging Face folders."""
+    import functools
+
     from telescope.trainer.checkpoint import META, list_checkpoints
-    from telescope.trainer.convert import convert_checkpoint
+    from telescope.trainer.convert import convert_checkpoint as convert
+
+    convert_checkpoint = functools.partial(convert, max_shard_bytes=int(max_shard_gb * 2**30))
 
     if (checkpoint / META).exists():
         if steps is not None:

@@ -18,7 +18,8 @@ Sources, from the config (:mod:`telescope.config.eval_form`) or the command line
   writes them (:mod:`telescope.trainer.checkpoint`). The upstream converts its native
   checkpoints (sharded training state) to a Hugging Face folder before serving them;
   Telescope's native format already holds the weights in Hugging Face names
-  (``model.safetensors``) with ``config.json`` and the tokenizer, so the conversion is
+  (``model.safetensors``, or shards with ``model.safetensors.index.json`` as the megatron
+  backend writes them) with ``config.json`` and the tokenizer, so the conversion is
   the identity and the folder is served as it is, no copy made. A folder without
   ``meta.json`` (e.g. one ``telescope convert-checkpoint`` wrote) is not native.
 - ``true``: Hugging Face model folders, ``config.json`` and weights (``*.safetensors`` or

@@ -3,7 +3,9 @@
 Layout of a checkpoint root (``checkpoint_dir``, default ``RUN_DIR/checkpoints``)::
 
     step_00000050/
-        model.safetensors     full weights, Hugging Face names (tied weights once)
+        model.safetensors     full weights, Hugging Face names (tied weights once), or
+                              model-0000N-of-0000M.safetensors + model.safetensors.index.json
+                              (a backend that writes its weights sharded, e.g. megatron)
         config.json, tokenizer files   so the folder loads with from_pretrained
         optimizer.pt          full (unsharded) optimizer state   } only with
         scheduler.pt          LR scheduler state                 } training
@@ -15,7 +17,10 @@ Format choice: *full* state dicts gathered to rank 0, not DCP shards. They are
 independent of the world size (resume on a different number of ranks works), and
 the weights are already a Hugging Face checkpoint. The cost is that rank 0 holds a
 full copy in CPU memory while saving, which is fine up to tens of billions of
-parameters; larger models belong to the Megatron backend.
+parameters; larger models belong to the Megatron backend, which passes
+``write_weights`` to :func:`write_checkpoint` instead and has every rank write its own
+shards of a sharded Hugging Face folder. Readers accept both layouts
+(:mod:`telescope.trainer.safetensors_folder`).
 
 Atomicity: a checkpoint is written into ``.step_XXXXXXXX.tmp`` and renamed into
 place only when complete, then ``latest`` is replaced with ``os.replace``. A crash
@@ -91,15 +96,17 @@ def write_checkpoint(
     path: Path,
     *,
     rank: int,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, torch.Tensor] | None,
     save_config: Callable[[Path], None],
     main_files: dict[str, Any],
     rank_files: dict[str, Any],
     meta: dict[str, Any],
+    write_weights: Callable[[Path], None] | None = None,
 ) -> None:
     """Write one checkpoint folder atomically, the same way for every backend (collective).
 
-    Rank 0 writes ``weights`` as ``model.safetensors``, calls ``save_config`` (config,
+    Rank 0 writes ``weights`` as ``model.safetensors`` (or, with ``weights=None``, every
+    rank calls ``write_weights(folder)`` to write its own part of the weights), calls ``save_config`` (config,
     tokenizer) and ``torch.save``s ``main_files`` (relative path -> object); then every
     rank saves its own ``rank_files`` (folders made by rank 0 from its own names, so
     every rank must name files in the same folders); rank 0 writes ``meta`` (with
@@ -109,8 +116,11 @@ def write_checkpoint(
 
     is_main = rank == 0
     with atomic_directory(Path(path), is_main=is_main) as tmp:
-        if is_main:
+        if write_weights is not None:
+            write_weights(tmp)
+        if is_main and weights is not None:
             save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if is_main:
             save_config(tmp)
             for name, value in main_files.items():
                 torch.save(value, tmp / name)

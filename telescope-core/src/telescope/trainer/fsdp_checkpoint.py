@@ -19,6 +19,7 @@ import torch
 
 from telescope.trainer import checkpoint as ckpt
 from telescope.trainer.distributed import barrier
+from telescope.trainer.safetensors_folder import load_folder
 
 if TYPE_CHECKING:
     from telescope.trainer.packed_backend import PackedTrainerBackend
@@ -65,7 +66,6 @@ def load_fsdp_checkpoint(backend: PackedTrainerBackend, path: Path) -> dict[str,
     ``path`` is a checkpoint folder or a root (its ``latest`` is used). Returns
     the checkpoint's ``meta.json``. Collective: call on every rank.
     """
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -74,7 +74,7 @@ def load_fsdp_checkpoint(backend: PackedTrainerBackend, path: Path) -> dict[str,
 
     folder = ckpt.resolve_checkpoint(Path(path))
     meta = ckpt.read_meta(folder)
-    weights: dict[str, Any] = load_file(str(folder / "model.safetensors"))
+    weights: dict[str, Any] = load_folder(folder)  # either layout: one file or an index
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(backend.model, weights, options=options)
     if meta.get("training_state") and (folder / "optimizer.pt").exists():

@@ -18,12 +18,14 @@ without notice. docs/trainer-backends.md describes each name; a test holds
 - the context-parallel layout (head-tail chunks): :func:`local_indices`, :func:`gathered_order`;
 - the checkpoint folder format: the :mod:`~telescope.trainer.checkpoint` module
   (``write_checkpoint``, ``read_meta``, ``resolve_checkpoint``, ``rng_state``,
-  ``set_rng_state``, ``save_tokenizer``).
+  ``set_rng_state``, ``save_tokenizer``), and the Hugging Face weights folders the
+  checkpoints hold: the :mod:`~telescope.trainer.safetensors_folder` module
+  (``FolderReader``, ``StreamWriter``, ``write_index``, ``shard_file_name``).
 """
 
 from __future__ import annotations
 
-from telescope.trainer import checkpoint
+from telescope.trainer import checkpoint, safetensors_folder
 from telescope.trainer.context_parallel import gathered_order, local_indices
 from telescope.trainer.distributed import (
     all_reduce_sum,
@@ -56,6 +58,7 @@ __all__ = [
     "init_process_group",
     "local_indices",
     "resolve_device",
+    "safetensors_folder",
     "token_entropy",
     "token_logprobs",
 ]
