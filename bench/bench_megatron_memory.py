@@ -9,9 +9,9 @@ tensor, so building it costs no memory; nothing is downloaded. Then, for each la
 before set-up, its high-water mark (``VmHWM`` of ``/proc/self/status``, reset through
 ``/proc/self/clear_refs`` before each phase) during ``setup`` (model build, sharded
 load) and during ``save_checkpoint`` (weights only: the sharded Hugging Face folder),
-and, with ``--old-paths``, what the previous code held on top of that: the full
-``from_pretrained`` model plus its megatron conversion (the old set-up) and every
-weight gathered into one dict (the old save on rank 0). ``model_dtype`` bfloat16,
+and, with ``--full-load-baseline``, what a full load would hold on top of that: the
+whole ``from_pretrained`` model plus its megatron conversion on every rank (set-up), and
+every weight gathered into one dict on one rank (save). ``model_dtype`` bfloat16,
 float32 main parameters (the defaults), no recomputation.
 
 Prints one line per rank: its parameters' bytes, the peaks as growth over its resident
@@ -114,7 +114,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def _rank(rank: int, world_size: int, model: str, out: str, settings: dict[str, int], old_paths: bool) -> None:
+def _rank(rank: int, world_size: int, model: str, out: str, settings: dict[str, int], full_load_baseline: bool) -> None:
     import gc
 
     import torch
@@ -149,7 +149,7 @@ def _rank(rank: int, world_size: int, model: str, out: str, settings: dict[str, 
     backend.save_checkpoint(Path(out) / "ckpt", training_state=False)
     figures["save_s"] = time.perf_counter() - start
     figures["save_peak"] = _status("VmHWM") - before
-    if old_paths:
+    if full_load_baseline:
         from telescope_megatron.convert import hf_to_megatron
         from transformers import AutoModelForCausalLM
 
@@ -157,12 +157,12 @@ def _rank(rank: int, world_size: int, model: str, out: str, settings: dict[str, 
         before = _reset_peak()
         hf = dict(AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).state_dict())
         full = hf_to_megatron(hf, backend.shape)
-        figures["old_setup_extra"] = _status("VmHWM") - before
+        figures["full_load_setup_extra"] = _status("VmHWM") - before
         del hf, full
         gc.collect()
         before = _reset_peak()
         weights = {n: t.to("cpu", copy=True) for n, t in backend.named_weights()}
-        figures["old_save_extra"] = _status("VmHWM") - before if rank == 0 else 0
+        figures["full_load_save_extra"] = _status("VmHWM") - before if rank == 0 else 0
         del weights
     backend.close()
     Path(out, f"rank_{rank}.json").write_text(json.dumps(figures))
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--size", choices=list(SIZES), default="1.5b")
     parser.add_argument("--layouts", default="1,tp2,pp2")
     parser.add_argument("--shard-mb", type=int, default=1024)
-    parser.add_argument("--old-paths", action="store_true", help="also measure what the previous code held")
+    parser.add_argument("--full-load-baseline", action="store_true", help="also measure what the previous code held")
     args = parser.parse_args()
 
     from telescope.testing.trainer import spawn_ranks
@@ -190,7 +190,7 @@ def main() -> None:
             world_size, settings = LAYOUTS[layout]
             out = Path(tmp) / layout
             out.mkdir()
-            spawn_ranks(_rank, world_size, str(model), str(out), settings, args.old_paths)
+            spawn_ranks(_rank, world_size, str(model), str(out), settings, args.full_load_baseline)
             for rank in range(world_size):
                 f = json.loads((out / f"rank_{rank}.json").read_text())
                 line = (
@@ -200,10 +200,10 @@ def main() -> None:
                     f"({f['save_peak'] / size:.2f}x; {f['save_s']:.0f} s); RSS before set-up "
                     f"{f['rss_before_setup'] / GIB:.2f} GiB"
                 )
-                if args.old_paths:
+                if args.full_load_baseline:
                     line += (
-                        f"; old set-up's full load +{f['old_setup_extra'] / GIB:.2f} GiB on top, "
-                        f"old save's gathered dict +{f['old_save_extra'] / GIB:.2f} GiB"
+                        f"; a full load's set-up +{f['full_load_setup_extra'] / GIB:.2f} GiB on top, "
+                        f"a full save's gathered dict +{f['full_load_save_extra'] / GIB:.2f} GiB"
                     )
                 print(line, flush=True)
             files = sorted(p.name for p in (out / "ckpt").glob("*.safetensors"))

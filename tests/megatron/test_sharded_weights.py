@@ -15,7 +15,7 @@ OVERRIDES = {"megatron_gradient_checkpointing": False}
 
 
 def full_megatron(folder: Path) -> tuple[dict[str, torch.Tensor], object]:
-    """The full megatron tensors of ``folder`` as the old set-up made them: ``from_pretrained``, then the conversion;
+    """The full megatron tensors of ``folder`` as a full load makes them: ``from_pretrained``, then the conversion;
     a layer's stacked experts also under each expert's own name."""
     from telescope_megatron.convert import hf_to_megatron
     from telescope_megatron.model import ModelShape
@@ -56,7 +56,7 @@ def test_each_tensor_parallel_rank_reads_exactly_its_shard(
 
 
 def load_worker(rank: int, world_size: int, model: str, out: str, settings: dict) -> None:
-    """Set-up, with every safetensors read counted: each main parameter against the old full load + shard."""
+    """Set-up, with every safetensors read counted: each main parameter against a full load + shard."""
     from telescope_megatron.convert import shard
 
     from telescope.trainer import safetensors_folder

@@ -30,8 +30,8 @@ The result equals the full load followed by :func:`~telescope_megatron.convert.s
 bit for bit (the same elements, cast to ``model_dtype`` then copied into the main
 parameters as before); a test compares them at TP 2, PP 2 and EP 2 and counts the
 elements each rank reads. Why slices rather than ``from_pretrained``: that builds
-the whole model on every rank, so a rank's set-up peak was the model's size; now it
-is its own shards plus the largest slice it reads (see docs/megatron-backend.md).
+the whole model on every rank, a set-up peak of the model's size on each; slices keep
+it to the rank's own shards plus the largest slice it reads (see docs/megatron-backend.md).
 The files are memory-mapped by ``safe_open``; the pages a read touches count in the
 rank's resident set while mapped, so the files are closed (unmapped) after each
 parameter and those pages never add up beyond one parameter's.
