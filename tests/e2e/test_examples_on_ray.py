@@ -12,7 +12,9 @@ back for what the example is about:
   of an eval at step s served by the weights of step s;
 - wordle: multi-turn games whose every turn's request is the whole trajectory so far
   (earlier tokens reused, only the feedback's tokens added);
-- i3_code: programs run in the local sandbox, its events in the run store.
+- i3_code: programs run in the local sandbox, its events in the run store;
+- deepdive: research episodes whose tool calls (BM25 search and pages over the builtin
+  corpus) run between the model's turns, answers graded by the string-match judge.
 
 Each run is short (a warm start of 40-60 supervised steps, 3-4 RL steps) and marked slow.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -88,17 +90,58 @@ def test_every_upstream_recipe_is_shipped_and_validates(name: str) -> None:
 
 # ---------------------------------------------------------------------- the CPU variants
 
+#: The math examples learn over 150 steps after a 400-step warm start (tests/e2e/test_math_examples_learn.py);
+#: what these tests check needs a few steps of a short, fast warm start (the \boxed{} format) and small groups.
+MATH_MECHANICS = (
+    "--number_of_steps",
+    "3",
+    "--warm_start_steps",
+    "60",
+    "--warm_start_learning_rate",
+    "3e-3",
+    "--group_size",
+    "4",
+    "--prompts_batch_size_for_trainer",
+    "4",
+    "--eval_before_training",
+    "false",
+    "--eval_after_training",
+    "false",
+)
+#: Periodic evals every 2 steps, 8 problems each (the example's: every 50, 256 held-out problems).
+MECHANICS_EVALS = (
+    "[{name: math500, eval_every: 2, num_samples: 8, max_tokens: 32,"
+    " kwargs: {dataset_name: configs/examples/cpu/data/math500_eval.jsonl, dataset_split: test}},"
+    " {name: hendrycks_math, eval_every: 2, num_samples: 8, separate_eval_samples: true,"
+    " kwargs: {dataset_name: configs/examples/cpu/data/math_arithmetic.jsonl, dataset_split: train}}]"
+)
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_hendrycks_math_scores_with_math_verify(tmp_path: Path) -> None:
-    check_hendrycks_math(run_example("hendrycks_math_tiny", tmp_path / "run", 8241))
+    check_hendrycks_math(run_example("hendrycks_math_tiny", tmp_path / "run", 8241, *MATH_MECHANICS))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path: Path) -> None:
-    check_hendrycks_math_with_eval(run_example("hendrycks_math_with_eval_tiny", tmp_path / "run", 8251))
+    check_hendrycks_math_with_eval(
+        run_example(
+            "hendrycks_math_with_eval_tiny",
+            tmp_path / "run",
+            8251,
+            *MATH_MECHANICS,
+            "--number_of_steps",
+            "4",
+            "--eval_before_training",
+            "true",
+            "--eval_after_training",
+            "true",
+            "--evals",
+            MECHANICS_EVALS,
+        )
+    )
 
 
 @pytest.mark.slow
@@ -111,6 +154,12 @@ def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> 
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
     check_i3_code(run_example("i3_code_tiny", tmp_path / "run", 8271))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
+def test_deepdive_researches_with_its_tools_between_turns(tmp_path: Path) -> None:
+    check_deepdive(run_example("deepdive_tiny", tmp_path / "run", 8281))
 
 
 # ------------------------------------------------------- what each run store must show
@@ -198,3 +247,25 @@ def check_i3_code(reader: RunReader) -> None:
     assert {e["sample_id"] for e in executed} <= {r["sample_id"] for r in rollouts} | {
         e["sample_id"] for e in events if e["kind"] == "orchestrator.group_dispatched"
     }
+
+
+def check_deepdive(reader: RunReader) -> None:
+    rollouts = reader.rollouts()
+    assert len(rollouts) == 3 * 4 * 4 and {r["environment"] for r in rollouts} == {"deepdive"}
+    assert all(r["error"] is None for r in rollouts), [r["error"] for r in rollouts if r["error"]]
+    # the warm start taught the search_web call: the model searched, got results back and wrote again
+    searched = [r for r in rollouts if r["sample_metrics"]["search_web_calls"] >= 1]
+    assert searched, "no rollout called search_web"
+    for rollout in searched:
+        assert rollout["num_turns"] >= 2
+        roles = [m["role"] for m in rollout["messages"]]
+        assert roles.index("tool") > roles.index("assistant")  # the tool's result follows the call
+    calls = [e for e in reader.events() if e["kind"] == "tool.call"]
+    assert {e["tool"] for e in calls} >= {"search_web"} and all(e["ok"] for e in calls if e["tool"] == "search_web")
+    # every call a rollout counts was run and recorded as it happened (groups still in flight when the
+    # run ended have events but no rollout in the store)
+    recorded = Counter((e["sample_id"], e["rollout_index"]) for e in calls if e["tool"] == "search_web")
+    for rollout in rollouts:
+        counted = rollout["sample_metrics"]["search_web_calls"]
+        assert recorded[(rollout["sample_id"], rollout["rollout_index"])] >= counted
+    assert {"judge_reward", "has_answer", "finished"} <= set(rollouts[0]["sample_metrics"])
