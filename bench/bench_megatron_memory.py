@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from process_memory import reset_peak_rss, status_bytes
+
 SIZES: dict[str, dict[str, Any]] = {
     "1.5b": dict(
         hidden_size=1536,
@@ -52,20 +54,6 @@ LAYOUTS: dict[str, tuple[int, dict[str, int]]] = {
     "pp2": (2, {"megatron_pipeline_parallel_size": 2}),
 }
 GIB = 2**30
-
-
-def _status(field: str) -> int:
-    """A ``/proc/self/status`` memory field, in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
-def _reset_peak() -> int:
-    """Reset ``VmHWM`` to the current resident set; returns it."""
-    Path("/proc/self/clear_refs").write_text("5")
-    return _status("VmRSS")
 
 
 def build_model(folder: Path, size: str, shard_mb: int) -> int:
@@ -134,35 +122,35 @@ def _rank(rank: int, world_size: int, model: str, out: str, settings: dict[str, 
     backend: Any = plugins.create_trainer_backend(config, plugins.create_algorithm(config))
     figures: dict[str, Any] = {"rank": rank}
     start = time.perf_counter()
-    before = _reset_peak()
+    before = reset_peak_rss()
     backend.setup(rank, world_size, "cpu")
     figures["setup_s"] = time.perf_counter() - start
     figures["rss_before_setup"] = before
-    figures["setup_peak"] = _status("VmHWM") - before
-    figures["after_setup"] = _status("VmRSS") - before
+    figures["setup_peak"] = status_bytes("VmHWM") - before
+    figures["after_setup"] = status_bytes("VmRSS") - before
     figures["own_bytes"] = sum(p.numel() * p.element_size() for p in backend.main.params.values())
     figures["own_bytes"] += sum(p.numel() * p.element_size() for p in backend.model.parameters())
     figures["own_params"] = sum(p.numel() for p in backend.main.params.values())
     gc.collect()
-    before = _reset_peak()
+    before = reset_peak_rss()
     start = time.perf_counter()
     backend.save_checkpoint(Path(out) / "ckpt", training_state=False)
     figures["save_s"] = time.perf_counter() - start
-    figures["save_peak"] = _status("VmHWM") - before
+    figures["save_peak"] = status_bytes("VmHWM") - before
     if full_load_baseline:
         from telescope_megatron.convert import hf_to_megatron
         from transformers import AutoModelForCausalLM
 
         gc.collect()
-        before = _reset_peak()
+        before = reset_peak_rss()
         hf = dict(AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).state_dict())
         full = hf_to_megatron(hf, backend.shape)
-        figures["full_load_setup_extra"] = _status("VmHWM") - before
+        figures["full_load_setup_extra"] = status_bytes("VmHWM") - before
         del hf, full
         gc.collect()
-        before = _reset_peak()
+        before = reset_peak_rss()
         weights = {n: t.to("cpu", copy=True) for n, t in backend.named_weights()}
-        figures["full_load_save_extra"] = _status("VmHWM") - before if rank == 0 else 0
+        figures["full_load_save_extra"] = status_bytes("VmHWM") - before if rank == 0 else 0
         del weights
     backend.close()
     Path(out, f"rank_{rank}.json").write_text(json.dumps(figures))

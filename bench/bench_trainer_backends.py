@@ -74,6 +74,7 @@ from typing import Any
 
 from bench_trainer import SIZES, build_model, measured_bf16_flops
 from cores_check import cpu_description
+from process_memory import reset_peak_rss, status_bytes
 
 BACKENDS = ("fsdp", "megatron")
 
@@ -116,14 +117,6 @@ def case_config(spec: dict[str, Any]) -> Any:
     return tiny_trainer_config(spec["model"], **overrides)
 
 
-def status_kib(field: str) -> int:
-    """A ``/proc/self/status`` memory field (``VmHWM``, ``VmRSS``) in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def reset_peak_memory(device: str) -> float:
     """Restart the peak-memory count; returns what is held now, in MiB (resident set, or CUDA allocations)."""
     import torch
@@ -132,8 +125,7 @@ def reset_peak_memory(device: str) -> float:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated() / 2**20
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    return status_kib("VmRSS") / 1024
+    return reset_peak_rss() / 2**20
 
 
 def peak_memory(device: str) -> float:
@@ -142,7 +134,7 @@ def peak_memory(device: str) -> float:
 
     if device == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
-    return status_kib("VmHWM") / 1024
+    return status_bytes("VmHWM") / 2**20
 
 
 def run_rank(rank: int, world_size: int, spec: dict[str, Any], out: str) -> None:
