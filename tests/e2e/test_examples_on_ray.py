@@ -261,8 +261,11 @@ def check_deepdive(reader: RunReader) -> None:
         roles = [m["role"] for m in rollout["messages"]]
         assert roles.index("tool") > roles.index("assistant")  # the tool's result follows the call
     calls = [e for e in reader.events() if e["kind"] == "tool.call"]
-    assert {e["tool"] for e in calls} >= {"search_web"} and all(e["ok"] for e in calls if e["tool"] == "search_web")
-    # every call a rollout counts was run and recorded as it happened (groups still in flight when the
+    searches = [e for e in calls if e["tool"] == "search_web"]
+    assert any(e["ok"] for e in searches)
+    # a search fails only where the model wrote its arguments wrong (refused, recorded), never in the backend
+    assert all(e["ok"] or e["error"].startswith("bad arguments") for e in searches), searches
+    # every call a rollout counts, run or refused, was recorded as it happened (groups still in flight when the
     # run ended have events but no rollout in the store)
     recorded = Counter((e["sample_id"], e["rollout_index"]) for e in calls if e["tool"] == "search_web")
     for rollout in rollouts:

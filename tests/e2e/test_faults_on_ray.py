@@ -189,8 +189,8 @@ def test_a_run_killed_with_its_process_group_reads_died_and_its_shared_memory_go
     assert left, "rank 0's folder should outlive a SIGKILL of everything"
     final = status(run_dir)
     assert final["status"] == "running" and run_state(final).status == "died"
-    # Ray's workers die with the group, or, a worker outside it, when its core worker finds the raylet gone
-    # (about a minute); a bound on "it goes", not on how fast: a loaded machine took longer than 30 s.
+    # Ray starts its workers in process groups of their own: each ends within about a second of its raylet
+    # (telescope.runtime.worker_lifetime; Ray's own check took one to several minutes). A bound on "it goes".
     deadline = time.monotonic() + 150
     while any(shm_folders.pid_alive(shm_folders.owner_pid(f) or 0) for f in left):
         assert time.monotonic() < deadline, "rank 0 outlived the SIGKILL of its process group"

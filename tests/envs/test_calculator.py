@@ -89,3 +89,26 @@ def test_tool_calls_are_timed_events() -> None:
         unsubscribe()
     (event,) = [e for e in seen if e["kind"] == "tool.call"]
     assert event["tool"] == "add" and event["ok"] is True and isinstance(event["duration_s"], float)
+
+
+def test_a_refused_call_is_an_event_too() -> None:
+    from telescope.api import events
+
+    env = CalculatorEnvironment(dataset_name=str(DATA / "calculator.jsonl"))
+    sample = env.load_dataset()[0]
+    state = env.initial_state(sample)
+    replies = call("add", a=1) + call("divide", a=1, b=2) + "<tool_call>{not json</tool_call>"
+    messages = [*env.format_prompt(sample), {"role": "assistant", "content": replies}]
+    seen: list[dict[str, object]] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        env.env_response(messages, state)
+    finally:
+        unsubscribe()
+    recorded = [(e["tool"], e["ok"], str(e["error"]).split(":")[0]) for e in seen if e["kind"] == "tool.call"]
+    assert recorded == [
+        ("add", False, "bad arguments for add"),
+        ("divide", False, "unknown tool 'divide'; available"),
+        ("<malformed>", False, "the tool call is not valid JSON"),
+    ]
+    assert env.get_tool_metrics(state)["total_tool_calls"] == len(recorded)

@@ -61,7 +61,7 @@ from typing import Any, ClassVar, Literal
 from telescope.api.browser import BrowserError, BrowserLimits, BrowserProvider, BrowserSession
 from telescope.api.environment import RolloutState
 from telescope.api.records import Attachment, Message, RewardResult, Sample
-from telescope.api.tools import ToolCall, ToolEnvironment
+from telescope.api.tools import MALFORMED, ToolCall, ToolEnvironment
 from telescope_envs._deps import require
 from telescope_envs.miniwob_scripts import scripted_reply
 
@@ -362,7 +362,7 @@ class MiniWoBEnvironment(ToolEnvironment):
             if state.data["done"]:
                 break
             ok, text = self.call_action(call, state)
-            log.append((call.name or "<malformed>", ok))
+            log.append((call.name or MALFORMED, ok))
             replies.append({"role": self.tool_message_role, "content": text})
         return replies
 

@@ -35,6 +35,9 @@ from telescope.api.environment import MultiTurnEnvironment, RolloutState
 from telescope.api.events import timed
 from telescope.api.records import Message
 
+#: The tool name a call without one is counted and recorded under.
+MALFORMED = "<malformed>"
+
 _JSON_TYPES: dict[Any, str] = {
     int: "integer",
     float: "number",
@@ -158,23 +161,34 @@ class ToolEnvironment(MultiTurnEnvironment):
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         return parse_xml_tool_calls(text)
 
-    def call_tool(self, call: ToolCall) -> tuple[bool, str]:
-        """Execute one call; returns (succeeded, text for the model)."""
+    def refusal(self, call: ToolCall) -> str | None:
+        """Why ``call`` cannot run (malformed, an unknown tool, arguments that do not bind), or None."""
         if call.error:
-            return False, f"Error: {call.error}"
+            return call.error
         func = self._tools.get(call.name)
         if func is None:
-            return False, f"Error: unknown tool {call.name!r}; available: {', '.join(self._tools)}"
+            return f"unknown tool {call.name!r}; available: {', '.join(self._tools)}"
         try:
             inspect.signature(func).bind(**call.arguments)
         except TypeError as exc:
-            return False, f"Error: bad arguments for {call.name}: {exc}"
-        with timed("tool.call", tool=call.name) as event:  # observability: one timed event per executed call
+            return f"bad arguments for {call.name}: {exc}"
+        return None
+
+    def call_tool(self, call: ToolCall) -> tuple[bool, str]:
+        """Execute one call; returns (succeeded, text for the model).
+
+        Every call is one timed ``tool.call`` event, a refused one (:meth:`refusal`) too, with
+        ``ok`` false and its ``error``: the events show each call the rollout's metrics count.
+        """
+        with timed("tool.call", tool=call.name or MALFORMED) as event:
+            refused = self.refusal(call)
+            if refused is not None:
+                event.update(ok=False, error=refused)
+                return False, f"Error: {refused}"
             try:
-                result = func(**call.arguments)
+                result = self._tools[call.name](**call.arguments)
             except Exception as exc:  # the model sees the error and may recover
-                event["ok"] = False
-                event["error"] = f"{type(exc).__name__}: {exc}"
+                event.update(ok=False, error=f"{type(exc).__name__}: {exc}")
                 return False, f"Error: {call.name} raised {type(exc).__name__}: {exc}"
             event["ok"] = True
         return True, result if isinstance(result, str) else json.dumps(result)
@@ -193,7 +207,7 @@ class ToolEnvironment(MultiTurnEnvironment):
         log: list[tuple[str, bool]] = state.data.setdefault("tool_calls", [])
         for call in self._last_calls(messages):
             ok, text = self.call_tool(call)
-            log.append((call.name or "<malformed>", ok))
+            log.append((call.name or MALFORMED, ok))
             replies.append({"role": self.tool_message_role, "content": text})
         return replies
 

@@ -58,7 +58,9 @@ class NodeSampler:
 
     def __init__(self, interval_s: float, disk_path: str = "/") -> None:
         from telescope.recording.system_metrics import PeriodicSampler, SystemSampler
+        from telescope.runtime.worker_lifetime import exit_with_raylet
 
+        exit_with_raylet()  # as an actor; in the driver it does nothing
         self.node = ray.util.get_node_ip_address()
         self.hostname = socket.gethostname()
         self.system = SystemSampler(disk_path)

@@ -21,6 +21,7 @@ Ray assigned it (``InferenceContext.gpu_ids``); a trainer rank selects the CUDA
 device that is its assigned id (``LOCAL_RANK``, :mod:`telescope.system.devices`)
 and, when the rendezvous is on another address, binds gloo to the interface that
 reaches it (``GLOO_SOCKET_IFNAME``). :meth:`placement` reports node, GPUs and pid.
+Each ends when its node's raylet is gone (:mod:`telescope.runtime.worker_lifetime`).
 
 A trainer rank writes its Python logging and stdout/stderr to
 ``<run_dir>/logs/trainer_<rank>.log`` (:mod:`telescope.recording.run_logs`). Its
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from telescope.runtime.worker_lifetime import exit_with_raylet
 from telescope.system.garbage_collection import freeze_startup_objects
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class TrainerWorker:
         from telescope.recording.run_logs import capture_process_logs
         from telescope.recording.system_metrics import PeriodicSampler, torch_memory_sample
 
+        exit_with_raylet()
         self._release_logs = capture_process_logs(context.run_dir, f"trainer_{rank}") if context.run_dir else None
         _limit_threads(cpus)
         self.rank = rank
@@ -290,6 +293,7 @@ class InferenceWorker:
         from telescope.system.addressing import NODE_IP_ENV, server_bind_host
         from telescope.system.devices import ray_gpu_ids
 
+        exit_with_raylet()
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
         self.node = ray.util.get_node_ip_address()
         os.environ[NODE_IP_ENV] = self.node  # a wildcard-bound server is reached at this node's address

@@ -74,7 +74,7 @@ from typing import Any, ClassVar
 from telescope.api.environment import RolloutState
 from telescope.api.events import timed
 from telescope.api.records import Message, RewardResult, Sample
-from telescope.api.tools import ToolCall, ToolEnvironment
+from telescope.api.tools import MALFORMED, ToolCall, ToolEnvironment
 from telescope_envs._data import load_rows, stable_id, unique_ids
 from telescope_envs.deepdive.corpus import BUILTIN, DATA_DIR, Corpus, LocalPages, LocalSearch
 from telescope_envs.deepdive.judge import Judge, MatchJudge, ModelJudge, strip_think
@@ -456,19 +456,15 @@ class DeepDiveEnvironment(ToolEnvironment):
         replies: list[Message] = []
         for call in self._last_calls(messages):
             ok, text = self._execute(call, state)
-            log.append((call.name or "<malformed>", ok))
+            log.append((call.name or MALFORMED, ok))
             replies.append({"role": self.tool_message_role, "content": truncate(text, self.max_response_chars)})
         return replies
 
     def _execute(self, call: ToolCall, state: RolloutState) -> tuple[bool, str]:
         """Run one call; a BackendError is counted in the rollout's ``backend_failures``."""
-        func = self._tools.get(call.name)
-        if call.error or func is None:
-            return self.call_tool(call)  # the base class words the error for the model
-        try:
-            inspect.signature(func).bind(**call.arguments)
-        except TypeError:
-            return self.call_tool(call)
+        if self.refusal(call) is not None:
+            return self.call_tool(call)  # the base class words the error for the model and records the call
+        func = self._tools[call.name]
         if call.name == "search_web":
             queries = call.arguments.get("queries")
             queries = [queries] if isinstance(queries, str) else queries
