@@ -13,10 +13,10 @@ back for what the example is about:
 - wordle: multi-turn games whose every turn's request is the whole trajectory so far
   (earlier tokens reused, only the feedback's tokens added);
 - i3_code: programs run in the local sandbox, its events in the run store;
-- deepdive: research episodes whose tool calls (BM25 search and pages over the builtin
-  corpus) run between the model's turns, answers graded by the string-match judge.
+- deepdive: research episodes whose tool calls (BM25 search and pages over the example's
+  invented islands) run between the model's turns, answers graded by the string-match judge.
 
-Each run is short (a warm start of 40-60 supervised steps, 3-4 RL steps) and marked slow.
+Each run is short (a warm start of 40-250 supervised steps, 3-4 RL steps) and marked slow.
 """
 
 from __future__ import annotations
@@ -117,6 +117,28 @@ MECHANICS_EVALS = (
 )
 
 
+#: deepdive_tiny as a mechanics check: a warm start long enough to teach the search call (not the
+#: reading that its learning test needs: tests/e2e/test_deepdive_example_learns.py), 3 small steps, no evals.
+DEEPDIVE_MECHANICS = (
+    "--warm_start_steps",
+    "250",
+    "--warm_start_batch_size",
+    "8",
+    "--group_size",
+    "4",
+    "--prompts_batch_size_for_trainer",
+    "4",
+    "--number_of_steps",
+    "3",
+    "--evals",
+    "[]",
+    "--eval_before_training",
+    "false",
+    "--eval_after_training",
+    "false",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_hendrycks_math_scores_with_math_verify(tmp_path: Path) -> None:
@@ -159,7 +181,7 @@ def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_deepdive_researches_with_its_tools_between_turns(tmp_path: Path) -> None:
-    check_deepdive(run_example("deepdive_tiny", tmp_path / "run", 8281))
+    check_deepdive(run_example("deepdive_tiny", tmp_path / "run", 8281, *DEEPDIVE_MECHANICS))
 
 
 # ------------------------------------------------------- what each run store must show
@@ -260,7 +282,10 @@ def check_deepdive(reader: RunReader) -> None:
         assert rollout["num_turns"] >= 2
         roles = [m["role"] for m in rollout["messages"]]
         assert roles.index("tool") > roles.index("assistant")  # the tool's result follows the call
-    calls = [e for e in reader.events() if e["kind"] == "tool.call"]
+    tool_events = [e for e in reader.events() if e["kind"] == "tool.call"]
+    # the warm start played its demonstrations' searches too: recorded, marked, apart from the rollouts'
+    assert any(e.get("warm_start") and e["ok"] for e in tool_events)
+    calls = [e for e in tool_events if not e.get("warm_start")]
     searches = [e for e in calls if e["tool"] == "search_web"]
     assert any(e["ok"] for e in searches)
     # a search fails only where the model wrote its arguments wrong (refused, recorded), never in the backend

@@ -259,6 +259,23 @@ def test_prompts_and_demonstration() -> None:
     assert demo is not None and "Port Amsel" not in demo
     messages, _ = play(env, sample, [demo])
     assert messages[-1]["role"] == "tool" and "Result 0" in messages[-1]["content"]
+    assert env.demonstration_turns(sample) is None  # the search only, unless asked for the answer too
+    bare = local_env(tool_prompt="none").format_prompt(sample)[0]["content"]
+    assert "search" in bare and "tool_call" not in bare and len(bare) < len(short) / 5
+    with pytest.raises(ValueError, match="'schemas', 'compact' or 'none'"):
+        local_env(tool_prompt="brief")
+
+
+@pytest.mark.parametrize("finish_with_tool", [True, False])
+def test_a_demonstration_can_go_on_to_the_answer(finish_with_tool: bool) -> None:
+    env = local_env(demonstrate_answer=True, finish_with_tool=finish_with_tool)
+    sample = env.load_dataset()[0]
+    turns = env.demonstration_turns(sample)
+    assert turns is not None and turns[0] == env.demonstration(sample)
+    messages, state = play(env, sample, turns)
+    assert [m["role"] for m in messages[2:]] == ["assistant", "tool", "assistant"]
+    assert env.final_answer(messages, state) == sample.answer == "Port Amsel"
+    assert env.is_done(messages, state)
 
 
 # ---------------------------------------------- the loop on the CPU, with the embedded engine
@@ -424,7 +441,7 @@ def _scored(env: DeepDiveEnvironment, sample: Sample, replies: list[str]) -> tup
     return messages, sample, state
 
 
-def test_the_cpu_example_validates_and_its_prompts_fit_the_tiny_model() -> None:
+def test_the_cpu_example_validates_and_its_prompts_fit_the_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
     import sys
     from pathlib import Path
@@ -442,6 +459,7 @@ def test_the_cpu_example_validates_and_its_prompts_fit_the_tiny_model() -> None:
         [sys.executable, "-c", cli, "config", "validate", str(config)], cwd=repo, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+    monkeypatch.chdir(repo)  # the example's data paths are relative to the repository root
     loaded = yaml.safe_load(config.read_text())
     [entry] = loaded["environments"]
     env = DeepDiveEnvironment(**entry["kwargs"])

@@ -107,3 +107,32 @@ def test_the_quick_starts_warm_start_leaves_the_plateau_on_seed_1() -> None:
         torch.set_num_threads(threads)
     last = losses[-20:]
     assert sum(last) / len(last) < 0.2, [round(x, 3) for x in losses[::20]]
+
+
+@pytest.mark.requires_dist("telescope-envs")
+def test_the_tool_calls_of_played_demonstrations_are_marked_as_the_warm_starts() -> None:
+    from transformers import AutoTokenizer
+
+    from telescope.api import events
+    from telescope.models.tiny import resolve_model_path
+    from telescope.orchestrator.chat import ChatRenderer
+    from telescope.orchestrator.warm_start import sample_examples
+    from telescope_envs.calculator import CalculatorEnvironment
+
+    class Demonstrated(CalculatorEnvironment):
+        def demonstration_turns(self, sample: Sample) -> list[str] | None:
+            return ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "<answer>3</answer>"]
+
+    data = Path(__file__).resolve().parents[2] / "envs" / "data" / "calculator.jsonl"
+    env = Demonstrated(dataset_name=str(data))
+    sample = env.load_dataset()[0]
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path("tiny:test")))
+    seen: list[dict[str, object]] = []
+    unsubscribe = events.subscribe(seen.append)
+    try:
+        examples = sample_examples(env, sample, renderer)
+    finally:
+        unsubscribe()
+    assert len(examples) == 2
+    [call] = [e for e in seen if e["kind"] == "tool.call"]
+    assert call["warm_start"] is True and call["sample_id"] == sample.sample_id and call["ok"] is True

@@ -27,6 +27,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Iterator
 
+from telescope.api import events
 from telescope.api.agent import AgentEnvironment
 from telescope.api.environment import EnvironmentBase, MultiTurnEnvironment
 from telescope.api.records import Sample, SupervisedExample
@@ -97,10 +98,13 @@ def played_demonstration(
     """One example per reply (``demonstration_turns``), each after the conversation before it.
 
     The replies are played against the environment (:meth:`MultiTurnEnvironment.play_replies`),
-    never compacted, so they should cover the turns that fit in ``max_model_len``.
+    never compacted, so they should cover the turns that fit in ``max_model_len``. What the
+    environment does meanwhile (a tool's ``tool.call`` event) is recorded with the sample's id
+    and ``warm_start: true``, apart from the rollouts' events.
     """
     eos = [renderer.eos_token_id] if renderer.eos_token_id is not None else []
-    messages, _, positions = environment.play_replies(sample, replies)
+    with events.context(sample_id=sample.sample_id, warm_start=True):
+        messages, _, positions = environment.play_replies(sample, replies)
     return [
         SupervisedExample(renderer.prompt_ids(messages[:at]), renderer.encode(str(messages[at]["content"])) + eos)
         for at in positions

@@ -17,7 +17,9 @@ A reply without a tool call also ends the rollout (its text is the answer), and
 so does ``max_turns`` (upstream default 32). Tool outputs are cut to
 ``max_response_chars``. The system prompt lists the tools as JSON schemas
 (``tool_prompt="schemas"``), or one line each (``"compact"``: a third of the
-tokens, for tiny models with short contexts).
+tokens, for tiny models with short contexts), or not at all (``"none"``: the system
+prompt is one sentence, for a tiny model that learns the calls from the warm start's
+demonstrations).
 
 Reward: the judge's verdict (1.0 correct, 0.0 otherwise) minus
 ``redundancy_penalty_weight`` times the mean pairwise Jaccard similarity of the
@@ -54,7 +56,11 @@ Data: ``dataset_name`` (default ``zai-org/DeepDive``, split ``qa_rl``, columns
 upstream's ``eval=True``), or ``"builtin"``: twelve questions about a small
 invented archipelago, answerable from the builtin ``corpus`` (offline runs).
 Demonstration (warm start): a ``search_web`` call with the question as the query
-(the call format, not the answer).
+(the call format, not the answer); with ``demonstrate_answer`` the demonstration goes
+on, after the search's results, to the reference answer (a ``finish`` call, or a
+``\\boxed{}`` reply without the finish tool): for a world whose answers one search
+finds, such as the CPU example's invented islands, it teaches reading them off the
+results, and the held-out questions measure whether that carries to unseen ones.
 
 Everything about one rollout lives in its ``RolloutState``; the backends are
 shared, thread-safe and hold only caches and HTTP clients (not pickled).
@@ -181,12 +187,13 @@ class DeepDiveEnvironment(ToolEnvironment):
         judge_timeout: float = 120.0,
         judge_max_tokens: int = 10,
         max_retries: int = 2,
+        demonstrate_answer: bool = False,
     ) -> None:
         """Build the backends; a named backend that cannot work (a missing API key) raises here."""
         if tool_call_format != "xml":
             raise ValueError(f"deepdive tool_call_format must be 'xml' (<tool_call> JSON), not {tool_call_format!r}")
-        if tool_prompt not in ("schemas", "compact"):
-            raise ValueError(f"deepdive tool_prompt must be 'schemas' or 'compact', not {tool_prompt!r}")
+        if tool_prompt not in ("schemas", "compact", "none"):
+            raise ValueError(f"deepdive tool_prompt must be 'schemas', 'compact' or 'none', not {tool_prompt!r}")
         if not 1 <= max_turns <= self.max_turns:
             raise ValueError(f"deepdive max_turns must be between 1 and {self.max_turns}, got {max_turns}")
         tools: list[Callable[..., Any]] = [self.search_web, self.scan_page, self.open_lines]
@@ -204,6 +211,7 @@ class DeepDiveEnvironment(ToolEnvironment):
         self.max_search_results = max(1, max_search_results)
         self.max_response_chars = max(1, int(max_response_chars))
         self.redundancy_penalty_weight = redundancy_penalty_weight
+        self.demonstrate_answer = demonstrate_answer
         shared = Corpus(corpus)  # loaded on first use, by whichever local backend needs it
         self.search = self._search_backend(
             search_backend, serper_api_key_var, search_url, serper_timeout, shared, max_retries
@@ -403,6 +411,9 @@ class DeepDiveEnvironment(ToolEnvironment):
         return "\n".join(lines)
 
     def format_prompt(self, sample: Sample) -> list[Message]:
+        if self.tool_prompt == "none":
+            system = "Answer the question by searching the web."
+            return [{"role": "system", "content": system}, {"role": "user", "content": str(sample.prompt)}]
         schemas = self.tools_text()
         ending = (
             "When you know the answer, call finish with it."
@@ -421,6 +432,16 @@ class DeepDiveEnvironment(ToolEnvironment):
         """A first research step: ``search_web`` with the question as the query (teaches the call, not the answer)."""
         question = str(sample.metadata.get("raw_question") or sample.prompt)
         return f"<tool_call>{json.dumps({'name': 'search_web', 'arguments': {'queries': [question]}})}</tool_call>"
+
+    def demonstration_turns(self, sample: Sample) -> list[str] | None:
+        """With ``demonstrate_answer``: the search, then the reference answer (see the module docstring)."""
+        first = self.demonstration(sample)
+        if not self.demonstrate_answer or first is None:
+            return None
+        if self.finish_with_tool:
+            call = {"name": "finish", "arguments": {"final_answer": str(sample.answer)}}
+            return [first, f"<tool_call>{json.dumps(call)}</tool_call>"]
+        return [first, f"The answer is \\boxed{{{sample.answer}}}."]
 
     # ---------------------------------------------------------------- rollout
     @staticmethod
