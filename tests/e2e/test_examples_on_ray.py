@@ -90,7 +90,7 @@ def test_every_upstream_recipe_is_shipped_and_validates(name: str) -> None:
 
 # ---------------------------------------------------------------------- the CPU variants
 
-#: The math examples learn over 150 steps after a 400-step warm start (tests/e2e/test_math_examples_learn.py);
+#: The math examples learn over 150 steps after a 400-step warm start (tests/e2e/test_examples_learn.py);
 #: what these tests check needs a few steps of a short, fast warm start (the \boxed{} format) and small groups.
 MATH_MECHANICS = (
     "--number_of_steps",
@@ -118,7 +118,7 @@ MECHANICS_EVALS = (
 
 
 #: deepdive_tiny as a mechanics check: a warm start long enough to teach the search call (not the
-#: reading that its learning test needs: tests/e2e/test_deepdive_example_learns.py), 3 small steps, no evals.
+#: reading that its learning test needs: tests/e2e/test_examples_learn.py), 3 small steps, no evals.
 DEEPDIVE_MECHANICS = (
     "--warm_start_steps",
     "250",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from telescope.api.records import Sample
 from telescope.testing.environment import TOOL_METRIC_KEYS, EnvironmentConformance
@@ -74,41 +75,34 @@ def test_wrong_final_answer_scores_zero() -> None:
     assert result.total_reward == 0.0 and result.sample_metrics["total_tool_calls"] == 0
 
 
-def test_tool_calls_are_timed_events() -> None:
+def _tool_events(reply: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The ``tool.call`` events of the environment's response to ``reply``, and the rollout's tool metrics."""
     from telescope.api import events
 
     env = CalculatorEnvironment(dataset_name=str(DATA / "calculator.jsonl"))
     sample = env.load_dataset()[0]
     state = env.initial_state(sample)
-    messages = [*env.format_prompt(sample), {"role": "assistant", "content": call("add", a=1, b=2)}]
-    seen: list[dict[str, object]] = []
+    messages = [*env.format_prompt(sample), {"role": "assistant", "content": reply}]
+    seen: list[dict[str, Any]] = []
     unsubscribe = events.subscribe(seen.append)
     try:
         env.env_response(messages, state)
     finally:
         unsubscribe()
-    (event,) = [e for e in seen if e["kind"] == "tool.call"]
+    return [e for e in seen if e["kind"] == "tool.call"], env.get_tool_metrics(state)
+
+
+def test_tool_calls_are_timed_events() -> None:
+    (event,), _ = _tool_events(call("add", a=1, b=2))
     assert event["tool"] == "add" and event["ok"] is True and isinstance(event["duration_s"], float)
 
 
 def test_a_refused_call_is_an_event_too() -> None:
-    from telescope.api import events
-
-    env = CalculatorEnvironment(dataset_name=str(DATA / "calculator.jsonl"))
-    sample = env.load_dataset()[0]
-    state = env.initial_state(sample)
-    replies = call("add", a=1) + call("divide", a=1, b=2) + "<tool_call>{not json</tool_call>"
-    messages = [*env.format_prompt(sample), {"role": "assistant", "content": replies}]
-    seen: list[dict[str, object]] = []
-    unsubscribe = events.subscribe(seen.append)
-    try:
-        env.env_response(messages, state)
-    finally:
-        unsubscribe()
-    recorded = [(e["tool"], e["ok"], str(e["error"]).split(":")[0]) for e in seen if e["kind"] == "tool.call"]
+    seen, metrics = _tool_events(call("add", a=1) + call("divide", a=1, b=2) + "<tool_call>{not json</tool_call>")
+    recorded = [(e["tool"], e["ok"], str(e["error"]).split(":")[0]) for e in seen]
     assert recorded == [
         ("add", False, "bad arguments for add"),
         ("divide", False, "unknown tool 'divide'; available"),
         ("<malformed>", False, "the tool call is not valid JSON"),
     ]
-    assert env.get_tool_metrics(state)["total_tool_calls"] == len(recorded)
+    assert metrics["total_tool_calls"] == len(recorded)
