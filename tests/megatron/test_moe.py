@@ -7,8 +7,9 @@ step. With expert parallelism the ranks are also data parallel (each its own
 sequences), so an expert's gradient must gather the tokens every rank routed to it.
 
 Tolerances: the dense tests' (tests/megatron/test_training.py), measured for these MoE
-runs too: the gradients to float32 rounding (2.6e-8 on one step, 1.8e-7 on the second of two
-minibatches), the weights to 1e-5 except the few elements whose gradient is near AdamW's eps.
+runs too: the gradients to float32 rounding on one minibatch (2.6e-8), after a first
+minibatch's step to 5e-4 of the tensor's largest (9.0e-7 measured, 9.3e-5 of the largest, on an
+AVX-512 CPU), the weights to 1e-5 except the few elements whose gradient is near AdamW's eps.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from tests.megatron.test_training import BATCH_REFERENCE, assert_same_step, one_
 from telescope.testing.trainer import spawn_ranks
 
 
-def assert_same_moe_step(got: dict[str, Any], want: dict[str, Any]) -> None:
+def assert_same_moe_step(got: dict[str, Any], want: dict[str, Any], minibatches: int = 1) -> None:
     """The dense comparison (metrics, applied gradients, weights), and the router moved."""
-    assert_same_step(got, want)
+    assert_same_step(got, want, minibatches)
     router = (got["after"]["model.layers.0.mlp.gate.weight"] - got["before"]["model.layers.0.mlp.gate.weight"]).abs()
     assert float(router.max()) > 1e-4, "the router did not train"
 
@@ -72,7 +73,7 @@ def check_runs(runs: list, steps: list, models: dict[str, str], fsdp: dict[str, 
     for (family, overrides), step in zip(runs, steps, strict=True):
         fsdp_overrides = {k: v for k, v in overrides.items() if not k.startswith("megatron_")}
         want = one_step(models[family], "fsdp", **fsdp_overrides) if fsdp_overrides else fsdp[family]
-        assert_same_moe_step(step, want)
+        assert_same_moe_step(step, want, overrides.get("number_of_minibatches", 1))
 
 
 EP = {"megatron_expert_parallel_size": 2}

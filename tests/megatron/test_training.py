@@ -12,15 +12,23 @@ Why the gradients and not only the weights: AdamW's first step moves a weight by
 depend on the gradient's size: a gradient twice too large in one layer moves its weights
 as the right one does. The applied gradients are compared element by element to 1e-7 plus
 1e-5 of the tensor's largest gradient (measured on one step: at most 2.6e-8, gradients up
-to 5.5e-2; with two minibatches the second gradient is taken at weights that the first
-step's float32 rounding already moved, measured 1.8e-7 at most, gradients up to 4.8e-2).
+to 5.5e-2). With two minibatches the second gradient is taken at weights that the first
+step already moved, and AdamW's first step turns a float32 rounding of a near-zero gradient
+into an update of up to ``lr`` (below): measured 1.8e-7 at most (gradients up to 4.8e-2) on
+one CPU, but 9.0e-7 (gradients up to 9.6e-3: 9.3e-5 of the largest) in an EP 2 MoE run on an
+AVX-512 CPU, whose kernels round differently. After the first minibatch the gradients are held
+to 1e-7 plus 5e-4 of the tensor's largest (:data:`LATER_MINIBATCH_TOLERANCE`): a wrong factor
+in a layer's gradient is still far outside it.
 ``test_a_wrong_gradient_in_one_layer_is_caught`` checks that an error of 2x in one norm's
 gradient fails the comparison, naming the parameter, while the weights cannot tell.
 
 The weights after the step agree to 1e-5 (1% of the learning rate) except where the
 gradient is below about 2e-7: there a float32 rounding of the gradient by 1e-9 moves the
 update by up to a few 1e-5 (``lr * g / (|g| + eps)`` with ``eps`` 1e-8). Those few elements
-are held to the gradient comparison and to the learning rate.
+are held to the gradient comparison and to the learning rate. With several minibatches only
+the last one's applied gradient is recorded, so the elements an earlier step moved that way
+are not known (4.1e-5 measured in the AVX-512 MoE run): the weights are held to the learning
+rate per minibatch, and the gradients carry the comparison.
 """
 
 from __future__ import annotations
@@ -99,19 +107,27 @@ def record_applied_gradients(
     return applied
 
 
-def assert_same_gradients(got: dict[str, Any], want: dict[str, Any]) -> None:
+#: Of a tensor's largest gradient: the applied gradients' tolerance on one minibatch (float32 rounding) ...
+ONE_MINIBATCH_TOLERANCE = 1e-5
+#: ... and after a first minibatch's optimizer step (see the module docstring).
+LATER_MINIBATCH_TOLERANCE = 5e-4
+
+
+def assert_same_gradients(got: dict[str, Any], want: dict[str, Any], minibatches: int = 1) -> None:
     """The applied gradients, element by element (see the module docstring for the tolerance)."""
     assert list(got["gradients"]) == list(want["gradients"]), "Hugging Face names or order differ"
+    relative = ONE_MINIBATCH_TOLERANCE if minibatches == 1 else LATER_MINIBATCH_TOLERANCE
     for name, gradient in want["gradients"].items():
-        atol = 1e-7 + 1e-5 * float(gradient.abs().max())
+        atol = 1e-7 + relative * float(gradient.abs().max())
         torch.testing.assert_close(got["gradients"][name], gradient, atol=atol, rtol=0, msg=name)
 
 
-def assert_same_step(got: dict[str, Any], want: dict[str, Any]) -> None:
-    """The same step: metrics, applied gradients, and the weights after it (see the module docstring)."""
+def assert_same_step(got: dict[str, Any], want: dict[str, Any], minibatches: int = 1) -> None:
+    """The same step of ``minibatches`` minibatches: metrics, applied gradients, and the weights after it
+    (see the module docstring)."""
     for key in ("loss", "grad_norm", "entropy", "train/loss_tokens"):
         assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), key
-    assert_same_gradients(got, want)
+    assert_same_gradients(got, want, minibatches)
     assert list(got["after"]) == list(want["after"]), "Hugging Face names or order differ"
     sensitive = total = 0
     for name, gradient in want["gradients"].items():
@@ -119,8 +135,9 @@ def assert_same_step(got: dict[str, Any], want: dict[str, Any]) -> None:
         steep = (gradient.abs() < EPS_SENSITIVE) & (gradient != 0)
         sensitive, total = sensitive + int(steep.sum()), total + gradient.numel()
         difference = (got["after"][name] - want["after"][name]).abs()
-        assert float(difference.masked_fill(steep, 0).max()) <= 1e-5, name
-        assert float(difference.max()) <= LEARNING_RATE, name
+        if minibatches == 1:  # else an earlier minibatch's near-zero gradients (not recorded) moved some by up to lr
+            assert float(difference.masked_fill(steep, 0).max()) <= 1e-5, name
+        assert float(difference.max()) <= LEARNING_RATE * minibatches, name
     assert sensitive < 0.005 * total, "too many near-zero gradients: the weight comparison would say little"
     moved = max(float((want["after"][k] - want["before"][k]).abs().max()) for k in want["after"])
     assert moved > 1e-4, "the step did not move the weights: the comparison would prove nothing"
@@ -165,7 +182,7 @@ def test_two_minibatches_and_warmup_follow_fsdp(tiny_model: Path) -> None:
     fsdp = one_step(str(tiny_model), "fsdp", **overrides)
     megatron = one_step(str(tiny_model), "megatron", megatron_gradient_checkpointing=False, **overrides)
     assert megatron["metrics"]["learning_rate"] == fsdp["metrics"]["learning_rate"]
-    assert_same_step(megatron, fsdp)
+    assert_same_step(megatron, fsdp, minibatches=2)
 
 
 def tp2_worker(rank: int, world_size: int, model: str, out: str) -> None:
@@ -233,7 +250,9 @@ def test_pipeline_parallel_pp2_equals_fsdp(tiny_model: Path, tmp_path: Path) -> 
     got = torch.load(tmp_path / "pp2.pt", weights_only=False)
     for (family, overrides), step in zip(PP2_RUNS, got["steps"], strict=True):
         fsdp_overrides = {k: v for k, v in overrides.items() if not k.startswith("megatron_")}
-        assert_same_step(step, one_step(models[family], "fsdp", **fsdp_overrides))
+        assert_same_step(
+            step, one_step(models[family], "fsdp", **fsdp_overrides), overrides.get("number_of_minibatches", 1)
+        )
     want = supervised(models["qwen2"], "fsdp")
     assert got["supervised"]["losses"] == pytest.approx(want["losses"], rel=1e-5)
     # Two Adam steps at lr 1e-2: compared to 1% of the learning rate, as in assert_same_step (TP 1 against

@@ -1,8 +1,11 @@
-"""Helpers of the inference tests: the trainer-side recomputation (plain transformers), an idle server's metrics."""
+"""Helpers of the inference tests: the trainer-side recomputation (plain transformers), an idle server's
+metrics, an engine held between two steps."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -56,3 +59,23 @@ async def idle_metrics(client: Any) -> dict[str, float]:
         previous = metrics if idle else None
         await asyncio.sleep(0.02)
     raise AssertionError("the server kept running requests")
+
+
+@contextlib.asynccontextmanager
+async def held(engine: Any) -> AsyncIterator[None]:
+    """The engine takes no step inside the block (requests queue up); it goes on at the block's end.
+
+    For a test that acts on a request before it can finish (an abort): a request of 450
+    tokens aborted 0.2 s after it started had already finished on a fast CPU.
+    """
+    with engine.paused():
+        yield
+
+
+async def until_queued(engine: Any, requests: int = 1) -> None:
+    """Wait until the engine holds ``requests`` waiting requests (a bound on "they arrive", not on how fast)."""
+    for _ in range(3000):
+        if engine.counts()["waiting"] >= requests:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {requests} request(s) reached the engine in 30 s")

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import idle_metrics, mean_k3, trainer_logprobs
+from inference_helpers import held, idle_metrics, mean_k3, trainer_logprobs, until_queued
 
 from telescope.api import events
 from telescope.inference.client import InferenceClient, InferenceServerError
@@ -140,12 +140,15 @@ def test_cancelling_the_client_aborts_the_request(server: ServerThread) -> None:
     assert after["telescope:requests_aborted_total"] > before["telescope:requests_aborted_total"]
 
 
-def test_abort_route(server: ServerThread) -> None:
+def test_abort_route(server: ServerThread, engine: Engine) -> None:
     async def go() -> tuple[Any, list[str]]:
         async with InferenceClient(server.base_url) as client:
-            task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort"))
-            await asyncio.sleep(0.2)
-            aborted = await client.abort(["to-abort", "unknown"])
+            async with held(engine):
+                task = asyncio.create_task(
+                    client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort")
+                )
+                await until_queued(engine)
+                aborted = await client.abort(["to-abort", "unknown"])
             return await task, aborted
 
     result, aborted = run(go())

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from inference_helpers import held, until_queued
 
 from telescope.inference import weight_updates
 from telescope.inference.client import InferenceClient, InferenceServerError
@@ -75,16 +76,19 @@ def test_a_client_without_the_token_is_refused_at_once(guarded: ServerThread) ->
 
 
 @pytest.mark.parametrize("batch_requests", [True, False], ids=["batch route", "one POST per request"])
-def test_the_client_with_the_token_generates_scrapes_and_aborts(guarded: ServerThread, batch_requests: bool) -> None:
+def test_the_client_with_the_token_generates_scrapes_and_aborts(
+    guarded: ServerThread, engine: Engine, batch_requests: bool
+) -> None:
     async def go() -> tuple[Any, dict[str, float], list[str], list[str], Any]:
         async with InferenceClient(guarded.base_url, access_token=TOKEN, batch_requests=batch_requests) as client:
             assert await client.health()
             models = await client.models()
             result = await client.complete([5, 6, 7], max_tokens=4, ignore_eos=True, seed=1)
             metrics = await client.metrics()
-            running = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="ab"))
-            await asyncio.sleep(0.2)
-            aborted = await client.abort(["ab"])
+            async with held(engine):  # the request cannot finish before the abort
+                running = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="ab"))
+                await until_queued(engine)
+                aborted = await client.abort(["ab"])
             return result, metrics, models, aborted, await running
 
     result, metrics, models, aborted, stopped = run(go())
