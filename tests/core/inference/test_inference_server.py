@@ -245,7 +245,7 @@ def test_unknown_rpc_method_is_rejected(server: ServerThread) -> None:
         run(go())
 
 
-def test_requests_are_timeline_events_with_the_server_phases(server: ServerThread) -> None:
+def test_requests_are_timeline_events_with_the_server_phases(server: ServerThread, engine: Engine) -> None:
     """One ``inference.request`` per request (ids from the event context), and queue, prefill and decode phases."""
     seen: list[dict[str, Any]] = []
 
@@ -253,11 +253,14 @@ def test_requests_are_timeline_events_with_the_server_phases(server: ServerThrea
         async with InferenceClient(server.base_url, server_index=3) as client:
             with events.context(group_id=7, sample_id="q1", turn=0):
                 await client.complete([40, 41, 42], max_tokens=6, seed=1, ignore_eos=True, request_id="r-ok")
-            task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="r-gone"))
-            await asyncio.sleep(0.2)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            async with held(engine):  # the request cannot finish before the client gives up on it
+                task = asyncio.create_task(
+                    client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="r-gone")
+                )
+                await until_queued(engine)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
 
     unsubscribe = events.subscribe(seen.append)
     try:
