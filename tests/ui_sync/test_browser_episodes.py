@@ -62,7 +62,7 @@ def test_the_timeline_has_a_browser_lane_with_a_row_per_session(page, serve, tmp
     page.goto(f"{served.url}/#/timeline")
     canvas = page.get_by_test_id("timeline-canvas")
     page.wait_for_function(
-        "() => (document.querySelector(\"[data-testid='timeline-canvas']\").dataset.lanes || '').includes('browser')"
+        "() => (document.querySelector(\"[data-testid='timeline-canvas']\")?.dataset.lanes || '').includes('browser')"
     )
     lanes = {lane["id"]: lane for lane in json.loads(canvas.get_attribute("data-lanes"))}
     assert list(lanes) == ["trainer|steps", "sandbox|sandbox_id sb-1", "browser|main", "weights|main"]
