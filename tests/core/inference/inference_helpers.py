@@ -1,11 +1,9 @@
 """Helpers of the inference tests: the trainer-side recomputation (plain transformers), an idle server's
-metrics, an engine held between two steps."""
+metrics, a request held in the engine."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -61,19 +59,13 @@ async def idle_metrics(client: Any) -> dict[str, float]:
     raise AssertionError("the server kept running requests")
 
 
-@contextlib.asynccontextmanager
-async def held(engine: Any) -> AsyncIterator[None]:
-    """The engine takes no step inside the block (requests queue up); it goes on at the block's end.
-
-    For a test that acts on a request before it can finish (an abort): a request of 450
-    tokens aborted 0.2 s after it started had already finished on a fast CPU.
-    """
-    with engine.paused():
-        yield
-
-
 async def until_queued(engine: Any, requests: int = 1) -> None:
-    """Wait until the engine holds ``requests`` waiting requests (a bound on "they arrive", not on how fast)."""
+    """Wait until the engine holds ``requests`` waiting requests (a bound on "they arrive", not on how fast).
+
+    With the engine held between two steps (``with engine.paused():``), a request that has
+    arrived cannot finish before the test acts on it (an abort): a request of 450 tokens
+    aborted 0.2 s after it started had already finished on a fast CPU.
+    """
     for _ in range(3000):
         if engine.counts()["waiting"] >= requests:
             return

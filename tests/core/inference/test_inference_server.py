@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import held, idle_metrics, mean_k3, trainer_logprobs, until_queued
+from inference_helpers import idle_metrics, mean_k3, trainer_logprobs, until_queued
 
 from telescope.api import events
 from telescope.inference.client import InferenceClient, InferenceServerError
@@ -143,7 +143,7 @@ def test_cancelling_the_client_aborts_the_request(server: ServerThread) -> None:
 def test_abort_route(server: ServerThread, engine: Engine) -> None:
     async def go() -> tuple[Any, list[str]]:
         async with InferenceClient(server.base_url) as client:
-            async with held(engine):
+            with engine.paused():
                 task = asyncio.create_task(
                     client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="to-abort")
                 )
@@ -253,7 +253,7 @@ def test_requests_are_timeline_events_with_the_server_phases(server: ServerThrea
         async with InferenceClient(server.base_url, server_index=3) as client:
             with events.context(group_id=7, sample_id="q1", turn=0):
                 await client.complete([40, 41, 42], max_tokens=6, seed=1, ignore_eos=True, request_id="r-ok")
-            async with held(engine):  # the request cannot finish before the client gives up on it
+            with engine.paused():  # the request cannot finish before the client gives up on it
                 task = asyncio.create_task(
                     client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="r-gone")
                 )

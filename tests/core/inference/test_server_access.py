@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import held, until_queued
+from inference_helpers import until_queued
 
 from telescope.inference import weight_updates
 from telescope.inference.client import InferenceClient, InferenceServerError
@@ -85,7 +85,7 @@ def test_the_client_with_the_token_generates_scrapes_and_aborts(
             models = await client.models()
             result = await client.complete([5, 6, 7], max_tokens=4, ignore_eos=True, seed=1)
             metrics = await client.metrics()
-            async with held(engine):  # the request cannot finish before the abort
+            with engine.paused():  # the request cannot finish before the abort
                 running = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True, request_id="ab"))
                 await until_queued(engine)
                 aborted = await client.abort(["ab"])
