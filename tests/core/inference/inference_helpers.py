@@ -71,3 +71,14 @@ async def until_queued(engine: Any, requests: int = 1) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"fewer than {requests} request(s) reached the engine in 30 s")
+
+
+def advance(engine: Any, steps: int) -> None:
+    """Take ``steps`` engine steps in the caller's thread, the engine held with ``engine.paused()``.
+
+    The held requests then run (prefilled, decoding) and still cannot go further than
+    ``steps`` tokens before the test acts on them, however fast the machine is.
+    """
+    with torch.inference_mode():
+        for _ in range(steps):
+            engine._step()

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from inference_helpers import idle_metrics
+from inference_helpers import advance, idle_metrics, until_queued
 
 from telescope.inference.client import InferenceClient, InferenceServerError
 from telescope.inference.embedded.engine import Engine
@@ -45,33 +45,40 @@ def test_completions_of_one_iteration_share_one_post_and_equal_single_requests(s
         assert a.timing is not None and a.timing.finished is not None
 
 
-def test_each_request_is_answered_when_it_finishes(server: ServerThread) -> None:
+def test_each_request_is_answered_when_it_finishes(server: ServerThread, engine: Engine) -> None:
     """A short request of a batch returns while a long one of the same POST still runs."""
 
     async def go() -> tuple[int, float, int]:
         async with InferenceClient(server.base_url) as client:
-            long = asyncio.ensure_future(client.complete([5, 6], max_tokens=400, ignore_eos=True))
-            short = await client.complete([5, 6], max_tokens=2, ignore_eos=True)
-            running = (await client.metrics())["vllm:num_requests_running"]
-            long.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await long
+            with engine.paused():  # the long request moves only with the steps taken here
+                long = asyncio.ensure_future(client.complete([5, 6], max_tokens=400, ignore_eos=True))
+                short = asyncio.ensure_future(client.complete([5, 6], max_tokens=2, ignore_eos=True))
+                await until_queued(engine, 2)
+                advance(engine, 4)
+                answered = await asyncio.wait_for(short, 30)
+                running = (await client.metrics())["vllm:num_requests_running"]
+                assert not long.done()
+                long.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await long
             assert client._batcher is not None
-            return len(short.completions[0].token_ids), running, client._batcher.batches_sent
+            return len(answered.completions[0].token_ids), running, client._batcher.batches_sent
 
     tokens, running, posts = run(go())
     assert posts == 1  # both went in one POST
-    assert tokens == 2 and running >= 1
+    assert tokens == 2 and running == 1
 
 
-def test_cancelling_one_request_aborts_it_and_the_others_finish(server: ServerThread) -> None:
+def test_cancelling_one_request_aborts_it_and_the_others_finish(server: ServerThread, engine: Engine) -> None:
     async def go() -> tuple[dict[str, float], dict[str, float], Any]:
         async with InferenceClient(server.base_url) as client:
             before = await idle_metrics(client)
-            doomed = asyncio.ensure_future(client.complete([5, 6], max_tokens=450, ignore_eos=True))
-            kept = asyncio.ensure_future(client.complete([5, 7], max_tokens=60, ignore_eos=True))
-            await asyncio.sleep(0.05)
-            doomed.cancel()
+            with engine.paused():  # both run, and neither can finish before the cancel
+                doomed = asyncio.ensure_future(client.complete([5, 6], max_tokens=450, ignore_eos=True))
+                kept = asyncio.ensure_future(client.complete([5, 7], max_tokens=60, ignore_eos=True))
+                await until_queued(engine, 2)
+                advance(engine, 3)
+                doomed.cancel()
             result = await kept
             return before, await idle_metrics(client), result
 
@@ -81,15 +88,18 @@ def test_cancelling_one_request_aborts_it_and_the_others_finish(server: ServerTh
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 450 + 60
 
 
-def test_cancelling_every_request_closes_the_post_and_aborts_them(server: ServerThread) -> None:
+def test_cancelling_every_request_closes_the_post_and_aborts_them(server: ServerThread, engine: Engine) -> None:
     async def go() -> tuple[dict[str, float], dict[str, float]]:
         async with InferenceClient(server.base_url) as client:
             before = await idle_metrics(client)
-            tasks = [asyncio.ensure_future(client.complete([5, i], max_tokens=450, ignore_eos=True)) for i in (6, 7)]
-            await asyncio.sleep(0.05)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            with engine.paused():  # both run, and neither can finish before the cancel
+                asked = ([5, 6], [5, 7])
+                tasks = [asyncio.ensure_future(client.complete(p, max_tokens=450, ignore_eos=True)) for p in asked]
+                await until_queued(engine, 2)
+                advance(engine, 3)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             return before, await idle_metrics(client)
 
     before, after = run(go())

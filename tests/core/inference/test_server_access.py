@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from inference_helpers import until_queued
+from inference_helpers import advance, idle_metrics, until_queued
 
 from telescope.inference import weight_updates
 from telescope.inference.client import InferenceClient, InferenceServerError
@@ -97,27 +97,25 @@ def test_the_client_with_the_token_generates_scrapes_and_aborts(
     assert aborted == ["ab"] and stopped.completions[0].finish_reason == "abort"
 
 
-def test_a_cancelled_request_is_still_aborted_through_the_check(guarded: ServerThread) -> None:
+def test_a_cancelled_request_is_still_aborted_through_the_check(guarded: ServerThread, engine: Engine) -> None:
     """The check passes the client's disconnect on to the route, which aborts the request in the engine."""
 
-    async def go() -> float:
+    async def go() -> tuple[dict[str, float], dict[str, float]]:
         async with InferenceClient(guarded.base_url, access_token=TOKEN, batch_requests=False) as client:
-            task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True))
-            for _ in range(300):
-                await asyncio.sleep(0.01)
-                if (await client.metrics())["vllm:num_requests_running"] >= 1:
-                    break
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            for _ in range(300):
-                running = (await client.metrics())["vllm:num_requests_running"]
-                if running == 0:
-                    return running
-                await asyncio.sleep(0.05)
-            return running
+            before = await idle_metrics(client)
+            with engine.paused():  # the request decodes, and cannot finish before the cancel
+                task = asyncio.create_task(client.complete([5, 6], max_tokens=450, ignore_eos=True))
+                await until_queued(engine)
+                advance(engine, 3)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            return before, await idle_metrics(client)
 
-    assert run(go()) == 0
+    before, after = run(go())
+    assert after["vllm:num_requests_running"] == 0
+    assert after["telescope:requests_aborted_total"] - before["telescope:requests_aborted_total"] == 1
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 450
 
 
 def test_weights_are_pushed_only_with_the_token(guarded: ServerThread, engine: Engine, tiny_model_path: Path) -> None:
