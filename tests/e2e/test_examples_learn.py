@@ -1,4 +1,4 @@
-"""The hendrycks_math and deepdive CPU examples learn: the held-out correct rate rises over the RL steps.
+"""The hendrycks_math, deepdive and wordle CPU examples learn: a held-out eval rises over the RL steps.
 
 Runs ``configs/examples/cpu/hendrycks_math_tiny.yaml`` and
 ``hendrycks_math_with_eval_tiny.yaml`` as they ship (seed 0) through ``telescope run``
@@ -13,6 +13,9 @@ deepdive_tiny.yaml's held-out questions are about islands that training never as
 its warm start teaches the search call and reading the answer off the first result, and RL
 makes the copying of names (the question's island into the query, the result's answer into
 ``finish``) more exact.
+
+wordle_tiny.yaml's eval plays secret words that training never draws; its metric is the mean
+reward (a solve is rare for this model; the partial credit of its best guess is not).
 
 Each run takes 10-20 minutes on 2 cores, more than the suite's budget allows: they run
 with ``TELESCOPE_E2E_EXAMPLES=1``.
@@ -35,6 +38,10 @@ MARGIN = 0.05
 #: The same for deepdive_tiny.yaml, measured 2026-11-29: +0.109 (seed 0, 0.223 -> 0.332) and +0.168 (seed 1,
 #: 0.199 -> 0.367); with 40 RL steps instead of 80, +0.070. Noise as above (256 questions at a rate near 0.3).
 DEEPDIVE_MARGIN = 0.05
+#: Held-out mean reward (partial credit, 1 for a solve) that wordle_tiny.yaml's RL steps must add, at least.
+#: Measured 2026-11-29: +0.071, +0.059, +0.038 (seeds 0, 1, 2; 0.05-0.06 before). Its eval plays 40 held-out
+#: words 8 times each; a game's reward spreads by 0.07-0.095, so a before/after difference is known to about 0.007.
+WORDLE_MARGIN = 0.03
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,10 +54,10 @@ pytestmark = [
 ]
 
 
-def _held_out(reader: RunReader, name: str = "hendrycks_math") -> dict[tuple[str, int], float]:
-    return {
-        (e["phase"], e["step"]): e["metrics"][f"eval/{name}/correct_rate"] for e in reader.evals() if e["name"] == name
-    }
+def _held_out(
+    reader: RunReader, name: str = "hendrycks_math", metric: str = "correct_rate"
+) -> dict[tuple[str, int], float]:
+    return {(e["phase"], e["step"]): e["metrics"][f"eval/{name}/{metric}"] for e in reader.evals() if e["name"] == name}
 
 
 def test_the_math_example_answers_more_held_out_problems_after_rl(tmp_path: Path) -> None:
@@ -76,3 +83,11 @@ def test_the_research_agent_answers_more_held_out_questions_after_rl(tmp_path: P
     assert result.returncode == 0, result.stderr[-3000:]
     rates = _held_out(RunReader(run_dir), "deepdive")
     assert rates[("after", 80)] >= rates[("before", 0)] + DEEPDIVE_MARGIN, rates
+
+
+def test_the_wordle_example_scores_more_on_held_out_words_after_rl(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_example("examples/cpu/wordle_tiny.yaml", run_dir, port=8299, timeout_s=2300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rewards = _held_out(RunReader(run_dir), "wordle", "reward_mean")
+    assert rewards[("after", 100)] >= rewards[("before", 0)] + WORDLE_MARGIN, rewards

@@ -117,6 +117,29 @@ MECHANICS_EVALS = (
 )
 
 
+#: wordle_tiny as a mechanics check: the short warm start of its first version (enough for games of
+#: several turns; the learning test, tests/e2e/test_examples_learn.py, runs the example as shipped),
+#: 3 small steps, no evals.
+WORDLE_MECHANICS = (
+    "--warm_start_steps",
+    "40",
+    "--warm_start_batch_size",
+    "8",
+    "--group_size",
+    "4",
+    "--prompts_batch_size_for_trainer",
+    "4",
+    "--number_of_steps",
+    "3",
+    "--evals",
+    "[]",
+    "--eval_before_training",
+    "false",
+    "--eval_after_training",
+    "false",
+)
+
+
 #: deepdive_tiny as a mechanics check: a warm start long enough to teach the search call (not the
 #: reading that its learning test needs: tests/e2e/test_examples_learn.py), 3 small steps, no evals.
 DEEPDIVE_MECHANICS = (
@@ -169,7 +192,7 @@ def test_periodic_evals_run_on_the_eval_server_with_their_steps_weights(tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> None:
-    check_wordle(run_example("wordle_tiny", tmp_path / "run", 8261))
+    check_wordle(run_example("wordle_tiny", tmp_path / "run", 8261, *WORDLE_MECHANICS))
 
 
 @pytest.mark.slow
