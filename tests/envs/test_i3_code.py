@@ -17,7 +17,7 @@ from telescope.api.context import EnvironmentContext
 from telescope.api.environment import bind_context
 from telescope.api.records import Sample
 from telescope.testing.environment import EnvironmentConformance
-from telescope_envs.i3_code import I3CodeEnvironment, extract_code, parse_tests
+from telescope_envs.i3_code import INSTRUCTION, I3CodeEnvironment, extract_code, parse_tests
 
 DATA = Path(__file__).parent / "data"
 NEEDS_SANDBOX = pytest.mark.requires_dist("telescope-sandbox")
@@ -162,6 +162,16 @@ def test_a_reference_solution_is_the_warm_start_demonstration(tmp_path: Path) ->
     demonstration = env.demonstration(with_solution)
     assert demonstration == "```python\nprint(int(input()) + 1)\n```" and extract_code(demonstration) is not None
     assert env.demonstration(without) is None
+
+
+def test_the_instruction_follows_each_question_unless_it_is_empty() -> None:
+    data = str(DATA / "i3_code.jsonl")
+    default = I3CodeEnvironment(dataset_name=data).load_dataset()
+    own = I3CodeEnvironment(dataset_name=data, instruction="Answer in Python.").load_dataset()
+    bare = I3CodeEnvironment(dataset_name=data, instruction="").load_dataset()
+    for d, o, b in zip(default, own, bare, strict=True):
+        assert d.prompt == f"{b.prompt}\n\n{INSTRUCTION}" and o.prompt == f"{b.prompt}\n\nAnswer in Python."
+        assert not str(b.prompt).endswith("\n") and d.sample_id == o.sample_id == b.sample_id
 
 
 def test_without_telescope_sandbox_a_config_using_i3_code_is_invalid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
         sandbox_disk_mb: int = 256,
         sandbox_provider_kwargs: dict[str, Any] | None = None,
         add_thinking_prefix: bool = False,
+        instruction: str = INSTRUCTION,
         provider: str | None = None,
         pool_size: int | None = None,
         memory_mb: int | None = None,
@@ -138,7 +139,9 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
     ) -> None:
         """``provider``, ``pool_size``, ``memory_mb`` and ``disk_size_gb`` are the upstream's names of
         ``sandbox_provider``, ``sandbox_pool_size``, ``sandbox_memory_mb`` and ``sandbox_disk_mb`` (in GB);
-        an upstream name that is set wins."""
+        an upstream name that is set wins. ``instruction`` follows each question in the prompt (default: the
+        answer format, a python block reading stdin); ``""`` leaves the question alone, for data whose
+        questions already say how to answer or a model taught the format by the warm start."""
         sandbox_provider = provider if provider is not None else sandbox_provider
         sandbox_pool_size = pool_size if pool_size is not None else sandbox_pool_size
         sandbox_memory_mb = memory_mb if memory_mb is not None else sandbox_memory_mb
@@ -159,6 +162,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
         self.sandbox_disk_mb = sandbox_disk_mb
         self.sandbox_provider_kwargs = dict(sandbox_provider_kwargs or {})
         self.add_thinking_prefix = add_thinking_prefix
+        self.instruction = instruction
         self._pool: Any = None
         self._pool_lock = threading.Lock()
 
@@ -184,7 +188,7 @@ class I3CodeEnvironment(ThinkingPrefix, BaseEnvironment):
                 answer["solution"] = solution
             samples.append(
                 Sample(
-                    prompt=f"{question}{hint}\n\n{INSTRUCTION}",
+                    prompt=f"{question}{hint}\n\n{self.instruction}" if self.instruction else f"{question}{hint}",
                     answer=answer,
                     sample_id=sid,
                     environment=self.name,
