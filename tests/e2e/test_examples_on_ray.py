@@ -117,14 +117,8 @@ MECHANICS_EVALS = (
 )
 
 
-#: wordle_tiny as a mechanics check: the short warm start of its first version (enough for games of
-#: several turns; the learning test, tests/e2e/test_examples_learn.py, runs the example as shipped),
-#: 3 small steps, no evals.
-WORDLE_MECHANICS = (
-    "--warm_start_steps",
-    "40",
-    "--warm_start_batch_size",
-    "8",
+#: Three steps of 4 groups of 4, no evals: an example's learning run cut down to a mechanics check.
+THREE_SMALL_STEPS = (
     "--group_size",
     "4",
     "--prompts_batch_size_for_trainer",
@@ -138,28 +132,16 @@ WORDLE_MECHANICS = (
     "--eval_after_training",
     "false",
 )
+
+
+#: wordle_tiny as a mechanics check: a warm start of 40 steps of 8, enough for games of several turns
+#: (the learning test, tests/e2e/test_examples_learn.py, runs the example as shipped), 3 small steps, no evals.
+WORDLE_MECHANICS = ("--warm_start_steps", "40", "--warm_start_batch_size", "8", *THREE_SMALL_STEPS)
 
 
 #: deepdive_tiny as a mechanics check: a warm start long enough to teach the search call (not the
 #: reading that its learning test needs: tests/e2e/test_examples_learn.py), 3 small steps, no evals.
-DEEPDIVE_MECHANICS = (
-    "--warm_start_steps",
-    "250",
-    "--warm_start_batch_size",
-    "8",
-    "--group_size",
-    "4",
-    "--prompts_batch_size_for_trainer",
-    "4",
-    "--number_of_steps",
-    "3",
-    "--evals",
-    "[]",
-    "--eval_before_training",
-    "false",
-    "--eval_after_training",
-    "false",
-)
+DEEPDIVE_MECHANICS = ("--warm_start_steps", "250", "--warm_start_batch_size", "8", *THREE_SMALL_STEPS)
 
 
 @pytest.mark.slow

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
-from types import ModuleType
+
+from data_scripts import DATA, data_script
 
 from telescope_envs.deepdive import DeepDiveEnvironment
 
-DATA = Path(__file__).resolve().parents[2] / "configs" / "examples" / "cpu" / "data"
 QUESTIONS = DATA / "deepdive_islands.jsonl"
 CORPUS = DATA / "deepdive_islands_corpus.jsonl"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_deepdive_islands", DATA / "make_deepdive_islands.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -28,7 +19,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_the_shipped_files_are_what_their_script_writes() -> None:
-    corpus, questions = _script().world()
+    corpus, questions = data_script("make_deepdive_islands").world()
     assert _rows(CORPUS) == corpus and _rows(QUESTIONS) == questions
 
 

@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
+
+from data_scripts import DATA, data_script
 
 from telescope_envs.i3_code import I3CodeEnvironment
 
-DATA = Path(__file__).resolve().parents[2] / "configs" / "examples" / "cpu" / "data"
 PROBLEMS = DATA / "i3_code_train.jsonl"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_i3_code_arithmetic", DATA / "make_i3_code_arithmetic.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_shipped_file_is_what_its_script_writes() -> None:
     rows = [json.loads(line) for line in PROBLEMS.read_text().splitlines()]
-    assert rows == _script().code_rows()
+    assert rows == data_script("make_i3_code_arithmetic").code_rows()
     assert len({row["question"] for row in rows}) == len(rows) == 490  # each problem once: held-out ones are unseen
 
 

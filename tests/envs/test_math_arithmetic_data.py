@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
+
+from data_scripts import DATA, data_script
 
 from telescope_envs.hendrycks_math import HendrycksMathEnvironment
-
-DATA = Path(__file__).resolve().parents[2] / "configs" / "examples" / "cpu" / "data"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_math_arithmetic", DATA / "make_math_arithmetic.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_shipped_file_is_what_its_script_writes() -> None:
     shipped = [json.loads(line) for line in (DATA / "math_arithmetic.jsonl").read_text().splitlines()]
-    assert shipped == _script().arithmetic_rows()
+    assert shipped == data_script("make_math_arithmetic").arithmetic_rows()
 
 
 def test_every_problem_is_distinct_and_its_answer_is_right() -> None:
