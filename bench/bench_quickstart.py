@@ -7,9 +7,10 @@ standard deviation, its first eval's mean reward and correct rate before trainin
 the warm start) and after the RL steps, and the run's wall time. Run by hand:
 ``python bench/bench_quickstart.py --seeds 0 1 2``.
 
-A run whose held-out correct rate gains less than ``--keep-below`` points (default 15,
-issue 14's bar) is kept: its run directory is moved to ``runs/bench_quickstart/`` (the
-path is printed), so that a run that did not learn can be looked at afterwards
+A run whose held-out correct rate (or, with ``--keep-by reward``, mean reward: the
+measure of wordle, whose correct rate counts any partial credit) gains less than
+``--keep-below`` points (default 15) is kept: its run directory is moved to
+``runs/bench_quickstart/`` (the path is printed), so that a run that did not learn can be looked at afterwards
 (``telescope ui``, its metrics and rollouts). The others are deleted with the
 temporary directory.
 """
@@ -77,7 +78,14 @@ def main() -> None:
         dest="keep_below",
         type=float,
         default=15.0,
-        help="keep the run directory of a run whose correct rate gains fewer points than this",
+        help="keep the run directory of a run whose --keep-by metric gains fewer points than this",
+    )
+    parser.add_argument(
+        "--keep-by",
+        dest="keep_by",
+        choices=("correct", "reward"),
+        default="correct",
+        help="the eval metric --keep-below judges: the correct rate, or the mean reward (wordle's measure)",
     )
     args, extra = parser.parse_known_args()
     print(report("before"), flush=True)
@@ -91,13 +99,16 @@ def main() -> None:
                 f" | correct {r['correct_before']:.3f} -> {r['correct_after']:.3f}",
                 flush=True,
             )
-            gain = 100 * (r["correct_after"] - r["correct_before"])
+            gain = 100 * (r[f"{args.keep_by}_after"] - r[f"{args.keep_by}_before"])
             if gain < args.keep_below:
                 stamp = f"{args.config.stem}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
                 kept = REPO / "runs" / "bench_quickstart" / stamp
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(Path(tmp) / f"seed{seed}"), kept)
-                print(f"  gained {gain:+.1f} points (< {args.keep_below:g}): run directory kept at {kept}", flush=True)
+                print(
+                    f"  {args.keep_by} gained {gain:+.1f} points (< {args.keep_below:g}): run directory kept at {kept}",
+                    flush=True,
+                )
     for key in ("wall_s", "reward_before", "reward_after", "correct_before", "correct_after"):
         values = [r[key] for r in results]
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
