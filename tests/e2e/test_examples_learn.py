@@ -1,4 +1,4 @@
-"""The hendrycks_math, deepdive and wordle CPU examples learn: a held-out eval rises over the RL steps.
+"""The hendrycks_math, deepdive, wordle and i3_code CPU examples learn: a held-out eval rises over the RL steps.
 
 Runs ``configs/examples/cpu/hendrycks_math_tiny.yaml`` and
 ``hendrycks_math_with_eval_tiny.yaml`` as they ship (seed 0) through ``telescope run``
@@ -16,6 +16,10 @@ makes the copying of names (the question's island into the query, the result's a
 
 wordle_tiny.yaml's eval plays secret words that training never draws; its metric is the mean
 reward (a solve is rare for this model; the partial credit of its best guess is not).
+
+i3_code_tiny.yaml's held-out problems ask for constants that no training problem asks for
+with that operation; its warm start teaches copying the constant and leaves the operator among
++ - * a guess, which RL makes less of one.
 
 Each run takes 10-20 minutes on 2 cores, more than the suite's budget allows: they run
 with ``TELESCOPE_E2E_EXAMPLES=1``.
@@ -43,6 +47,11 @@ DEEPDIVE_MARGIN = 0.05
 #: Measured 2026-11-29: +0.071, +0.059, +0.038 (seeds 0, 1, 2; 0.05-0.06 before). Its eval plays 40 held-out
 #: words 8 times each; a game's reward spreads by 0.07-0.095, so a before/after difference is known to about 0.007.
 WORDLE_MARGIN = 0.03
+#: Held-out mean pass rate that i3_code_tiny.yaml's RL steps must add, at least. Measured 2026-11-29: +0.126,
+#: +0.200, +0.127 (seeds 0, 1, 2; 0.28-0.47 before). Each eval samples one program for each of 100 problems;
+#: a problem's pass rate p gives p(1-p) = 0.16 on average, so an eval is known to about 0.04 and a
+#: before/after difference to about 0.056: this margin is about one noise unit, the gains measured two or more.
+I3_CODE_MARGIN = 0.06
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,3 +101,11 @@ def test_the_wordle_example_scores_more_on_held_out_words_after_rl(tmp_path: Pat
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = _held_out(RunReader(run_dir), "wordle", "reward_mean")
     assert rewards[("after", 100)] >= rewards[("before", 0)] + WORDLE_MARGIN, rewards
+
+
+def test_the_code_example_passes_more_held_out_tests_after_rl(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_example("examples/cpu/i3_code_tiny.yaml", run_dir, port=8301, timeout_s=2300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rates = _held_out(RunReader(run_dir), "i3_code", "reward_mean")
+    assert rates[("after", 60)] >= rates[("before", 0)] + I3_CODE_MARGIN, rates

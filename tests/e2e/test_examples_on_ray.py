@@ -139,6 +139,19 @@ THREE_SMALL_STEPS = (
 WORDLE_MECHANICS = ("--warm_start_steps", "40", "--warm_start_batch_size", "8", *THREE_SMALL_STEPS)
 
 
+#: i3_code_tiny as a mechanics check: a warm start of 60 steps of 8 at 3e-3 teaches the ```python block
+#: (the learning test, tests/e2e/test_examples_learn.py, runs the example as shipped), 3 small steps, no evals.
+I3_CODE_MECHANICS = (
+    "--warm_start_steps",
+    "60",
+    "--warm_start_batch_size",
+    "8",
+    "--warm_start_learning_rate",
+    "3e-3",
+    *THREE_SMALL_STEPS,
+)
+
+
 #: deepdive_tiny as a mechanics check: a warm start long enough to teach the search call (not the
 #: reading that its learning test needs: tests/e2e/test_examples_learn.py), 3 small steps, no evals.
 DEEPDIVE_MECHANICS = ("--warm_start_steps", "250", "--warm_start_batch_size", "8", *THREE_SMALL_STEPS)
@@ -180,7 +193,7 @@ def test_wordle_games_reuse_every_earlier_token_across_turns(tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # short on an idle machine; the limit leaves room for a loaded one
 def test_i3_code_runs_programs_in_the_local_sandbox(tmp_path: Path) -> None:
-    check_i3_code(run_example("i3_code_tiny", tmp_path / "run", 8271))
+    check_i3_code(run_example("i3_code_tiny", tmp_path / "run", 8271, *I3_CODE_MECHANICS))
 
 
 @pytest.mark.slow
