@@ -64,48 +64,36 @@ pytestmark = [
 ]
 
 
-def _held_out(
-    reader: RunReader, name: str = "hendrycks_math", metric: str = "correct_rate"
-) -> dict[tuple[str, int], float]:
-    return {(e["phase"], e["step"]): e["metrics"][f"eval/{name}/{metric}"] for e in reader.evals() if e["name"] == name}
+def _held_out(example: str, tmp_path: Path, port: int, name: str, metric: str) -> dict[tuple[str, int], float]:
+    """Run ``configs/examples/cpu/<example>.yaml`` as shipped; its eval ``name``'s ``metric`` by (phase, step)."""
+    run_dir = tmp_path / "run"
+    result = run_example(f"examples/cpu/{example}.yaml", run_dir, port=port, timeout_s=2300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evals = RunReader(run_dir).evals()
+    return {(e["phase"], e["step"]): e["metrics"][f"eval/{name}/{metric}"] for e in evals if e["name"] == name}
 
 
 def test_the_math_example_answers_more_held_out_problems_after_rl(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = run_example("examples/cpu/hendrycks_math_tiny.yaml", run_dir, port=8291, timeout_s=2300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rates = _held_out(RunReader(run_dir))
+    rates = _held_out("hendrycks_math_tiny", tmp_path, 8291, "hendrycks_math", "correct_rate")
     assert rates[("after", 150)] >= rates[("before", 0)] + MARGIN, rates
 
 
 def test_the_math_example_with_evals_learns_and_evaluates_on_its_way(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = run_example("examples/cpu/hendrycks_math_with_eval_tiny.yaml", run_dir, port=8295, timeout_s=2300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rates = _held_out(RunReader(run_dir))
+    rates = _held_out("hendrycks_math_with_eval_tiny", tmp_path, 8295, "hendrycks_math", "correct_rate")
     assert set(rates) == {("before", 0), ("periodic", 50), ("periodic", 100), ("after", 150)}, rates
     assert rates[("after", 150)] >= rates[("before", 0)] + MARGIN, rates
 
 
 def test_the_research_agent_answers_more_held_out_questions_after_rl(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = run_example("examples/cpu/deepdive_tiny.yaml", run_dir, port=8297, timeout_s=2300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rates = _held_out(RunReader(run_dir), "deepdive")
+    rates = _held_out("deepdive_tiny", tmp_path, 8297, "deepdive", "correct_rate")
     assert rates[("after", 80)] >= rates[("before", 0)] + DEEPDIVE_MARGIN, rates
 
 
 def test_the_wordle_example_scores_more_on_held_out_words_after_rl(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = run_example("examples/cpu/wordle_tiny.yaml", run_dir, port=8299, timeout_s=2300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rewards = _held_out(RunReader(run_dir), "wordle", "reward_mean")
+    rewards = _held_out("wordle_tiny", tmp_path, 8299, "wordle", "reward_mean")
     assert rewards[("after", 100)] >= rewards[("before", 0)] + WORDLE_MARGIN, rewards
 
 
 def test_the_code_example_passes_more_held_out_tests_after_rl(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = run_example("examples/cpu/i3_code_tiny.yaml", run_dir, port=8301, timeout_s=2300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rates = _held_out(RunReader(run_dir), "i3_code", "reward_mean")
+    rates = _held_out("i3_code_tiny", tmp_path, 8301, "i3_code", "reward_mean")
     assert rates[("after", 60)] >= rates[("before", 0)] + I3_CODE_MARGIN, rates
