@@ -435,8 +435,10 @@ class DeepDiveEnvironment(ToolEnvironment):
 
     def demonstration_turns(self, sample: Sample) -> list[str] | None:
         """With ``demonstrate_answer``: the search, then the reference answer (see the module docstring)."""
+        if not self.demonstrate_answer:
+            return None
         first = self.demonstration(sample)
-        if not self.demonstrate_answer or first is None:
+        if first is None:
             return None
         if self.finish_with_tool:
             call = {"name": "finish", "arguments": {"final_answer": str(sample.answer)}}
